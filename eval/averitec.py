@@ -1,0 +1,399 @@
+"""AVeriTeC scoring: label metrics and the evidence-aware AVeriTeC score.
+
+The AVeriTeC score follows the official scorer (Schlichtkrull et al., 2023): per claim, the
+predicted evidence strings (at most 10) and the gold strings are compared with pairwise METEOR,
+the best one-to-one assignment is found (Hungarian, maximising), and its sum divided by the number
+of gold strings is the claim's evidence score. At level L a claim counts when its evidence score is
+strictly above L and its label is right; the score is the share of scored claims that count.
+
+Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--json]``.
+"""
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from debate.labels import CEC, LABELS, NEE, canonical_label
+
+LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
+MAX_EVIDENCE = 10
+UNPARSED = "unparsed"
+
+
+class InputError(ValueError):
+    """Unusable predictions, references or evidence; the message names the file and the entry."""
+
+
+def level_key(level):
+    """Key for a level in the `averitec` dict: 0.25 -> "0.25", 0.1 -> "0.1"."""
+    return f"{level:g}"
+
+
+# ---------------------------------------------------------------- reading files
+
+
+def read_records(path):
+    """(location, record) pairs from a JSON list or a JSONL file; location is "entry i" / "line n"."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read: {err}") from None
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(
+                f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
+            ) from None
+        located = [(f"entry {i}", record) for i, record in enumerate(data)]
+    else:
+        located = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                located.append((f"line {number}", json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}: line {number} is not valid JSON: {err.msg}") from None
+    for where, record in located:
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: {where} is not a JSON object")
+    return located
+
+
+def _claim_id(record, position, where):
+    value = record.get("claim_id", position)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: claim_id {value!r} is not an integer")
+    return value
+
+
+def _label_of(record, where):
+    for key in ("label", "pred_label"):
+        if key in record:
+            return record[key]
+    raise InputError(f"{where} has no 'label' (or 'pred_label') key")
+
+
+def _by_claim_id(located, source, kind):
+    # A record without claim_id is taken to be aligned with the reference list (official layout).
+    table = {}
+    for position, (where, record) in enumerate(located):
+        where = f"{source}: {where}"
+        cid = _claim_id(record, position, where)
+        if cid in table:
+            raise InputError(f"{where}: claim_id {cid} appears twice in the {kind}")
+        table[cid] = (where, record)
+    return table
+
+
+def load_predictions(path):
+    """Prediction records from a JSON list or JSONL file, checked for a label key and claim_id."""
+    located = read_records(path)
+    _check_predictions(located, str(path))
+    return [record for _, record in located]
+
+
+def load_references(path):
+    """Reference records (AVeriTeC dev.json shape); claim_id defaults to the list index."""
+    located = read_records(path)
+    _by_claim_id(located, str(path), "references")
+    return [record for _, record in located]
+
+
+def _check_predictions(located, source):
+    table = _by_claim_id(located, source, "predictions")
+    for where, record in table.values():
+        _label_of(record, where)
+    return table
+
+
+# ---------------------------------------------------------------- evidence
+
+
+def _text(value):
+    return "" if value is None else str(value)
+
+
+def evidence_strings(record, where="record"):
+    """Comparison strings "question answer" of a record.
+
+    Understands the official shape ``questions: [{question, answers: [{answer, answer_type,
+    boolean_explanation}]}]`` (Boolean answers get ". " + explanation; a question without answers
+    gives "question No answer could be found."), the flat ``evidence: [{question, answer}]`` our
+    pipeline and HerO write, and the official ``string_evidence`` list of plain strings. Only the
+    first non-empty one of these is used, in that order: a submission that carries the same
+    evidence in two shapes must not have it matched twice.
+    """
+    try:
+        if record.get("questions"):
+            return _question_strings(record["questions"])
+        if record.get("evidence"):
+            return [item if isinstance(item, str)
+                    else f"{_text(item.get('question'))} {_text(item.get('answer'))}"
+                    for item in record["evidence"]]
+        return [_text(s) for s in record.get("string_evidence") or []]
+    except (AttributeError, TypeError):
+        raise InputError(f"{where}: evidence is not in a known shape") from None
+
+
+def gold_strings(reference, where="reference"):
+    """Gold comparison strings: only the reference's annotated `questions`, never other evidence."""
+    try:
+        return _question_strings(reference.get("questions") or [])
+    except (AttributeError, TypeError):
+        raise InputError(f"{where}: questions are not in the AVeriTeC shape") from None
+
+
+def _question_strings(questions):
+    strings = []
+    for qa in questions:
+        answers = qa.get("answers") or []
+        if isinstance(answers, dict):
+            answers = [answers]
+        for answer in answers:
+            text = f"{_text(qa.get('question'))} {_text(answer.get('answer'))}"
+            if answer.get("answer_type") == "Boolean":
+                text += ". " + _text(answer.get("boolean_explanation"))
+            strings.append(text)
+        if not answers:
+            strings.append(f"{_text(qa.get('question'))} No answer could be found.")
+    return strings
+
+
+def evidence_score(candidates, references):
+    """Hungarian-matched METEOR sum over `candidates[:10]` x `references`, / len(references).
+
+    0.0 when either side is empty (the official scorer would divide by zero without gold).
+    """
+    candidates = list(candidates)[:MAX_EVIDENCE]
+    if not candidates or not references:
+        return 0.0
+    from scipy.optimize import linear_sum_assignment
+
+    from eval.meteor import meteor_matrix
+
+    matrix = meteor_matrix(candidates, list(references))
+    rows, cols = linear_sum_assignment(matrix, maximize=True)
+    return float(matrix[rows, cols].sum() / len(references))
+
+
+# ---------------------------------------------------------------- per-claim results
+
+
+def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source, evid_source):
+    preds = _check_predictions(pred_located, pred_source)
+    refs = _by_claim_id(ref_located, ref_source, "references")
+    supplied = _by_claim_id(evid_located, evid_source, "evidence") if evid_located else {}
+    rows = []
+    for cid, (where, record) in preds.items():
+        if cid not in refs:
+            raise InputError(f"{where}: claim_id {cid} is not in the references ({ref_source})")
+        ref_where, ref = refs[cid]
+        gold = canonical_label(ref.get("label"))
+        if gold is None:
+            raise InputError(f"{ref_where}: gold label {ref.get('label')!r} is not one of {LABELS}")
+        candidates = evidence_strings(record, where)
+        if not candidates and cid in supplied:
+            candidates = evidence_strings(supplied[cid][1], supplied[cid][0])
+        pred = canonical_label(_label_of(record, where))
+        rows.append({
+            "claim_id": cid,
+            "gold": gold,
+            "pred": pred,
+            "correct": pred == gold,
+            "n_evidence": min(len(candidates), MAX_EVIDENCE),
+            "evidence_score": evidence_score(candidates, gold_strings(ref, ref_where)),
+            "record": record,
+        })
+    return rows, len(refs)
+
+
+def per_claim(predictions, references, evidence=None):
+    """One row per predicted claim: claim_id, gold, pred (None if unparsed), correct, evidence_score.
+
+    `evidence` (optional records with claim_id and evidence) supplies evidence for predictions
+    that carry none, e.g. our predictions.jsonl plus the retrieved-evidence file.
+    """
+    rows, _ = _per_claim(
+        _located(predictions), _located(references), _located(evidence or []),
+        "predictions", "references", "evidence",
+    )
+    return rows
+
+
+def _located(records):
+    return [(f"entry {i}", record) for i, record in enumerate(records)]
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _ratio(num, den):
+    return num / den if den else None
+
+
+def label_metrics(golds, preds):
+    """Accuracy, macro-F1, per-class F1, confusion and NEE/CEC false-positive rates.
+
+    `preds` holds canonical labels or None (unparsed); None is always wrong and is never mapped
+    to a default class. F1 of a class with no gold and no predicted instance is 0.
+    """
+    golds, preds = list(golds), list(preds)
+    n = len(golds)
+    confusion = {g: {p: 0 for p in (*LABELS, UNPARSED)} for g in LABELS}
+    for g, p in zip(golds, preds):
+        confusion[g][p if p in LABELS else UNPARSED] += 1
+    per_class = {}
+    for label in LABELS:
+        tp = confusion[label][label]
+        predicted = sum(confusion[g][label] for g in LABELS)
+        actual = sum(confusion[label].values())
+        per_class[label] = 2 * tp / (predicted + actual) if predicted + actual else 0.0
+    fpr = {}
+    for label in (NEE, CEC):
+        others = [g for g in LABELS if g != label]
+        fpr[label] = _ratio(
+            sum(confusion[g][label] for g in others), sum(sum(confusion[g].values()) for g in others)
+        )
+    correct = sum(g == p for g, p in zip(golds, preds))
+    return {
+        "n": n,
+        "accuracy": _ratio(correct, n),
+        "macro_f1": sum(per_class.values()) / len(LABELS) if n else None,
+        "per_class_f1": per_class,
+        "confusion": confusion,
+        "fpr": fpr,
+        "n_unparsed": sum(p not in LABELS for p in preds),
+    }
+
+
+def _run_stats(records):
+    """Rounds, token and parse-status summaries for our own predictions.jsonl records."""
+    out = {}
+    rounds = [r["rounds"] for r in records if "rounds" in r]
+    rounds = [len(x) if isinstance(x, list) else x for x in rounds]
+    rounds = [x for x in rounds if isinstance(x, int) and not isinstance(x, bool)]
+    if rounds:
+        counts = Counter(rounds)
+        out["rounds"] = {
+            "distribution": {str(k): counts[k] for k in sorted(counts)},
+            "mean": sum(rounds) / len(rounds),
+        }
+    tokens = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+        if values:
+            tokens[key] = {"total": sum(values), "mean": sum(values) / len(values)}
+    if tokens:
+        out["tokens"] = tokens
+    statuses = [r["parse_status"] for r in records if "parse_status" in r]
+    if statuses:
+        out["parse_status"] = dict(Counter(str(s) for s in statuses).most_common())
+    return out
+
+
+def metrics_from_rows(rows, n_references=None, levels=LEVELS, run_records=None):
+    """The full metrics dict from per-claim rows (see `score`).
+
+    Rounds, tokens and parse status come from `run_records` when given, else from each row's
+    prediction record.
+    """
+    metrics = label_metrics([r["gold"] for r in rows], [r["pred"] for r in rows])
+    n = len(rows)
+    metrics["averitec"] = {
+        level_key(level): _ratio(sum(r["correct"] and r["evidence_score"] > level for r in rows), n)
+        for level in levels
+    }
+    metrics["evidence_score_mean"] = _ratio(sum(r["evidence_score"] for r in rows), n)
+    metrics["n_without_evidence"] = sum(r["n_evidence"] == 0 for r in rows)
+    if n_references is not None:
+        metrics["n_references"] = n_references
+        metrics["n_missing"] = n_references - n
+    if run_records is None:
+        run_records = [r["record"] for r in rows if "record" in r]
+    metrics.update(_run_stats(run_records))
+    return metrics
+
+
+def score(predictions, references, evidence=None, *, extra=None, levels=LEVELS):
+    """Metrics for `predictions` against `references` (both lists of dicts).
+
+    Only predicted claims are scored; `n_missing` counts reference claims with no prediction.
+    `evidence` supplies evidence for predictions that carry none; `extra` (records with claim_id,
+    e.g. predictions.jsonl rows) supplies rounds/tokens/parse_status when the scored records lack
+    them. Keys: n, n_references, n_missing, accuracy, macro_f1, per_class_f1, confusion (gold ->
+    pred -> count, with an "unparsed" column), fpr, n_unparsed, averitec (level string -> score),
+    evidence_score_mean, n_without_evidence, and when the records carry them rounds, tokens,
+    parse_status.
+    """
+    rows, n_refs = _per_claim(
+        _located(predictions), _located(references), _located(evidence or []),
+        "predictions", "references", "evidence",
+    )
+    run_records = None
+    if extra is not None:
+        by_id = _by_claim_id(_located(extra), "extra", "extra records")
+        run_records = [by_id[r["claim_id"]][1] for r in rows if r["claim_id"] in by_id]
+    return metrics_from_rows(rows, n_refs, levels, run_records)
+
+
+def score_files(predictions_path, references_path, evidence_path=None, levels=LEVELS):
+    """`score` over files; errors name the file and the entry (JSON list) or line (JSONL)."""
+    rows, n_refs = rows_from_files(predictions_path, references_path, evidence_path)
+    return metrics_from_rows(rows, n_refs, levels)
+
+
+def rows_from_files(predictions_path, references_path, evidence_path=None):
+    """Per-claim rows (as `per_claim`) and the reference count, read from files."""
+    return _per_claim(
+        read_records(predictions_path), read_records(references_path),
+        read_records(evidence_path) if evidence_path else [],
+        str(predictions_path), str(references_path), str(evidence_path),
+    )
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):  # numpy scalar
+        return value.item()
+    return value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
+    parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")
+    parser.add_argument("--references", required=True, help="AVeriTeC dev.json-shaped file")
+    parser.add_argument("--evidence", help="evidence for predictions that carry none (JSONL/JSON)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    from eval.wordnet import WordNetMissingError
+
+    try:
+        metrics = score_files(args.predictions, args.references, args.evidence)
+    except (InputError, WordNetMissingError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_jsonable(metrics), sort_keys=True))
+    else:
+        from eval.report import summary_table
+
+        print(summary_table(metrics))
+    if metrics.get("n") and metrics["n_without_evidence"] == metrics["n"]:
+        print("note: no prediction carries evidence, so every AVeriTeC score is 0 "
+              "(pass --evidence with the evidence the system used)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""One-screen text summary of a metrics dict from `eval.averitec.score`."""
+from debate.labels import CEC, LABELS, NEE
+
+_SHORT = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC", "unparsed": "unparsed"}
+
+
+def _pct(value):
+    return "    -" if value is None else f"{100 * value:5.1f}"
+
+
+def _num(value):
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.1f}"
+    return f"{int(value):,}"
+
+
+def summary_table(metrics):
+    """Accuracy, macro-F1, AVeriTeC levels, FPRs, per-class F1, confusion, rounds and tokens."""
+    lines = []
+    n = metrics.get("n", 0)
+    head = f"claims scored {n}"
+    if metrics.get("n_missing"):
+        head += f" (missing {metrics['n_missing']} of {metrics.get('n_references')})"
+    if metrics.get("n_unparsed"):
+        head += f", unparsed {metrics['n_unparsed']}"
+    lines.append(head)
+    lines.append(f"accuracy        {_pct(metrics.get('accuracy'))}")
+    lines.append(f"macro-F1        {_pct(metrics.get('macro_f1'))}")
+    averitec = metrics.get("averitec") or {}
+    if averitec:
+        lines.append(f"AVeriTeC@0.25   {_pct(averitec.get('0.25'))}")
+        lines.append("AVeriTeC levels " + "  ".join(f"@{k} {_pct(v).strip()}" for k, v in averitec.items()))
+    if metrics.get("evidence_score_mean") is not None:
+        lines.append(f"evidence score  {metrics['evidence_score_mean']:.3f} (mean Q+A METEOR match)")
+    fpr = metrics.get("fpr") or {}
+    lines.append(f"FPR  NEE {_pct(fpr.get(NEE)).strip()}   CEC {_pct(fpr.get(CEC)).strip()}")
+    per_class = metrics.get("per_class_f1") or {}
+    lines.append("F1   " + "   ".join(f"{_SHORT[l]} {_pct(per_class.get(l)).strip()}" for l in LABELS))
+
+    confusion = metrics.get("confusion")
+    if confusion:
+        columns = [*LABELS, "unparsed"]
+        lines.append("confusion (rows gold, columns predicted)")
+        lines.append("       " + "".join(f"{_SHORT[c]:>9}" for c in columns))
+        for gold in LABELS:
+            row = confusion.get(gold, {})
+            lines.append(f"  {_SHORT[gold]:<5}" + "".join(f"{row.get(c, 0):>9}" for c in columns))
+
+    rounds = metrics.get("rounds")
+    if rounds:
+        spread = "  ".join(f"{k}:{v}" for k, v in rounds["distribution"].items())
+        lines.append(f"rounds          mean {rounds['mean']:.2f}   {spread}")
+    for key, name in (("prompt_tokens", "prompt tokens"), ("completion_tokens", "output tokens")):
+        stats = (metrics.get("tokens") or {}).get(key)
+        if stats:
+            lines.append(f"{name:<16}total {_num(stats['total'])}   mean {_num(stats['mean'])}")
+    if metrics.get("parse_status"):
+        lines.append("parse status    " + "  ".join(f"{k}:{v}" for k, v in metrics["parse_status"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""WordNet for METEOR without any download.
+
+Order of preference:
+1. a dictionary directory named by ``DEBATECV_WORDNET_DIR`` (or WordNet's own ``WNSEARCHDIR``);
+2. nltk's own ``corpora/wordnet`` data, when it is installed;
+3. Debian's dictionary in ``/usr/share/wordnet`` (packages ``wordnet-base`` and
+   ``wordnet-sense-index``).
+
+Debian ships every file nltk's ``WordNetCorpusReader`` reads except ``lexnames`` (the fixed list of
+45 lexicographer file names), so that one is served from memory. The files are read in place:
+recent nltk refuses symlinks that point outside a corpus root, and copying 36 MB into a cache buys
+nothing. Recent nltk also only opens files under a directory listed in ``nltk.data.path``, so the
+dictionary directory is appended there.
+"""
+import io
+import os
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+INSTALL_HINT = "apt-get install wordnet-base wordnet-sense-index"
+DEBIAN_DIR = "/usr/share/wordnet"
+
+# What nltk opens at start-up or on a synonym lookup. index.sense and cntlist.rev are read only by
+# sense-key and count queries, which METEOR never makes.
+REQUIRED_FILES = tuple(
+    f"{kind}.{pos}" for kind in ("index", "data") for pos in ("noun", "verb", "adj", "adv")
+) + tuple(f"{pos}.exc" for pos in ("noun", "verb", "adj", "adv"))
+
+# WordNet 3.0 lexicographer files, in file-number order (see lexnames(5WN)).
+LEXNAMES = (
+    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute "
+    "noun.body noun.cognition noun.communication noun.event noun.feeling noun.food noun.group "
+    "noun.location noun.motive noun.object noun.person noun.phenomenon noun.plant "
+    "noun.possession noun.process noun.quantity noun.relation noun.shape noun.state "
+    "noun.substance noun.time verb.body verb.change verb.cognition verb.communication "
+    "verb.competition verb.consumption verb.contact verb.creation verb.emotion verb.motion "
+    "verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
+).split()
+
+_CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
+
+
+class WordNetMissingError(RuntimeError):
+    """No usable WordNet on this machine."""
+
+
+def lexnames_text():
+    """The ``lexnames`` file: number, name and syntactic category, tab-separated."""
+    return "".join(
+        f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(LEXNAMES)
+    )
+
+
+def missing_files(directory):
+    """Required dictionary files absent from `directory` (all of them if it does not exist)."""
+    directory = Path(directory)
+    return [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+
+
+def _nltk_has_wordnet():
+    import nltk
+
+    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
+        try:
+            nltk.data.find(resource)
+            return True
+        except (LookupError, OSError, ValueError):
+            continue
+    return False
+
+
+def reader_for_directory(directory):
+    """An nltk WordNet reader over a plain WordNet dictionary directory (Debian layout)."""
+    import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    directory = str(Path(directory).resolve())
+    lost = missing_files(directory)
+    if lost:
+        raise WordNetMissingError(
+            f"WordNet directory {directory} lacks {', '.join(lost)}; run `{INSTALL_HINT}`"
+        )
+    if directory not in nltk.data.path:
+        nltk.data.path.append(directory)
+    has_lexnames = os.path.isfile(os.path.join(directory, "lexnames"))
+
+    class _DictionaryReader(WordNetCorpusReader):
+        def open(self, file):
+            if file == "lexnames" and not has_lexnames:
+                return io.StringIO(lexnames_text())
+            return super().open(file)
+
+        def map_wn(self, version="wordnet"):
+            # nltk would map from its own "wordnet" corpus (absent here) onto this one; both are
+            # WordNet 3.0, so the identity mapping (None) is right and needs no download.
+            return None
+
+    with warnings.catch_warnings():
+        # "multilingual functions are not available": expected, METEOR is English only.
+        warnings.simplefilter("ignore", UserWarning)
+        return _DictionaryReader(directory, None)
+
+
+@lru_cache(maxsize=1)
+def load_wordnet():
+    """Return a WordNet reader (loaded once per process); raise WordNetMissingError if none."""
+    explicit = os.environ.get("DEBATECV_WORDNET_DIR") or os.environ.get("WNSEARCHDIR")
+    if explicit:
+        return reader_for_directory(explicit)
+    if _nltk_has_wordnet():
+        from nltk.corpus import wordnet
+
+        wordnet.ensure_loaded()
+        return wordnet
+    if not missing_files(DEBIAN_DIR):
+        return reader_for_directory(DEBIAN_DIR)
+    raise WordNetMissingError(
+        "METEOR needs WordNet and none was found: nltk has no 'corpora/wordnet' data and "
+        f"{DEBIAN_DIR} lacks {', '.join(missing_files(DEBIAN_DIR))}. Install it offline-friendly "
+        f"with `{INSTALL_HINT}`, or set DEBATECV_WORDNET_DIR to a WordNet 3.0 dict directory."
+    )
