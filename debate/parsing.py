@@ -1,0 +1,222 @@
+"""Read the Moderator's answer: JSON if possible, key regexes if not, a lone label name as a last resort.
+
+`parse_moderator(text)` returns
+    {"fields": {canonical key: value found}, "proceed": True | False | None,
+     "verdict": label | None, "justification": str, "status": str}
+
+status says how the decision was recovered, from most to least trustworthy:
+    "json"          the whole answer is one clean JSON object
+    "json_repaired" a JSON object was found after repair: code fences, prose around it, single quotes,
+                    trailing commas, Python literals (True/None), curly quotes
+    "fields_regex"  no object would parse; the fields were pulled out by their key names
+    "label_in_text" no fields at all, but the text names exactly one label, never negated
+    "unparsed"      neither a verdict nor a proceeding decision could be recovered
+Invariant: status is "unparsed" exactly when verdict and proceed are both None. A verdict is never
+guessed: when in doubt it stays None and the caller decides what that means.
+"""
+import ast
+import json
+import re
+
+from debate.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED, canonical_label
+
+KEYS = ("Primary Insight", "Evidence Gaps", "Justification for Proceeding", "Proceeding Necessity",
+        "Justification for Verdict", "Verdict")
+DECISION_KEYS = ("Verdict", "Proceeding Necessity")
+STATUSES = ("json", "json_repaired", "fields_regex", "label_in_text", "unparsed")
+
+# Keys compared squeezed to lowercase letters, so "proceeding_necessity" and "Proceeding-Necessity" match.
+_KEY_ALIASES = {re.sub(r"[^a-z]", "", k.lower()): k for k in KEYS}
+_KEY_ALIASES.update({"finalverdict": "Verdict", "justification": "Justification for Verdict"})
+
+# Label names as they appear in running prose; the short aliases of labels.py ("true", "false")
+# are far too common in prose to count as a verdict.
+_LABEL_PATTERNS = {
+    SUPPORTED: r"\bsupported\b",
+    REFUTED: r"\brefuted\b",
+    NEE: r"\bnot\s+enough\s+(?:evidence|information|info)\b",
+    CEC: r"\bconflicting\s+evidence\b|\bcherry[\s-]?pick(?:ing|ed)\b",
+}
+_NEGATION = re.compile(r"(?:\b(?:not|no|never|nor|neither|cannot)|n['\u2019]t)\W*(?:\w+\W+){0,2}$",
+                       re.IGNORECASE)
+
+
+def parse_moderator(text):
+    """Parse one Moderator response (round or final) into fields, decision and status; see module doc."""
+    text = text if isinstance(text, str) else ""
+    fields, status = _fields_from_json(text)
+    if not _has_decision(fields):
+        fields, status = _fields_from_regex(text), "fields_regex"
+
+    verdict = _verdict(fields.get("Verdict"))
+    proceed = _proceed(fields.get("Proceeding Necessity"))
+    if not fields:
+        verdict = _single_label(text)
+        status = "label_in_text"
+    if verdict is None and proceed is None:
+        status = "unparsed"
+    justification = fields.get("Justification for Verdict")
+    return {"fields": fields, "proceed": proceed, "verdict": verdict,
+            "justification": justification.strip() if isinstance(justification, str) else "",
+            "status": status}
+
+
+def _fields_from_json(text):
+    """Fields of the last JSON object that carries a decision key, and how it was read."""
+    try:
+        obj = json.loads(text.strip())
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and _has_decision(_canonical_fields(obj)):
+        return _canonical_fields(obj), "json"
+    for candidate in reversed(_object_spans(text)):
+        obj = _load_lenient(candidate)
+        if isinstance(obj, dict) and _has_decision(_canonical_fields(obj)):
+            return _canonical_fields(obj), "json_repaired"
+    return {}, None
+
+
+def _object_spans(text):
+    """Substrings that look like top-level {...} objects, in order of appearance.
+
+    Quotes are tracked only inside an object, so an apostrophe in the prose before it cannot
+    swallow the opening brace. If an object never closes (a broken string), fall back to the span
+    from its first brace to the last one in the text.
+    """
+    spans, depth, start, quote, escaped = [], 0, None, None, False
+    for i, ch in enumerate(text):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif depth and ch in "\"'":
+            quote = ch
+        elif depth and ch == "}":
+            depth -= 1
+            if depth == 0:
+                spans.append(text[start:i + 1])
+    if depth and start is not None and text.rfind("}") > start:
+        spans.append(text[start:text.rfind("}") + 1])
+    return spans
+
+
+# A quoted string (either quote style), a bare JSON literal, or a trailing comma: lets the repairs
+# below edit only what lies outside strings.
+_OUTSIDE_STRINGS = re.compile(r"(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')|\b(true|false|null)\b|,(\s*[}\]])",
+                              re.DOTALL)
+_PYTHON_LITERALS = {"true": "True", "false": "False", "null": "None"}
+
+
+def _repair(candidate, python):
+    """Drop trailing commas; with python=True also spell JSON literals the Python way."""
+    def fix(m):
+        if m.group(1):
+            return m.group(1)
+        if m.group(2):
+            return _PYTHON_LITERALS[m.group(2)] if python else m.group(2)
+        return m.group(3)
+    return _OUTSIDE_STRINGS.sub(fix, candidate)
+
+
+def _load_lenient(candidate):
+    """Try JSON, JSON without trailing commas, then a Python literal (single quotes, True/None)."""
+    curly_fixed = candidate.replace("\u201c", '"').replace("\u201d", '"')
+    for attempt in (candidate, curly_fixed) if curly_fixed != candidate else (candidate,):
+        for text in (attempt, _repair(attempt, python=False)):
+            try:
+                return json.loads(text, strict=False)
+            except ValueError:
+                pass
+        try:
+            return ast.literal_eval(_repair(attempt, python=True))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return None
+
+
+def _canonical_fields(obj):
+    """Known keys under their canonical names; looks one level into nested objects if the top has none."""
+    fields = {}
+    for key, value in obj.items():
+        name = _KEY_ALIASES.get(re.sub(r"[^a-z]", "", str(key).lower()))
+        if name:
+            fields[name] = value.strip() if isinstance(value, str) else value
+    if not fields:
+        for value in obj.values():
+            if isinstance(value, dict):
+                fields = _canonical_fields(value) or fields
+    return fields
+
+
+def _fields_from_regex(text):
+    """Pull `Key: value` pairs out of text that is not valid JSON; the last occurrence of a key wins."""
+    fields = {}
+    for key in KEYS:
+        words = r"[\s_-]*".join(re.escape(w) for w in key.split())
+        # "for" before it: that is "Justification for Verdict", not "Verdict".
+        pattern = rf"(?<![A-Za-z])(?<!for[\s_-]){words}\s*[\"'*]*\s*[:=]\s*\**\s*"
+        matches = list(re.finditer(pattern, text, re.IGNORECASE))
+        if matches:
+            fields[key] = _value_at(text, matches[-1].end())
+    return fields
+
+
+def _value_at(text, pos):
+    rest = text[pos:]
+    if rest[:1] in ("\"", "'"):
+        q = rest[0]
+        # The closing quote is the one followed by a separator, so quotes inside the value survive.
+        m = re.match(rf"{q}(.*?)(?<!\\){q}\s*(?=,|}}|\n|$)", rest, re.DOTALL)
+        value = m.group(1) if m else rest[1:]  # unclosed: the answer was cut off mid-string
+        if q == "\"":
+            try:
+                value = json.loads(f"\"{value}\"", strict=False)
+            except ValueError:
+                pass
+        return value.strip()
+    return re.match(r"[^\n]*", rest).group(0).strip().rstrip(",}").strip(" *\"'")
+
+
+def _has_decision(fields):
+    return any(k in fields for k in DECISION_KEYS)
+
+
+def _verdict(value):
+    if value is None or isinstance(value, bool):
+        return None
+    value = str(value).strip()
+    return (canonical_label(value) or _single_label(value)) if value else None
+
+
+def _proceed(value):
+    if isinstance(value, bool):
+        return value
+    if value is None:
+        return None
+    # The first word decides ("No. The sides agree..."), but a copied template ("Yes or No") decides nothing.
+    m = re.match(r"\W*(yes|no|true|false)\b(\s*(?:or|/|\|)\s*(?:yes|no|true|false)\b)?", str(value),
+                 re.IGNORECASE)
+    if m is None or m.group(2):
+        return None
+    return m.group(1).lower() in ("yes", "true")
+
+
+def _single_label(text):
+    """The one label `text` names, or None if it names none, several, or any of them negated."""
+    found = set()
+    for label, pattern in _LABEL_PATTERNS.items():
+        for m in re.finditer(pattern, text, re.IGNORECASE):
+            if _NEGATION.search(text[max(0, m.start() - 40):m.start()]):
+                return None  # "not supported" could mean refuted or NEE: refuse to guess
+            found.add(label)
+    return found.pop() if len(found) == 1 else None
+
+
+assert set(_LABEL_PATTERNS) == set(LABELS)
