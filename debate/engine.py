@@ -1,0 +1,221 @@
+"""Batched generation over many agent conversations, each keeping its KV cache between its turns.
+
+A conversation's token history only grows: template text, then the agent's generated ids verbatim, then
+more template text. Keeping generated ids verbatim (instead of re-tokenising their decoded text) is what
+makes the history stable, so the cache of every earlier turn stays valid and only the new tokens of a
+turn are encoded. Cached and uncached runs feed the model the same token sequence, so under greedy
+decoding they produce the same tokens.
+
+Batch layout: every row is left-padded and contiguous, `[pad][cached tokens][new tokens][generated]`.
+When rows have new chunks of different lengths, a row re-encodes a few of its last cached tokens
+instead of leaving a gap in the middle; gaps would change what a sliding-window layer sees.
+"""
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+# Stands in for each assistant message when the chat template is rendered, so the text around the
+# generated ids can be tokenised on its own. No whitespace, so templates that trim content keep it.
+_SENTINEL = "\u2063debatecv-turn-{}\u2063"
+
+
+@dataclass
+class Settings:
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    reuse_cache: bool = True
+
+
+@dataclass
+class Conversation:
+    """One agent's side of a debate: its messages and the cache of what it has already encoded."""
+
+    system: str
+    messages: list = field(default_factory=list)  # [{"role": "user"|"assistant", "content": str}]
+    generated: list = field(default_factory=list)  # token ids of each assistant message, verbatim
+    cached_ids: list = field(default_factory=list)  # the tokens whose keys/values are in `cache`
+    cache: list = None  # per layer (keys, values), shape (1, kv_heads, len(cached_ids), head_dim)
+    prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
+    encoded_tokens: int = 0  # prompt tokens actually run through the model
+    completion_tokens: int = 0
+
+    def drop_cache(self):
+        self.cache, self.cached_ids = None, []
+
+
+def _render(tokenizer, system, messages, add_generation_prompt):
+    chat = [{"role": "system", "content": system}] + messages if system else list(messages)
+    try:
+        return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception:
+        # Some templates refuse a system role; fold it into the first user message instead.
+        if not system:
+            raise
+        first = dict(messages[0], content=system + "\n\n" + messages[0]["content"])
+        return tokenizer.apply_chat_template(
+            [first] + messages[1:], tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+
+def _encode(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def context_ids(tokenizer, conv):
+    """The token ids the model sees for `conv`'s next turn: template text with generated ids spliced in."""
+    shown = [
+        dict(m, content=_SENTINEL.format(i)) if m["role"] == "assistant" else m
+        for i, m in enumerate(conv.messages)
+    ]
+    text = _render(tokenizer, conv.system, shown, add_generation_prompt=True)
+    ids, k = [], 0
+    for i, m in enumerate(conv.messages):
+        if m["role"] != "assistant":
+            continue
+        before, sep, text = text.partition(_SENTINEL.format(i))
+        if not sep:
+            raise ValueError("the chat template dropped an assistant message; cannot build the context")
+        ids += _encode(tokenizer, before) + conv.generated[k]
+        k += 1
+    return ids + _encode(tokenizer, text)
+
+
+def stop_token_ids(model, tokenizer):
+    """Ids that end a turn: the tokenizer's and generation config's EOS plus the template's end of turn."""
+    stops = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        stops.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    # The first special token after an assistant message in the template is its end-of-turn marker.
+    probe = _render(tokenizer, "", [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], False)
+    tail = _encode(tokenizer, probe.rsplit("y", 1)[-1])
+    if tail and tail[0] in set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {})):
+        stops.add(tail[0])
+    return sorted(stops)
+
+
+def _common_prefix(a, b):
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _next_tokens(logits, settings, generator):
+    if settings.temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
+    if settings.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest set whose mass reaches top_p (the first token always stays).
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs > settings.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _model_device(model):
+    return next(model.parameters()).device
+
+
+def _batch_cache(convs, reuse, width, device):
+    """Left-pad each row's cached keys/values to `width`; None when nothing is reused."""
+    if width == 0:
+        return DynamicCache()
+    layers = []
+    template = next(c.cache for c, r in zip(convs, reuse) if r)
+    for layer, (k0, v0) in enumerate(template):
+        shape = (len(convs), k0.shape[1], width, k0.shape[3])
+        keys, values = k0.new_zeros(shape), v0.new_zeros(shape)
+        for row, (conv, r) in enumerate(zip(convs, reuse)):
+            if r:
+                keys[row, :, width - r:] = conv.cache[layer][0][0, :, :r]
+                values[row, :, width - r:] = conv.cache[layer][1][0, :, :r]
+        layers.append((keys.to(device), values.to(device)))
+    # No config: every layer keeps all its tokens, so any row can be sliced back out afterwards.
+    return DynamicCache(ddp_cache_data=layers)
+
+
+@torch.inference_mode()
+def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, generator=None):
+    """Add one user message to each conversation and generate every reply in one batch.
+
+    Returns the reply texts; each conversation gets its assistant message, token counts and cache.
+    """
+    if not convs:
+        return []
+    stop_ids = stop_ids if stop_ids is not None else stop_token_ids(model, tokenizer)
+    device = _model_device(model)
+    if generator is None and settings.temperature > 0:
+        generator = torch.Generator(device=device).manual_seed(settings.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+
+    for conv, text in zip(convs, user_texts):
+        conv.messages.append({"role": "user", "content": text})
+    targets = [context_ids(tokenizer, c) for c in convs]
+
+    # How much of each row's cache is still valid; at least one token must be fed to get logits.
+    usable = [
+        min(_common_prefix(c.cached_ids, t), len(t) - 1) if settings.reuse_cache and c.cache else 0
+        for c, t in zip(convs, targets)
+    ]
+    chunk = max(len(t) - u for t, u in zip(targets, usable))
+    reuse = [max(0, len(t) - chunk) for t in targets]  # <= usable: rows with short deltas re-encode a bit
+    width = max(reuse)
+    rows = len(convs)
+
+    input_ids = torch.full((rows, chunk), pad_id, dtype=torch.long)
+    mask = torch.zeros((rows, width + chunk), dtype=torch.long)
+    positions = torch.zeros((rows, chunk), dtype=torch.long)
+    for row, (t, r) in enumerate(zip(targets, reuse)):
+        new = t[r:]
+        input_ids[row, chunk - len(new):] = torch.tensor(new)
+        mask[row, width + chunk - len(t):] = 1
+        positions[row, chunk - len(new):] = torch.arange(r, len(t))
+    cache = _batch_cache(convs, reuse, width, device)
+    input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
+
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    lengths = torch.tensor([len(t) for t in targets], device=device)
+    generated = [[] for _ in convs]
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    stops = torch.tensor(stop_ids, device=device)
+    for step in range(settings.max_new_tokens):
+        token = _next_tokens(out.logits[:, -1, :], settings, generator)
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        for row in (~done).nonzero().flatten().tolist():
+            generated[row].append(int(token[row]))
+        done = done | torch.isin(token, stops)
+        if bool(done.all()) or step == settings.max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=(lengths + step)[:, None],
+                    past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+
+    replies = []
+    for row, (conv, t, r) in enumerate(zip(convs, targets, reuse)):
+        ids = generated[row]
+        content = ids[:-1] if ids and ids[-1] in stop_ids else ids
+        fed = t + ids[:-1]  # the last sampled token was never run through the model
+        start = width + chunk - len(t)
+        conv.cache = [
+            (layer.keys[row:row + 1, :, start:start + len(fed)].clone(),
+             layer.values[row:row + 1, :, start:start + len(fed)].clone())
+            for layer in cache.layers
+        ] if settings.reuse_cache else None
+        conv.cached_ids = fed if settings.reuse_cache else []
+        conv.generated.append(content)
+        reply = tokenizer.decode(content, skip_special_tokens=True)
+        conv.messages.append({"role": "assistant", "content": reply})
+        conv.prompt_tokens += len(t)
+        conv.encoded_tokens += len(t) - r
+        conv.completion_tokens += len(ids)
+        replies.append(reply)
+    return replies
