@@ -1,0 +1,132 @@
+"""The DebateCV protocol (He et al. 2025): two Debaters argue, a Moderator judges each round.
+
+Round 1: the Affirmative opens, the Negative rebuts it. Later rounds: each Debater answers the other's
+last argument. After every round the Moderator answers in JSON and says whether to go on; a clear "No"
+ends the debate with its verdict. After `max_rounds` without one, the Moderator gets the final prompt.
+A Moderator reply whose "Proceeding Necessity" cannot be read counts as "go on": the debate cannot end
+on a decision nobody made, and the final prompt still asks for a verdict.
+
+Claims are debated in batches: each role's turn for every active claim is one batched generate call.
+"""
+from dataclasses import dataclass, field
+
+from debate import engine
+from debate.models import adapter_scope
+from debate.parsing import parse_moderator
+from debate.prompts import format_evidence, load_prompt, render
+
+ROLES = ("affirmative", "negative", "moderator")
+
+
+@dataclass
+class ClaimDebate:
+    claim: dict
+    convs: dict  # role -> engine.Conversation
+    turns: list = field(default_factory=list)
+    arguments: dict = field(default_factory=dict)  # role -> its latest argument
+    outcome: dict = None  # the parsed verdict once the debate has ended
+    rounds: int = 0
+    stop_reason: str = ""
+
+
+def start_debate(claim):
+    evidence = format_evidence(claim["evidence"])
+    convs = {
+        role: engine.Conversation(system=render(
+            "debater_meta", claim=claim["claim"], evidence=evidence,
+            stance=load_prompt(f"debater_stance_{role}").strip()))
+        for role in ("affirmative", "negative")
+    }
+    convs["moderator"] = engine.Conversation(
+        system=render("moderator_meta", claim=claim["claim"], evidence=evidence))
+    return ClaimDebate(claim=claim, convs=convs)
+
+
+def _speak(agents, role, debates, prompts, round_no, settings, generator):
+    """One batched turn of `role` in each of `debates`; returns the replies."""
+    agent = agents[role]
+    with adapter_scope(agent):
+        replies = engine.generate(agent.model, agent.tokenizer, [d.convs[role] for d in debates],
+                                  prompts, settings, generator=generator)
+    for d, prompt, reply in zip(debates, prompts, replies):
+        d.arguments[role] = reply
+        d.turns.append({"round": round_no, "role": role, "prompt": prompt, "response": reply})
+    return replies
+
+
+def _finish(debate, parsed, reason):
+    debate.outcome, debate.stop_reason = parsed, reason
+    debate.turns[-1]["parse_status"] = parsed["status"]
+    for conv in debate.convs.values():
+        conv.drop_cache()  # the memory goes to the claims still debating
+
+
+def run_batch(agents, claims, settings, max_rounds=3, generator=None, on_finish=None):
+    """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records."""
+    debates = [start_debate(c) for c in claims]
+    active = list(debates)
+    records = []
+
+    def finished(debate):
+        record = to_record(debate)
+        records.append(record)
+        if on_finish:
+            on_finish(record)
+
+    for round_no in range(1, max_rounds + 1):
+        if not active:
+            break
+        if round_no == 1:
+            aff_prompts = [load_prompt("affirmative_opening")] * len(active)
+        else:
+            aff_prompts = [render("debater_rebuttal", opponent_argument=d.arguments["negative"]) for d in active]
+        _speak(agents, "affirmative", active, aff_prompts, round_no, settings, generator)
+        opening = "negative_opening" if round_no == 1 else "debater_rebuttal"
+        neg_prompts = [render(opening, opponent_argument=d.arguments["affirmative"]) for d in active]
+        _speak(agents, "negative", active, neg_prompts, round_no, settings, generator)
+        mod_prompts = [render("moderator_round", round=round_no, affirmative_argument=d.arguments["affirmative"],
+                              negative_argument=d.arguments["negative"]) for d in active]
+        replies = _speak(agents, "moderator", active, mod_prompts, round_no, settings, generator)
+
+        still = []
+        for debate, reply in zip(active, replies):
+            debate.rounds = round_no
+            parsed = parse_moderator(reply)
+            debate.turns[-1]["parse_status"] = parsed["status"]
+            if parsed["proceed"] is False:
+                _finish(debate, parsed, "moderator")
+                finished(debate)
+            else:
+                still.append(debate)
+        active = still
+
+    if active:
+        prompts = [render("moderator_final", affirmative_argument=d.arguments["affirmative"],
+                          negative_argument=d.arguments["negative"]) for d in active]
+        replies = _speak(agents, "moderator", active, prompts, "final", settings, generator)
+        for debate, reply in zip(active, replies):
+            _finish(debate, parse_moderator(reply), "max_rounds")
+            finished(debate)
+    return records
+
+
+def to_record(debate):
+    """The prediction and transcript of one finished debate, as written to the output files."""
+    convs = debate.convs.values()
+    outcome = debate.outcome
+    return {
+        "prediction": {
+            "claim_id": debate.claim["claim_id"],
+            "label": outcome["verdict"],
+            "justification": outcome["justification"],
+            "rounds": debate.rounds,
+            "stop_reason": debate.stop_reason,
+            "parse_status": outcome["status"],
+            "prompt_tokens": sum(c.prompt_tokens for c in convs),
+            "encoded_tokens": sum(c.encoded_tokens for c in convs),
+            "completion_tokens": sum(c.completion_tokens for c in convs),
+            "gold_label": debate.claim.get("label"),
+        },
+        "transcript": {"claim_id": debate.claim["claim_id"], "claim": debate.claim["claim"],
+                       "turns": debate.turns},
+    }

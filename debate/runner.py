@@ -1,0 +1,124 @@
+"""One verification run: claims in, a resumable output directory with predictions and scores out."""
+import json
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from debate import data, debatecv, engine, models, records
+
+METHODS = {"debatecv": debatecv.run_batch}
+
+
+def run_config(args):
+    """Every setting of the run, with what identifies the software it ran on."""
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["versions"] = {"python": platform.python_version()}
+    for package in ("debatecv", "torch", "transformers", "peft", "bitsandbytes", "accelerate"):
+        try:
+            config["versions"][package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        config["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+            text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        config["git_commit"] = None
+    return config
+
+
+def load_claims(args):
+    data_dir = None if args.split == "demo" else data.resolve_data_dir(args.data_dir)
+    claims = data.load_split(args.split, data_dir)
+    retrieved = args.retrieved_file
+    if args.evidence == "retrieved" and retrieved is None and args.split != "demo":
+        retrieved = Path(data_dir) / f"{args.split}.retrieved.hero.jsonl"
+    claims = data.attach_evidence(claims, args.evidence, retrieved)
+    return claims[: args.limit] if args.limit else claims
+
+
+def load_agents(args):
+    paths = {"affirmative": args.debater_model, "negative": args.debater_model, "moderator": args.moderator_model}
+    adapters = {"moderator": args.moderator_adapter}
+    return models.load_roles(paths, adapters, use_4bit=args.use_4bit)
+
+
+def run(args, log=print):
+    """Debate every claim not yet done in `args.output_dir`; write outputs; return the metrics."""
+    models.set_offline()
+    default = None
+    if not args.debater_model or not args.moderator_model:
+        default = models.default_model_path()
+    args.debater_model = args.debater_model or default
+    args.moderator_model = args.moderator_model or default
+    args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}"
+
+    claims = load_claims(args)  # bad data stops here, before a model is loaded or a file written
+    config = run_config(args)
+    done = records.prepare(args.output_dir, config, overwrite=args.overwrite)
+    todo = [c for c in claims if c["claim_id"] not in done]
+    log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
+
+    if todo:
+        agents = load_agents(args)
+        config["models"] = models.model_info(agents)
+        records.write_json(Path(args.output_dir) / records.CONFIG, config)
+        settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                   top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache)
+        torch.manual_seed(args.seed)
+        generator = None
+        if args.temperature > 0:
+            device = next(agents["moderator"].model.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(args.seed)
+        writer = records.Writer(args.output_dir)
+        bar = tqdm(total=len(claims), initial=len(claims) - len(todo), unit="claim", desc=args.method,
+                   dynamic_ncols=True)
+        start = time.time()
+        try:
+            for i in range(0, len(todo), args.batch_size):
+                METHODS[args.method](
+                    agents, todo[i:i + args.batch_size], settings, max_rounds=args.max_rounds,
+                    generator=generator, on_finish=lambda record: (writer.write(record), bar.update(1)))
+        finally:
+            writer.close()
+            bar.close()
+        log(f"debated {len(todo)} claims in {time.time() - start:.1f}s")
+    return finish(args, claims, log)
+
+
+def finish(args, claims, log=print):
+    """Score the run directory's predictions against the claims' gold labels and write the reports."""
+    from eval import averitec, report
+
+    out = Path(args.output_dir)
+    predictions = records.read_predictions(out)
+    records.write_json(out / records.SUBMISSION, records.submission(predictions, claims))
+    references = [c for c in claims if c.get("label")]
+    if not references:
+        log("no gold labels for this split: predictions written, nothing scored")
+        return None
+    metrics = averitec.score(records.submission(predictions, claims), data.as_references(references),
+                             extra=predictions)
+    metrics["evidence_condition"] = args.evidence
+    records.write_json(out / records.METRICS, metrics)
+    log(report.summary_table(metrics))
+    return metrics
+
+
+def main_guard(fn):
+    """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there."""
+    known = (data.DataError, models.ModelLoadError, records.RunConflict)
+    try:
+        return fn()
+    except known as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    except json.JSONDecodeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
