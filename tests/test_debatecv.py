@@ -1,0 +1,108 @@
+"""DebateCV control flow with scripted agents: who speaks, what each sees, when the debate stops."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from debate import debatecv, engine
+from debate.labels import REFUTED, SUPPORTED
+
+CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": SUPPORTED,
+           "evidence": [{"question": "Q?", "answer": f"A{i}.", "url": "https://example.org"}]} for i in range(3)]
+
+PROCEED = json.dumps({"Primary Insight": "new points", "Evidence Gaps": "none", "Justification for Proceeding":
+                      "open questions", "Proceeding Necessity": "Yes", "Justification for Verdict": "", "Verdict": ""})
+
+
+def stop_with(verdict):
+    return json.dumps({"Primary Insight": "p", "Evidence Gaps": "g", "Justification for Proceeding": "",
+                       "Proceeding Necessity": "No", "Justification for Verdict": f"because {verdict}",
+                       "Verdict": verdict})
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Replace the engine: replies come from `script(role, claim_id, turn_index)`; calls are logged."""
+    calls = []
+    state = {"script": None}
+
+    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None):
+        replies = []
+        for conv, prompt in zip(convs, prompts):
+            conv.messages.append({"role": "user", "content": prompt})
+            turn = 1 + sum(m["role"] == "assistant" for m in conv.messages)  # 1-based
+            reply = state["script"](model, conv, turn)
+            conv.messages.append({"role": "assistant", "content": reply})
+            conv.prompt_tokens += 10
+            conv.completion_tokens += 5
+            replies.append(reply)
+        calls.append((model, len(convs)))
+        return replies
+
+    monkeypatch.setattr(engine, "generate", fake_generate)
+    agents = {role: SimpleNamespace(model=role, tokenizer=None, adapter=None) for role in debatecv.ROLES}
+    return agents, calls, state
+
+
+def claim_of(conv):
+    return int(conv.system.split("Claim number ")[1][0])
+
+
+def test_round_one_order_and_what_each_side_sees(scripted):
+    agents, calls, state = scripted
+    state["script"] = lambda role, conv, turn: {
+        "affirmative": f"AFF-{claim_of(conv)}-{turn}", "negative": f"NEG-{claim_of(conv)}-{turn}",
+        "moderator": stop_with(SUPPORTED)}[role]
+    records = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)
+    turns = records[0]["transcript"]["turns"]
+    assert [t["role"] for t in turns] == ["affirmative", "negative", "moderator"]
+    assert "AFF-0-1" in turns[1]["prompt"]  # the Negative rebuts the Affirmative's opening
+    assert "AFF-0-1" in turns[2]["prompt"] and "NEG-0-1" in turns[2]["prompt"]
+    assert "Claim number 0." in records[0]["transcript"]["claim"]
+    pred = records[0]["prediction"]
+    assert (pred["label"], pred["rounds"], pred["stop_reason"], pred["parse_status"]) == (
+        SUPPORTED, 1, "moderator", "json")
+    assert pred["justification"] == f"because {SUPPORTED}"
+    assert pred["prompt_tokens"] == 30 and pred["completion_tokens"] == 15
+
+
+def test_later_rounds_answer_the_opponents_last_argument_and_stop_when_moderator_says_no(scripted):
+    agents, calls, state = scripted
+    # Claim i: the Moderator says "No" after round i+1.
+    state["script"] = lambda role, conv, turn: (
+        (stop_with(REFUTED) if turn == claim_of(conv) + 1 else PROCEED) if role == "moderator"
+        else f"{role[:3].upper()}-{claim_of(conv)}-{turn}")
+    finished = []
+    records = debatecv.run_batch(agents, CLAIMS, engine.Settings(), max_rounds=3,
+                                 on_finish=lambda r: finished.append(r["prediction"]["claim_id"]))
+    assert finished == [0, 1, 2]  # each written as soon as it ends, not at the end of the batch
+    by_id = {r["prediction"]["claim_id"]: r for r in records}
+    assert [by_id[i]["prediction"]["rounds"] for i in range(3)] == [1, 2, 3]
+    assert all(by_id[i]["prediction"]["label"] == REFUTED for i in range(3))
+    turns = by_id[2]["transcript"]["turns"]
+    round2 = [t for t in turns if t["round"] == 2]
+    assert "NEG-2-1" in round2[0]["prompt"]  # Affirmative answers the Negative's round-1 argument
+    assert "AFF-2-2" in round2[1]["prompt"]  # Negative answers the Affirmative's round-2 argument
+    # Batches shrink as claims finish: three claims in round 1, two in round 2, one in round 3.
+    assert [n for model, n in calls if model == "moderator"] == [3, 2, 1]
+
+
+def test_final_prompt_after_max_rounds_and_unparsed_verdict_is_recorded_not_guessed(scripted):
+    agents, calls, state = scripted
+    state["script"] = lambda role, conv, turn: (
+        ("I cannot decide." if turn == 3 else PROCEED) if role == "moderator" else "arg")
+    records = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=2)
+    pred = records[0]["prediction"]
+    turns = records[0]["transcript"]["turns"]
+    assert turns[-1]["round"] == "final" and turns[-1]["role"] == "moderator"
+    assert "Verdict" in turns[-1]["prompt"]
+    assert (pred["label"], pred["parse_status"], pred["stop_reason"], pred["rounds"]) == (
+        None, "unparsed", "max_rounds", 2)
+
+
+def test_unreadable_round_decision_continues_the_debate(scripted):
+    agents, calls, state = scripted
+    state["script"] = lambda role, conv, turn: (
+        ("garbled" if turn == 1 else stop_with(SUPPORTED)) if role == "moderator" else "arg")
+    pred = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)[0]["prediction"]
+    assert (pred["rounds"], pred["label"], pred["stop_reason"]) == (2, SUPPORTED, "moderator")
