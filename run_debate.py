@@ -7,6 +7,8 @@ import argparse
 
 from debate import runner
 
+FULL_TURN, DEMO_TURN = 512, 96
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,7 +31,8 @@ def parse_args(argv=None):
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the paper sampled at 0.7)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-new-tokens", type=int, default=512)
+    g.add_argument("--max-new-tokens", type=int,
+                   help=f"default {FULL_TURN} ({DEMO_TURN} on the demo split, so the CPU demo ends in minutes)")
     g.add_argument("--max-rounds", type=int, default=3)
     g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
                    help="re-encode each conversation every turn (for measurement)")
@@ -37,6 +40,8 @@ def parse_args(argv=None):
     o.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>")
     o.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     args = p.parse_args(argv)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEMO_TURN if args.split == "demo" else FULL_TURN
     for name in ("batch_size", "max_new_tokens", "max_rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

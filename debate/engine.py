@@ -189,8 +189,10 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     for step in range(settings.max_new_tokens):
         token = _next_tokens(out.logits[:, -1, :], settings, generator)
         token = torch.where(done, torch.full_like(token, pad_id), token)
-        for row in (~done).nonzero().flatten().tolist():
-            generated[row].append(int(token[row]))
+        # One transfer per step: on a GPU each int() of a single element would be a sync of its own.
+        for row, (t, live) in enumerate(zip(token.tolist(), (~done).tolist())):
+            if live:
+                generated[row].append(t)
         done = done | torch.isin(token, stops)
         if bool(done.all()) or step == settings.max_new_tokens - 1:
             break

@@ -1,5 +1,4 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
-import json
 import platform
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from debate import data, debatecv, engine, models, records
+from debate.prompts import PromptError
 
 METHODS = {"debatecv": debatecv.run_batch}
 
@@ -36,9 +36,7 @@ def run_config(args):
 def load_claims(args):
     data_dir = None if args.split == "demo" else data.resolve_data_dir(args.data_dir)
     claims = data.load_split(args.split, data_dir)
-    retrieved = args.retrieved_file
-    if args.evidence == "retrieved" and retrieved is None and args.split != "demo":
-        retrieved = Path(data_dir) / f"{args.split}.retrieved.hero.jsonl"
+    retrieved = args.retrieved_file or data.retrieved_path(args.split, data_dir)
     claims = data.attach_evidence(claims, args.evidence, retrieved)
     return claims[: args.limit] if args.limit else claims
 
@@ -97,14 +95,16 @@ def finish(args, claims, log=print):
     from eval import averitec, report
 
     out = Path(args.output_dir)
-    predictions = records.read_predictions(out)
-    records.write_json(out / records.SUBMISSION, records.submission(predictions, claims))
+    wanted = {c["claim_id"] for c in claims}
+    # A directory resumed with a smaller --limit holds more claims than this run asked for.
+    predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
+    submission = records.submission(predictions, claims)
+    records.write_json(out / records.SUBMISSION, submission)
     references = [c for c in claims if c.get("label")]
     if not references:
         log("no gold labels for this split: predictions written, nothing scored")
         return None
-    metrics = averitec.score(records.submission(predictions, claims), data.as_references(references),
-                             extra=predictions)
+    metrics = averitec.score(submission, data.as_references(references), extra=predictions)
     metrics["evidence_condition"] = args.evidence
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
@@ -113,12 +113,8 @@ def finish(args, claims, log=print):
 
 def main_guard(fn):
     """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there."""
-    known = (data.DataError, models.ModelLoadError, records.RunConflict)
     try:
         return fn()
-    except known as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    except json.JSONDecodeError as err:
+    except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

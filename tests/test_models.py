@@ -7,7 +7,7 @@ import torch
 
 from debate import models
 from debate.models import ModelLoadError, adapter_scope, load_model, load_roles, model_info
-from tests.tiny_models import build_tiny_llama
+from tests.tiny_models import build_random_lora, build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -17,20 +17,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adapter_dir(tiny_dir, tmp_path_factory):
-    """A LoRA on the tiny model whose B matrices are random, so it really changes the outputs."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True)
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
-    out = str(tmp_path_factory.mktemp("adapter") / "moderator_lora")
-    peft_model.save_pretrained(out)
-    return out
+    return build_random_lora(tiny_dir, str(tmp_path_factory.mktemp("adapter") / "moderator_lora"))
 
 
 def _last_logits(model, tokenizer):

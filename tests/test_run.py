@@ -9,7 +9,7 @@ import pytest
 import run_debate
 from debate import records
 from eval import averitec
-from tests.tiny_models import build_tiny_llama
+from tests.tiny_models import build_random_lora, build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,6 +100,22 @@ def test_rerun_after_crash_continues_without_duplicates_and_matches_uninterrupte
     before = (out / records.PREDICTIONS).read_text()
     run_debate.main(argv(tiny, out))
     assert (out / records.PREDICTIONS).read_text() == before
+
+
+def test_moderator_adapter_changes_only_the_moderator(tiny, full_run, tmp_path):
+    adapter = build_random_lora(tiny, str(tmp_path / "lora"))
+    out = tmp_path / "adapted"
+    run_debate.main(argv(tiny, out, "--moderator-adapter", adapter))
+    plain = {t["claim_id"]: t["turns"] for t in read(full_run[0], records.TRANSCRIPTS)}
+    adapted = {t["claim_id"]: t["turns"] for t in read(out, records.TRANSCRIPTS)}
+    first = lambda turns, role: next(t["response"] for t in turns if t["role"] == role)  # noqa: E731
+    for claim_id, turns in adapted.items():
+        # Round 1 debaters see nothing from the Moderator, so the base model must answer exactly as before.
+        assert first(turns, "affirmative") == first(plain[claim_id], "affirmative")
+        assert first(turns, "negative") == first(plain[claim_id], "negative")
+    assert any(first(adapted[i], "moderator") != first(plain[i], "moderator") for i in adapted)
+    config = json.loads((out / records.CONFIG).read_text())
+    assert config["models"]["moderator"]["adapter"] == adapter and config["models"]["negative"]["adapter"] is None
 
 
 def test_changed_settings_need_overwrite(tiny, full_run, tmp_path, capsys):

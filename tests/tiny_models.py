@@ -99,3 +99,19 @@ def build_tiny_llama(dir, seed=0, **overrides):
     model.save_pretrained(dir)
     tok.save_pretrained(dir)
     return dir
+
+
+def build_random_lora(model_dir, out_dir, seed=1):
+    """Save a LoRA adapter for `model_dir` whose B matrices are random, so it really changes outputs."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    peft_model.save_pretrained(out_dir)
+    return out_dir
