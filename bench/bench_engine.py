@@ -22,11 +22,12 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from debate import data, debatecv, engine, models  # noqa: E402
+from tests.resources import averitec_dir  # noqa: E402
 from tests.tiny_models import build_tiny_llama  # noqa: E402
 
 
 def bench_claims(n):
-    shared = Path(os.environ.get("DEBATECV_SHARED_DATA", ROOT.parent / "shared/data/averitec"))
+    shared = averitec_dir()
     if (shared / "dev.json").exists():
         claims = data.load_split("dev", shared)[:n]
         return data.attach_evidence(claims, "retrieved", shared / "dev.retrieved.hero.jsonl"), "AVeriTeC dev, retrieved"

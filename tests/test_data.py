@@ -1,7 +1,6 @@
 """Data loading and evidence conditions: hand-made AVeriTeC-shaped files, bad files, and the real dev split."""
 import collections
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -9,9 +8,9 @@ import pytest
 from debate.data import (DataError, NO_ANSWER, attach_evidence, load_retrieved, load_split,
                          resolve_data_dir, retrieved_path)
 from debate.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED
+from tests.resources import averitec_dir, missing
 
-SHARED = Path(os.environ.get("DEBATECV_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared/data/averitec")
-needs_shared = pytest.mark.skipif(not (SHARED / "dev.json").is_file(), reason=f"no AVeriTeC dev split at {SHARED}")
+SHARED = averitec_dir()
 
 
 def answer(text, url="https://example.org/a", kind="Abstractive", **extra):
@@ -226,8 +225,9 @@ def test_demo_retrieved_condition_uses_golden_evidence():
 
 # --- the real AVeriTeC dev split -------------------------------------------------------------------
 
-@needs_shared
 def test_real_dev_split_labels_and_retrieved_join():
+    if not (SHARED / "dev.json").is_file():
+        missing(f"no AVeriTeC dev split at {SHARED}")
     claims = load_split("dev", SHARED)
     assert len(claims) == 500
     assert collections.Counter(c["label"] for c in claims) == {REFUTED: 305, SUPPORTED: 122, CEC: 38, NEE: 35}

@@ -4,7 +4,6 @@ The HerO test reads the real AVeriTeC dev split from ../shared/data (or $DEBATEC
 METEOR tests need WordNet (`apt-get install wordnet-base wordnet-sense-index`).
 """
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,23 +13,17 @@ import numpy as np
 import pytest
 
 from debate.labels import CEC, NEE, REFUTED, SUPPORTED
+from tests.resources import averitec_dir, missing
 from eval import averitec, compare, meteor, report, wordnet
 from eval.averitec import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _averitec_dir():
-    # DEBATECV_SHARED_DATA may name the shared data folder or its averitec/ folder itself
-    env = os.environ.get("DEBATECV_SHARED_DATA")
-    base = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
-    return base if (base / "dev.json").is_file() else base / "averitec"
-
-
 def _averitec_file(*parts):
-    path = _averitec_dir().joinpath(*parts)
+    path = averitec_dir().joinpath(*parts)
     if not path.is_file():
-        pytest.skip(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)")
+        missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)")
     return path
 
 
@@ -38,7 +31,7 @@ def _needs_wordnet():
     try:
         wordnet.load_wordnet()
     except wordnet.WordNetMissingError as err:
-        pytest.skip(str(err))
+        missing(str(err))
 
 
 def _ref(label, *qas):
@@ -132,7 +125,7 @@ def test_meteor_identical_and_unrelated():
 
 def test_wordnet_reader_from_debian_files():
     if wordnet.missing_files(wordnet.DEBIAN_DIR):
-        pytest.skip(f"Debian WordNet not installed; `{wordnet.INSTALL_HINT}`")
+        missing(f"Debian WordNet not installed; `{wordnet.INSTALL_HINT}`")
     reader = wordnet.reader_for_directory(wordnet.DEBIAN_DIR)
     names = {lemma.name() for synset in reader.synsets("car") for lemma in synset.lemmas()}
     assert "automobile" in names
