@@ -114,6 +114,9 @@ def to_record(debate):
     """The prediction and transcript of one finished debate, as written to the output files."""
     convs = debate.convs.values()
     outcome = debate.outcome
+    status = outcome["status"]
+    if outcome["verdict"] is None and status != "unparsed":
+        status = "no_verdict"  # the reply was read, but it named none of the four labels
     return {
         "prediction": {
             "claim_id": debate.claim["claim_id"],
@@ -121,7 +124,7 @@ def to_record(debate):
             "justification": outcome["justification"],
             "rounds": debate.rounds,
             "stop_reason": debate.stop_reason,
-            "parse_status": outcome["status"],
+            "parse_status": status,
             "prompt_tokens": sum(c.prompt_tokens for c in convs),
             "encoded_tokens": sum(c.encoded_tokens for c in convs),
             "completion_tokens": sum(c.completion_tokens for c in convs),

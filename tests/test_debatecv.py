@@ -106,3 +106,11 @@ def test_unreadable_round_decision_continues_the_debate(scripted):
         ("garbled" if turn == 1 else stop_with(SUPPORTED)) if role == "moderator" else "arg")
     pred = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)[0]["prediction"]
     assert (pred["rounds"], pred["label"], pred["stop_reason"]) == (2, SUPPORTED, "moderator")
+
+
+def test_stop_without_a_known_label_is_recorded_as_no_verdict(scripted):
+    agents, calls, state = scripted
+    state["script"] = lambda role, conv, turn: stop_with("Half true") if role == "moderator" else "arg"
+    pred = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)[0]["prediction"]
+    assert (pred["rounds"], pred["label"], pred["parse_status"], pred["stop_reason"]) == (
+        1, None, "no_verdict", "moderator")
