@@ -60,7 +60,9 @@ def run(args, log=print):
     claims = load_claims(args)  # bad data stops here, before a model is loaded or a file written
     config = run_config(args)
     done = records.prepare(args.output_dir, config, overwrite=args.overwrite)
-    todo = [c for c in claims if c["claim_id"] not in done]
+    # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
+    todo = sorted((c for c in claims if c["claim_id"] not in done),
+                  key=lambda c: sum(len(e["question"]) + len(e["answer"]) for e in c["evidence"]))
     log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
 
     if todo:
