@@ -7,7 +7,8 @@ A claim record is a plain dict:
      "label": str | None,            # one of labels.LABELS; None only for an unlabelled test split
      "justification": str | None,
      "evidence": [{"question": str, "answer": str, "url": str}, ...],       # what the agents see
-     "gold_evidence": [{"question": str, "answer": str, "url": str}, ...]}  # the annotators' QA pairs
+     "gold_evidence": [{"question": str, "answer": str, "url": str}, ...],  # the annotators' QA pairs
+     "questions": [...]}  # the split's own question-answer entries, kept for the scorer
 
 `load_split` fills `evidence` with the golden evidence; `attach_evidence` swaps it for the chosen
 condition (golden, retrieved, none). Every problem in an input file raises `DataError`, whose message
@@ -178,7 +179,7 @@ def _claim_record(path, index, entry, labelled):
     else:
         gold = []
     return {"claim_id": claim_id, "claim": claim, "label": label, "justification": justification,
-            "evidence": list(gold), "gold_evidence": gold}
+            "evidence": list(gold), "gold_evidence": gold, "questions": entry.get("questions") or []}
 
 
 def _gold_evidence(path, where, questions):
@@ -235,8 +236,6 @@ def _kind(value):
 
 
 def as_references(claims):
-    """Claims in the AVeriTeC reference shape the scorer reads: one answer per golden evidence item."""
-    return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"],
-             "questions": [{"question": e["question"], "answers": [{"answer": e["answer"]}]}
-                           for e in c["gold_evidence"]]}
+    """Claims as the scorer's references: the annotators' own `questions`, exactly as the split has them."""
+    return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"], "questions": c["questions"]}
             for c in claims]

@@ -4,11 +4,14 @@ Round 1: the Affirmative opens, the Negative rebuts it. Later rounds: each Debat
 last argument. After every round the Moderator answers in JSON and says whether to go on; a clear "No"
 ends the debate with its verdict. After `max_rounds` without one, the Moderator gets the final prompt.
 A Moderator reply whose "Proceeding Necessity" cannot be read counts as "go on": the debate cannot end
-on a decision nobody made, and the final prompt still asks for a verdict.
+on a decision nobody made, and the final prompt still asks for a verdict. A "No" that names none of
+the four labels ends the debate and goes straight to the final prompt for its verdict.
 
 Claims are debated in batches: each role's turn for every active claim is one batched generate call.
 """
 from dataclasses import dataclass, field
+
+import torch
 
 from debate import engine
 from debate.models import adapter_scope
@@ -56,7 +59,6 @@ def _speak(agents, role, debates, prompts, round_no, settings, generator):
 
 def _finish(debate, parsed, reason):
     debate.outcome, debate.stop_reason = parsed, reason
-    debate.turns[-1]["parse_status"] = parsed["status"]
     for conv in debate.convs.values():
         conv.drop_cache()  # the memory goes to the claims still debating
 
@@ -64,8 +66,11 @@ def _finish(debate, parsed, reason):
 def run_batch(agents, claims, settings, max_rounds=3, generator=None, on_finish=None):
     """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records."""
     debates = [start_debate(c) for c in claims]
-    active = list(debates)
-    records = []
+    active, final, records = list(debates), [], []
+    if generator is None and settings.temperature > 0:
+        # One stream for the whole batch: a fresh seed per call would repeat the same draws every turn.
+        device = next(agents["moderator"].model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(settings.seed)
 
     def finished(debate):
         record = to_record(debate)
@@ -93,19 +98,26 @@ def run_batch(agents, claims, settings, max_rounds=3, generator=None, on_finish=
             debate.rounds = round_no
             parsed = parse_moderator(reply)
             debate.turns[-1]["parse_status"] = parsed["status"]
-            if parsed["proceed"] is False:
+            if parsed["proceed"] is False and parsed["verdict"] is not None:
                 _finish(debate, parsed, "moderator")
                 finished(debate)
+            elif parsed["proceed"] is False:
+                # It stopped the debate but named no label: the final prompt asks for the verdict.
+                debate.stop_reason = "moderator"
+                final.append(debate)
             else:
                 still.append(debate)
         active = still
 
-    if active:
+    final += active
+    if final:
         prompts = [render("moderator_final", affirmative_argument=d.arguments["affirmative"],
-                          negative_argument=d.arguments["negative"]) for d in active]
-        replies = _speak(agents, "moderator", active, prompts, "final", settings, generator)
-        for debate, reply in zip(active, replies):
-            _finish(debate, parse_moderator(reply), "max_rounds")
+                          negative_argument=d.arguments["negative"]) for d in final]
+        replies = _speak(agents, "moderator", final, prompts, "final", settings, generator)
+        for debate, reply in zip(final, replies):
+            parsed = parse_moderator(reply)
+            debate.turns[-1]["parse_status"] = parsed["status"]
+            _finish(debate, parsed, debate.stop_reason or "max_rounds")
             finished(debate)
     return records
 

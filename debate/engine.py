@@ -123,7 +123,7 @@ def _model_device(model):
 
 
 def _batch_cache(convs, reuse, width, device):
-    """Left-pad each row's cached keys/values to `width`; None when nothing is reused."""
+    """Left-pad each row's cached keys/values to `width`; an empty cache when nothing is reused."""
     if width == 0:
         return DynamicCache()
     layers = []
@@ -152,7 +152,8 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     device = _model_device(model)
     if generator is None and settings.temperature > 0:
         generator = torch.Generator(device=device).manual_seed(settings.seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    # Any id will do for padding: padded positions are masked out.
+    pad_id = next((i for i in (tokenizer.pad_token_id, *stop_ids) if i is not None), 0)
 
     for conv, text in zip(convs, user_texts):
         conv.messages.append({"role": "user", "content": text})
@@ -182,23 +183,24 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
-    lengths = torch.tensor([len(t) for t in targets], device=device)
     generated = [[] for _ in convs]
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
-    stops = torch.tensor(stop_ids, device=device)
+    live = [True] * rows
+    stops = set(stop_ids)
     for step in range(settings.max_new_tokens):
-        token = _next_tokens(out.logits[:, -1, :], settings, generator)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        # One transfer per step: on a GPU each int() of a single element would be a sync of its own.
-        for row, (t, live) in enumerate(zip(token.tolist(), (~done).tolist())):
-            if live:
-                generated[row].append(t)
-        done = done | torch.isin(token, stops)
-        if bool(done.all()) or step == settings.max_new_tokens - 1:
+        # The one device-to-host copy of the step; the bookkeeping below is plain Python.
+        picked = _next_tokens(out.logits[:, -1, :], settings, generator).tolist()
+        for row in range(rows):
+            if live[row]:
+                generated[row].append(picked[row])
+                live[row] = picked[row] not in stops
+        if not any(live) or step == settings.max_new_tokens - 1:
             break
-        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=(lengths + step)[:, None],
-                    past_key_values=cache, use_cache=True)
+        # A finished row is fed a masked pad so the batch keeps its shape; its stop token is never encoded.
+        feed = torch.tensor([[t if on else pad_id] for t, on in zip(picked, live)], device=device)
+        mask = torch.cat([mask, torch.tensor(live, device=device, dtype=mask.dtype)[:, None]], dim=1)
+        positions = torch.tensor([[len(t) + step] for t in targets], device=device)
+        out = model(input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True)
         cache = out.past_key_values
 
     replies = []

@@ -1,4 +1,5 @@
 """Prompt texts: one file per prompt under prompts/, filled in with str.format placeholders."""
+import functools
 import string
 from pathlib import Path
 
@@ -14,6 +15,11 @@ def load_prompt(name):
     path = PROMPT_DIR / f"{name}.txt"
     if not path.is_file():
         raise PromptError(f"prompt {name!r}: no file {path}")
+    return _read(path)
+
+
+@functools.lru_cache(maxsize=None)  # every turn of every claim renders from these few files
+def _read(path):
     return path.read_text(encoding="utf-8").rstrip("\n")
 
 

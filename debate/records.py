@@ -14,7 +14,7 @@ METRICS = "metrics.json"
 SUBMISSION = "submission.json"
 
 # Settings that change what a run predicts; resuming under different ones would mix two experiments.
-IDENTITY_KEYS = ("method", "split", "evidence", "retrieved_file", "debater_model", "moderator_model",
+IDENTITY_KEYS = ("method", "split", "data_dir", "evidence", "retrieved_file", "debater_model", "moderator_model",
                  "moderator_adapter", "use_4bit", "temperature", "top_p", "seed", "max_new_tokens", "max_rounds")
 
 
@@ -121,6 +121,9 @@ def submission(predictions, claims):
             "pred_label": p["label"],
             "label": p["label"],
             "justification": p["justification"],
+            # What the scorer reports for our own runs: rounds, tokens, how the verdict was read.
+            **{k: p[k] for k in ("rounds", "parse_status", "prompt_tokens", "encoded_tokens",
+                                 "completion_tokens") if k in p},
             "evidence": [{"question": e["question"], "answer": e["answer"], "url": e.get("url", "")}
                          for e in evidence],
             "questions": [{"question": e["question"],

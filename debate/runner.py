@@ -11,13 +11,16 @@ from tqdm import tqdm
 
 from debate import data, debatecv, engine, models, records
 from debate.prompts import PromptError
+from eval import averitec, report
+from eval.averitec import InputError
+from eval.wordnet import WordNetMissingError
 
 METHODS = {"debatecv": debatecv.run_batch}
 
 
 def run_config(args):
     """Every setting of the run, with what identifies the software it ran on."""
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config = dict(vars(args))
     config["versions"] = {"python": platform.python_version()}
     for package in ("debatecv", "torch", "transformers", "peft", "bitsandbytes", "accelerate"):
         try:
@@ -55,6 +58,9 @@ def run(args, log=print):
         default = models.default_model_path()
     args.debater_model = args.debater_model or default
     args.moderator_model = args.moderator_model or default
+    if args.split == data.DEMO_SPLIT and args.evidence == "retrieved":
+        log("the demo set has no retrieved evidence: using its golden evidence")
+        args.evidence = "golden"
     args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}"
 
     claims = load_claims(args)  # bad data stops here, before a model is loaded or a file written
@@ -71,8 +77,7 @@ def run(args, log=print):
         records.write_json(Path(args.output_dir) / records.CONFIG, config)
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache)
-        torch.manual_seed(args.seed)
-        generator = None
+        generator = None  # one random stream for the whole run, not one per batch
         if args.temperature > 0:
             device = next(agents["moderator"].model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -94,8 +99,6 @@ def run(args, log=print):
 
 def finish(args, claims, log=print):
     """Score the run directory's predictions against the claims' gold labels and write the reports."""
-    from eval import averitec, report
-
     out = Path(args.output_dir)
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
@@ -106,7 +109,7 @@ def finish(args, claims, log=print):
     if not references:
         log("no gold labels for this split: predictions written, nothing scored")
         return None
-    metrics = averitec.score(submission, data.as_references(references), extra=predictions)
+    metrics = averitec.score(submission, data.as_references(references))
     metrics["evidence_condition"] = args.evidence
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
@@ -117,6 +120,7 @@ def main_guard(fn):
     """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there."""
     try:
         return fn()
-    except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError) as err:
+    except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
+            WordNetMissingError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

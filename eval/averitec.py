@@ -63,16 +63,18 @@ def read_records(path):
 
 
 def _claim_id(record, position, where):
+    # Digit strings and ints name the same claim ("7" == 7); other strings are ids of their own.
     value = record.get("claim_id", position)
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{where}: claim_id {value!r} is not an integer")
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InputError(f"{where}: claim_id {value!r} is neither an integer nor a string")
     return value
 
 
 def _label_of(record, where):
-    for key in ("label", "pred_label"):
+    # pred_label first: a submission may carry the gold `label` beside the prediction.
+    for key in ("pred_label", "label"):
         if key in record:
             return record[key]
     raise InputError(f"{where} has no 'label' (or 'pred_label') key")
@@ -94,13 +96,6 @@ def load_predictions(path):
     """Prediction records from a JSON list or JSONL file, checked for a label key and claim_id."""
     located = read_records(path)
     _check_predictions(located, str(path))
-    return [record for _, record in located]
-
-
-def load_references(path):
-    """Reference records (AVeriTeC dev.json shape); claim_id defaults to the list index."""
-    located = read_records(path)
-    _by_claim_id(located, str(path), "references")
     return [record for _, record in located]
 
 
@@ -212,19 +207,6 @@ def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source,
     return rows, len(refs)
 
 
-def per_claim(predictions, references, evidence=None):
-    """One row per predicted claim: claim_id, gold, pred (None if unparsed), correct, evidence_score.
-
-    `evidence` (optional records with claim_id and evidence) supplies evidence for predictions
-    that carry none, e.g. our predictions.jsonl plus the retrieved-evidence file.
-    """
-    rows, _ = _per_claim(
-        _located(predictions), _located(references), _located(evidence or []),
-        "predictions", "references", "evidence",
-    )
-    return rows
-
-
 def _located(records):
     return [(f"entry {i}", record) for i, record in enumerate(records)]
 
@@ -296,11 +278,10 @@ def _run_stats(records):
     return out
 
 
-def metrics_from_rows(rows, n_references=None, levels=LEVELS, run_records=None):
+def metrics_from_rows(rows, n_references=None, levels=LEVELS):
     """The full metrics dict from per-claim rows (see `score`).
 
-    Rounds, tokens and parse status come from `run_records` when given, else from each row's
-    prediction record.
+    Rounds, tokens and parse status come from each row's prediction record, where it has them.
     """
     metrics = label_metrics([r["gold"] for r in rows], [r["pred"] for r in rows])
     n = len(rows)
@@ -313,19 +294,15 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS, run_records=None):
     if n_references is not None:
         metrics["n_references"] = n_references
         metrics["n_missing"] = n_references - n
-    if run_records is None:
-        run_records = [r["record"] for r in rows if "record" in r]
-    metrics.update(_run_stats(run_records))
+    metrics.update(_run_stats([r["record"] for r in rows if "record" in r]))
     return metrics
 
 
-def score(predictions, references, evidence=None, *, extra=None, levels=LEVELS):
+def score(predictions, references, evidence=None, *, levels=LEVELS):
     """Metrics for `predictions` against `references` (both lists of dicts).
 
     Only predicted claims are scored; `n_missing` counts reference claims with no prediction.
-    `evidence` supplies evidence for predictions that carry none; `extra` (records with claim_id,
-    e.g. predictions.jsonl rows) supplies rounds/tokens/parse_status when the scored records lack
-    them. Keys: n, n_references, n_missing, accuracy, macro_f1, per_class_f1, confusion (gold ->
+    `evidence` supplies evidence for predictions that carry none. Keys: n, n_references, n_missing, accuracy, macro_f1, per_class_f1, confusion (gold ->
     pred -> count, with an "unparsed" column), fpr, n_unparsed, averitec (level string -> score),
     evidence_score_mean, n_without_evidence, and when the records carry them rounds, tokens,
     parse_status.
@@ -334,11 +311,7 @@ def score(predictions, references, evidence=None, *, extra=None, levels=LEVELS):
         _located(predictions), _located(references), _located(evidence or []),
         "predictions", "references", "evidence",
     )
-    run_records = None
-    if extra is not None:
-        by_id = _by_claim_id(_located(extra), "extra", "extra records")
-        run_records = [by_id[r["claim_id"]][1] for r in rows if r["claim_id"] in by_id]
-    return metrics_from_rows(rows, n_refs, levels, run_records)
+    return metrics_from_rows(rows, n_refs, levels)
 
 
 def score_files(predictions_path, references_path, evidence_path=None, levels=LEVELS):
@@ -348,7 +321,7 @@ def score_files(predictions_path, references_path, evidence_path=None, levels=LE
 
 
 def rows_from_files(predictions_path, references_path, evidence_path=None):
-    """Per-claim rows (as `per_claim`) and the reference count, read from files."""
+    """Per-claim rows and the reference count, read from files."""
     return _per_claim(
         read_records(predictions_path), read_records(references_path),
         read_records(evidence_path) if evidence_path else [],

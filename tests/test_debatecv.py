@@ -111,6 +111,18 @@ def test_unreadable_round_decision_continues_the_debate(scripted):
 def test_stop_without_a_known_label_is_recorded_as_no_verdict(scripted):
     agents, calls, state = scripted
     state["script"] = lambda role, conv, turn: stop_with("Half true") if role == "moderator" else "arg"
-    pred = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)[0]["prediction"]
+    record = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)[0]
+    pred, turns = record["prediction"], record["transcript"]["turns"]
     assert (pred["rounds"], pred["label"], pred["parse_status"], pred["stop_reason"]) == (
         1, None, "no_verdict", "moderator")
+    # The final prompt was asked for the verdict right after the round that stopped the debate.
+    assert [t["round"] for t in turns] == [1, 1, 1, "final"]
+
+
+def test_stop_without_a_label_then_a_verdict_in_the_final_answer(scripted):
+    agents, calls, state = scripted
+    state["script"] = lambda role, conv, turn: (
+        (stop_with("") if turn == 1 else stop_with(REFUTED)) if role == "moderator" else "arg")
+    pred = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)[0]["prediction"]
+    assert (pred["rounds"], pred["label"], pred["parse_status"], pred["stop_reason"]) == (
+        1, REFUTED, "json", "moderator")

@@ -176,3 +176,6 @@ def test_embedded_gemma_smoke(tmp_path):
     assert "accuracy" in proc.stdout and "AVeriTeC" in proc.stdout
     transcripts = read(out, records.TRANSCRIPTS)
     assert all(turn["response"].strip() for t in transcripts for turn in t["turns"])
+    # The demo set has no retrieved evidence: the run says so and records what it really used.
+    assert json.loads((out / records.CONFIG).read_text())["evidence"] == "golden"
+    assert "golden evidence" in proc.stdout
