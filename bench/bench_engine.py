@@ -49,7 +49,7 @@ def measure(agents, claims, reuse, batch_size, max_new_tokens, rounds):
         "encoded_prompt_tokens_per_claim": round(sum(p["encoded_tokens"] for p in preds) / len(preds)),
         "context_tokens_per_claim": round(sum(p["prompt_tokens"] for p in preds) / len(preds)),
         "completion_tokens_per_claim": round(sum(p["completion_tokens"] for p in preds) / len(preds)),
-        "tokens": [p["completion_tokens"] for p in preds],
+        "replies": [[t["response"] for t in r["transcript"]["turns"]] for r in out],
     }
 
 
@@ -70,13 +70,13 @@ def main():
         measure(agents, claims[:2], True, 2, 4, 1)  # warm-up
         rows = [measure(agents, claims, reuse, bs, args.max_new_tokens, args.rounds)
                 for bs in (1, 8) for reuse in (False, True)]
-    same = len({json.dumps(r.pop("tokens")) for r in rows}) == 1
+    same = len({json.dumps(r.pop("replies")) for r in rows}) == 1
     result = {
         "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads)", "claims_source": source,
         "max_new_tokens": args.max_new_tokens, "max_rounds": args.rounds,
         "model": "random-weight Llama: hidden 256, 4 layers, 8 heads / 4 KV heads, byte-level BPE vocab",
-        "same_completion_lengths_in_all_runs": same, "runs": rows,
+        "same_replies_in_all_runs": same, "runs": rows,
     }
     for bs in (1, 8):
         off, on = [r for r in rows if r["batch_size"] == bs]
