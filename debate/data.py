@@ -127,17 +127,13 @@ def load_retrieved(path):
 
 
 def _evidence_items(path, where, row):
-    if "evidence" not in row:
-        raise DataError(f"{path}: {where}: missing field 'evidence'")
-    items = _expect(path, where, "evidence", row["evidence"], list)
+    items = _required(path, where, row, "evidence", list)
     out = []
     for j, item in enumerate(items):
         field = f"evidence[{j}]"
         _expect(path, where, field, item, dict)
         for key in ("question", "answer", "url"):
-            if key not in item:
-                raise DataError(f"{path}: {where}: missing field '{field}.{key}'")
-            _expect(path, where, f"{field}.{key}", item[key], str)
+            _required(path, where, item, key, str, prefix=f"{field}.")
         out.append({"question": item["question"], "answer": item["answer"], "url": item["url"]})
     return out
 
@@ -151,9 +147,7 @@ def _claim_record(path, index, entry, labelled):
         where = f"entry {index} (claim_id {claim_id})"
         _expect(path, where, "claim_id", claim_id, (int, str))
 
-    if "claim" not in entry:
-        raise DataError(f"{path}: {where}: missing field 'claim'")
-    claim = _expect(path, where, "claim", entry["claim"], str)
+    claim = _required(path, where, entry, "claim", str)
     if not claim.strip():
         raise DataError(f"{path}: {where}: field 'claim': empty")
 
@@ -189,18 +183,14 @@ def _gold_evidence(path, where, questions):
     for q, qa in enumerate(questions):
         field = f"questions[{q}]"
         _expect(path, where, field, qa, dict)
-        if "question" not in qa:
-            raise DataError(f"{path}: {where}: missing field '{field}.question'")
-        question = _expect(path, where, f"{field}.question", qa["question"], str)
+        question = _required(path, where, qa, "question", str, prefix=f"{field}.")
         answers = _expect(path, where, f"{field}.answers", qa.get("answers") or [], list)
         if not answers:
             items.append({"question": question, "answer": NO_ANSWER, "url": ""})
         for a, ans in enumerate(answers):
             afield = f"{field}.answers[{a}]"
             _expect(path, where, afield, ans, dict)
-            if "answer" not in ans:
-                raise DataError(f"{path}: {where}: missing field '{afield}.answer'")
-            text = _expect(path, where, f"{afield}.answer", ans["answer"], str)
+            text = _required(path, where, ans, "answer", str, prefix=f"{afield}.")
             explanation = ans.get("boolean_explanation")
             if ans.get("answer_type") == "Boolean" and explanation:
                 text = f"{text}. {_expect(path, where, f'{afield}.boolean_explanation', explanation, str)}"
@@ -224,6 +214,13 @@ def _expect(path, where, field, value, types):
         names = " or ".join(_type_name(t) for t in (types if isinstance(types, tuple) else (types,)))
         raise DataError(f"{path}: {where}: field '{field}': expected {names}, got {_kind(value)}")
     return value
+
+
+def _required(path, where, obj, key, types, prefix=""):
+    """obj[key], which must be there and of `types`; errors name the field as prefix + key."""
+    if key not in obj:
+        raise DataError(f"{path}: {where}: missing field '{prefix}{key}'")
+    return _expect(path, where, prefix + key, obj[key], types)
 
 
 def _type_name(t):
