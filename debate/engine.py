@@ -60,7 +60,7 @@ def _render(tokenizer, system, messages, add_generation_prompt):
         )
 
 
-def _encode(tokenizer, text):
+def encode_text(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
@@ -78,9 +78,22 @@ def context_ids(tokenizer, conv):
         before, sep, text = text.partition(_SENTINEL.format(i))
         if not sep:
             raise ValueError("the chat template dropped an assistant message; cannot build the context")
-        ids += _encode(tokenizer, before) + conv.generated[k]
+        ids += encode_text(tokenizer, before) + conv.generated[k]
         k += 1
-    return ids + _encode(tokenizer, text)
+    return ids + encode_text(tokenizer, text)
+
+
+def turn_end_ids(tokenizer):
+    """The ids the chat template puts right after an assistant message's content, up to and including
+    its end-of-turn marker (Llama 3: <|eot_id|>, Gemma: <end_of_turn>); what a trained reply must end with."""
+    probe = _render(tokenizer, "", [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], False)
+    tail = encode_text(tokenizer, probe.rsplit("y", 1)[-1])
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    for i, token in enumerate(tail):
+        if token in special:
+            return tail[: i + 1]
+    # A plain-text template has no marker: the reply ends with EOS, which generation stops at.
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else tail
 
 
 def stop_token_ids(model, tokenizer):
@@ -91,7 +104,7 @@ def stop_token_ids(model, tokenizer):
         stops.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
     # The first special token after an assistant message in the template is its end-of-turn marker.
     probe = _render(tokenizer, "", [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], False)
-    tail = _encode(tokenizer, probe.rsplit("y", 1)[-1])
+    tail = encode_text(tokenizer, probe.rsplit("y", 1)[-1])
     if tail and tail[0] in set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {})):
         stops.add(tail[0])
     return sorted(stops)

@@ -360,6 +360,32 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
     )
 
 
+BASE_FILE = "debatecv_base.json"  # written beside an adapter we train: which base it belongs to
+
+
+def base_fingerprint(config):
+    """What an adapter's shapes depend on; two bases that differ here cannot share an adapter."""
+    config = getattr(config, "text_config", None) or config
+    return {k: getattr(config, k, None) for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")}
+
+
+def check_adapter_base(adapter_path, config, base_path):
+    """Refuse an adapter trained on another base, by the fingerprint saved beside it (when there is one)."""
+    try:
+        with open(os.path.join(adapter_path, BASE_FILE)) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        return  # not one of ours; peft still refuses mismatched shapes when loading
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: bad {BASE_FILE} ({_one_line(e)})") from e
+    here = base_fingerprint(config)
+    if saved.get("fingerprint") != here:
+        describe = lambda f: ", ".join(f"{k} {v}" for k, v in (f or {}).items())
+        raise ModelLoadError(
+            f"adapter {adapter_path} was trained on another base model: {saved.get('base')} "
+            f"({describe(saved.get('fingerprint'))}); this base is {base_path} ({describe(here)})")
+
+
 def _check_adapter_dir(adapter_path, given):
     config_path = os.path.join(adapter_path, "adapter_config.json")
     if not os.path.isdir(adapter_path):
@@ -416,6 +442,7 @@ def load_roles(role_paths, role_adapters=None, *, use_4bit=True):
         if (base.path, adapter_path) in adapter_names:
             continue
         _check_adapter_dir(adapter_path, str(adapter))
+        check_adapter_base(adapter_path, base.model.config, base.path)
         base.model = _attach_adapter(base.model, adapter_path, role)
         adapter_names[(base.path, adapter_path)] = role
 

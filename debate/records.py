@@ -22,7 +22,7 @@ class RunConflict(RuntimeError):
     pass
 
 
-def _read_jsonl(path):
+def read_jsonl(path):
     """Complete JSON lines of `path`; a torn last line (the process died mid-write) is cut off the file."""
     if not path.exists():
         return []
@@ -58,10 +58,10 @@ def prepare(output_dir, config, overwrite=False):
                 f"{out} holds a run with other settings ({', '.join(f'{k}: {before.get(k)!r} -> {config.get(k)!r}' for k in changed)}); "
                 "use --overwrite to start over or choose another --output-dir")
     done = {}
-    for row in _read_jsonl(out / PREDICTIONS):
+    for row in read_jsonl(out / PREDICTIONS):
         done.setdefault(row["claim_id"], row)
     kept, seen = [], set()
-    for row in _read_jsonl(out / TRANSCRIPTS):
+    for row in read_jsonl(out / TRANSCRIPTS):
         if row["claim_id"] in done and row["claim_id"] not in seen:
             kept.append(row)
             seen.add(row["claim_id"])
@@ -105,7 +105,7 @@ class Writer:
 
 
 def read_predictions(output_dir):
-    return _read_jsonl(Path(output_dir) / PREDICTIONS)
+    return read_jsonl(Path(output_dir) / PREDICTIONS)
 
 
 def submission(predictions, claims):

@@ -18,6 +18,9 @@ PLACEHOLDERS = {
     "moderator_final": {"affirmative_argument", "negative_argument"},
     "evidence_item": {"index", "question", "answer", "url"},
     "no_evidence": set(),
+    "corrector_meta": set(),
+    "corrector": {"claim", "evidence", "debate", "insights", "predicted_verdict", "gold_verdict"},
+    "debate_turn": {"round", "speaker", "argument"},
 }
 
 
@@ -35,7 +38,7 @@ def test_prompt_renders_with_its_placeholders(name):
     text = render(name, **sample_fields(name))
     for value in sample_fields(name).values():
         assert value in text
-    if name not in ("moderator_round", "moderator_final"):  # only the JSON examples keep braces
+    if name not in ("moderator_round", "moderator_final", "corrector"):  # only the JSON examples keep braces
         assert "{" not in text and "}" not in text
     assert text.strip()
 

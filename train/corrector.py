@@ -1,0 +1,83 @@
+"""The Corrector: for each wrong SynDeC prediction, a justification of how the gold verdict follows.
+
+It reads the debate (both Debaters' arguments, round by round), the Moderator's "Primary Insight" of
+each round, the wrong verdict and the gold one, and answers with "Justification for Verdict" in JSON.
+A reply that is not JSON but has text keeps the text (status "text"); an empty one is recorded with
+status "empty" and that record stays out of D-DPO.
+"""
+import json
+import os
+from pathlib import Path
+
+from debate import engine, records
+from debate.models import adapter_scope
+from debate.parsing import parse_moderator
+from debate.prompts import format_evidence, load_prompt, render
+
+SPEAKERS = {"affirmative": "Affirmative Debater", "negative": "Negative Debater"}
+
+
+def prompt_for(record):
+    """The Corrector's user message for one wrong record."""
+    debate = "\n\n".join(
+        render("debate_turn", round=t.get("round", ""), speaker=SPEAKERS[t["role"]], argument=t["response"].strip())
+        for t in record["debate"] if t["role"] in SPEAKERS)
+    insights = []
+    for t in record["debate"]:
+        if t["role"] == "moderator" and t.get("round") != "final":
+            insight = parse_moderator(t["response"])["fields"].get("Primary Insight")
+            if isinstance(insight, str) and insight.strip():
+                insights.append(f"Round {t.get('round')}: {insight.strip()}")
+    return render("corrector", claim=record["claim"], evidence=format_evidence(record["evidence"]),
+                  debate=debate or "(no arguments were recorded)", insights="\n".join(insights) or "(none)",
+                  predicted_verdict=record.get("predicted_label") or "no readable verdict",
+                  gold_verdict=record["gold_label"])
+
+
+def read_justification(reply):
+    """(justification, status): from the JSON key if it is there, else the reply's own text."""
+    parsed = parse_moderator(reply)
+    if parsed["justification"]:
+        return parsed["justification"], "json" if parsed["status"].startswith("json") else parsed["status"]
+    text = reply.strip()
+    return (text, "text") if text else ("", "empty")
+
+
+def read_done(path):
+    """{claim_id: correction row} already written; a torn last line is cut off (that claim is redone)."""
+    return {row["claim_id"]: row for row in records.read_jsonl(Path(path))}
+
+
+def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
+    """Write a correction for every wrong record not yet in `out_path` (JSONL, appended batch by batch)."""
+    done = read_done(out_path)
+    todo = [r for r in rows if not r["correct"] and r["claim_id"] not in done]
+    system = load_prompt("corrector_meta")
+    with open(out_path, "a", encoding="utf-8") as f:
+        for i in range(0, len(todo), batch_size):
+            batch = todo[i:i + batch_size]
+            convs = [engine.Conversation(system=system) for _ in batch]
+            with adapter_scope(agent):
+                replies = engine.generate(agent.model, agent.tokenizer, convs, [prompt_for(r) for r in batch],
+                                          settings)
+            for record, reply in zip(batch, replies):
+                justification, status = read_justification(reply)
+                row = {"claim_id": record["claim_id"], "corrected_justification": justification,
+                       "status": status, "response": reply}
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                done[record["claim_id"]] = row
+            f.flush()
+            os.fsync(f.fileno())
+            if on_batch:
+                on_batch(len(batch))
+    return done
+
+
+def merge(rows, corrections):
+    """The records with their corrected justifications filled in (wrong records only)."""
+    out = []
+    for r in rows:
+        c = corrections.get(r["claim_id"])
+        text = c["corrected_justification"] if c and not r["correct"] else None
+        out.append(dict(r, corrected_justification=text or None))
+    return out

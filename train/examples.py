@@ -1,0 +1,139 @@
+"""SynDeC records as token sequences for the Moderator: its debate conversation, then a target reply.
+
+The context is exactly what the Moderator saw when it gave its verdict: its meta prompt with the
+claim and evidence, every earlier round prompt with its own reply, and the prompt of the turn that
+ended the debate (a round prompt answered "No", or the final prompt). The target is that turn's
+reply, written as clean JSON with the keys that prompt asks for, followed by the template's
+end-of-turn marker. Only target tokens carry a loss (labels are -100 elsewhere).
+
+Too long for `max_length` (the rule, in order): drop the oldest earlier rounds (prompt and reply);
+then drop evidence items from the end of the list; if the bare prompt plus target still does not
+fit, the record is skipped. The target is never cut. Each step is counted.
+"""
+import json
+from collections import Counter
+
+from debate import engine
+from debate.parsing import KEYS, parse_moderator
+from debate.prompts import format_evidence, render
+
+IGNORE = -100
+FINAL_KEYS = ("Justification for Verdict", "Verdict")
+
+
+def dialogue(record):
+    """(earlier [(prompt, reply)], last prompt, last reply, ended by the final prompt) of the Moderator."""
+    turns = [t for t in record["debate"] if t["role"] == "moderator"]
+    earlier = [(t["prompt"], t["response"]) for t in turns[:-1]]
+    last = turns[-1]
+    return earlier, last["prompt"], last["response"], last.get("round") == "final"
+
+
+def reply_json(fields, final):
+    """A Moderator reply as the prompt asks for it: the final prompt's two keys or a round's six."""
+    keys = FINAL_KEYS if final else KEYS
+    return json.dumps({k: str(fields.get(k) or "") for k in keys}, ensure_ascii=False, indent=2)
+
+
+def sft_target(record):
+    """The Moderator's own final reply, cleaned to the JSON its prompt asked for; for a wrong record
+    (trained only with --sft-include-corrected), the gold verdict with the corrected justification."""
+    if not record["correct"]:
+        return dpo_pair(record)[0]
+    _, _, reply, final = dialogue(record)
+    parsed = parse_moderator(reply)
+    fields = dict(parsed["fields"], Verdict=parsed["verdict"] or "")
+    if not final:
+        fields["Proceeding Necessity"] = "No"
+    return reply_json(fields, final)
+
+
+def dpo_pair(record):
+    """(chosen, rejected): the gold verdict with the corrected justification against the original reply.
+
+    Both are written the same way (clean JSON, the other keys copied from the original), so the pair
+    differs in verdict and justification only, not in formatting. A reply with no readable fields is
+    the rejected one verbatim.
+    """
+    _, _, reply, final = dialogue(record)
+    parsed = parse_moderator(reply)
+    fields = dict(parsed["fields"])
+    if not final:
+        fields["Proceeding Necessity"] = "No"
+    chosen = reply_json(dict(fields, Verdict=record["gold_label"],
+                             **{"Justification for Verdict": record["corrected_justification"]}), final)
+    if parsed["fields"]:
+        rejected = reply_json(dict(fields, Verdict=parsed["verdict"] or fields.get("Verdict") or ""), final)
+    else:
+        rejected = reply.strip()
+    return chosen, rejected
+
+
+def conversation(tokenizer, record, earlier=None, evidence=None):
+    """(the Moderator's Conversation up to its last turn, that turn's prompt), for the engine to answer."""
+    all_earlier, last_prompt, _, _ = dialogue(record)
+    earlier = all_earlier if earlier is None else earlier
+    evidence = record["evidence"] if evidence is None else evidence
+    conv = engine.Conversation(system=render("moderator_meta", claim=record["claim"],
+                                             evidence=format_evidence(evidence)))
+    for prompt, reply in earlier:
+        conv.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+        conv.generated.append(engine.encode_text(tokenizer, reply))
+    return conv, last_prompt
+
+
+def _context(tokenizer, record, earlier, last_prompt, evidence):
+    conv, last_prompt = conversation(tokenizer, record, earlier, evidence)
+    conv.messages.append({"role": "user", "content": last_prompt})
+    return engine.context_ids(tokenizer, conv)
+
+
+def fit_context(tokenizer, record, budget):
+    """The longest context under the truncation rule that leaves `budget` tokens; (ids, how) or (None, why)."""
+    earlier, last_prompt, _, _ = dialogue(record)
+    evidence = list(record["evidence"])
+    ids = _context(tokenizer, record, earlier, last_prompt, evidence)
+    how = "kept"
+    while len(ids) > budget and earlier:
+        earlier, how = earlier[1:], "dropped_rounds"
+        ids = _context(tokenizer, record, earlier, last_prompt, evidence)
+    while len(ids) > budget and evidence:
+        evidence, how = evidence[:-1], "dropped_evidence"
+        ids = _context(tokenizer, record, earlier, last_prompt, evidence)
+    if len(ids) > budget:
+        return None, "skipped_too_long"
+    return ids, how
+
+
+def target_ids(tokenizer, text):
+    return engine.encode_text(tokenizer, text) + engine.turn_end_ids(tokenizer)
+
+
+def sft_example(tokenizer, record, max_length):
+    """{"input_ids", "labels"} for one correct record, or (None, why); second value says what was cut."""
+    target = target_ids(tokenizer, sft_target(record))
+    context, how = fit_context(tokenizer, record, max_length - len(target))
+    if context is None:
+        return None, how
+    return {"input_ids": context + target, "labels": [IGNORE] * len(context) + target}, how
+
+
+def dpo_example(tokenizer, record, max_length):
+    """{"chosen": {...}, "rejected": {...}} over one shared context, or (None, why)."""
+    chosen, rejected = (target_ids(tokenizer, t) for t in dpo_pair(record))
+    context, how = fit_context(tokenizer, record, max_length - max(len(chosen), len(rejected)))
+    if context is None:
+        return None, how
+    side = lambda target: {"input_ids": context + target, "labels": [IGNORE] * len(context) + target}
+    return {"chosen": side(chosen), "rejected": side(rejected)}, how
+
+
+def build(tokenizer, rows, make, max_length):
+    """Tokenise every record with `make`; returns (examples, Counter of kept/dropped_rounds/...)."""
+    examples, counts = [], Counter()
+    for row in rows:
+        example, how = make(tokenizer, row, max_length)
+        counts[how] += 1
+        if example is not None:
+            examples.append(example)
+    return examples, counts

@@ -1,0 +1,72 @@
+"""Batches and the two objectives: masked next-token loss (D-SFT) and the DPO preference loss (D-DPO)."""
+import torch
+import torch.nn.functional as F
+
+from train.examples import IGNORE
+
+
+def collate(sequences, pad_id, device):
+    """Left-pad {"input_ids", "labels"} rows into tensors.
+
+    Left padding puts every target at the end of its row, so logits are only computed for the last
+    `keep` positions (the longest target): with a 128k vocabulary the full logits of a 4k-token row
+    would cost more memory than the rest of the step.
+    """
+    width = max(len(s["input_ids"]) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(sequences), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    keep = 1
+    for row, s in enumerate(sequences):
+        n = len(s["input_ids"])
+        ids[row, width - n:] = torch.tensor(s["input_ids"])
+        labels[row, width - n:] = torch.tensor(s["labels"])
+        mask[row, width - n:] = 1
+        first = next(i for i, label in enumerate(s["labels"]) if label != IGNORE)
+        keep = max(keep, n - first + 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device),
+            "labels": labels.to(device), "keep": min(keep, width)}
+
+
+def sequence_logps(model, batch):
+    """(sum of target-token log-probabilities per row, target tokens per row)."""
+    keep = batch["keep"]
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False).logits
+    # logits[:, j] predicts the token after position (width - keep + j); the last one predicts nothing.
+    targets = batch["labels"][:, -keep + 1:] if keep > 1 else batch["labels"][:, :0]
+    logits = logits[:, :-1].float()
+    mask = targets != IGNORE
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (logps * mask).sum(-1), mask.sum(-1)
+
+
+def sft_loss(model, batch):
+    """Mean negative log-likelihood of the target tokens of the batch; (loss, metrics, tokens)."""
+    logps, counts = sequence_logps(model, batch)
+    tokens = counts.sum()
+    loss = -logps.sum() / tokens.clamp(min=1)
+    return loss, {"loss": loss.item()}, int(tokens)
+
+
+def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
+    """The DPO loss (Rafailov et al. 2023) and the implicit rewards beta * (policy - reference)."""
+    chosen_rewards = beta * (policy_chosen - ref_chosen)
+    rejected_rewards = beta * (policy_rejected - ref_rejected)
+    loss = -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+    return loss, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+def dpo_step_loss(model, batch, beta):
+    """Chosen and rejected of every pair in one concatenated forward pass; (loss, metrics, tokens)."""
+    logps, counts = sequence_logps(model, batch)
+    n = logps.shape[0] // 2
+    loss, chosen, rejected = dpo_loss(logps[:n], logps[n:], batch["ref"][:, 0], batch["ref"][:, 1], beta)
+    return loss, {
+        "loss": loss.item(),
+        "reward_accuracy": (chosen > rejected).float().mean().item(),
+        "reward_margin": (chosen - rejected).mean().item(),
+        "chosen_reward": chosen.mean().item(),
+        "rejected_reward": rejected.mean().item(),
+    }, int(counts.sum())

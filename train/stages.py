@@ -1,0 +1,232 @@
+"""The four stages of Moderator post-training, each reading the previous one's files under `--out`.
+
+    OUT/debates/                  synth: the zero-shot DebateCV run (resumable like run_debate.py)
+    OUT/syndec.jsonl              synth: SynDeC records
+    OUT/corrections.jsonl         correct: one Corrector reply per wrong record (appended as it goes)
+    OUT/syndec.corrected.jsonl    correct: the records with corrected justifications
+    OUT/sft/adapter/              sft: the D-SFT LoRA adapter (+ checkpoints/, metrics.jsonl, summary.json)
+    OUT/dpo/adapter/              dpo: the D-DPO LoRA adapter, trained from the D-SFT one (same layout)
+
+A stage whose final output exists is skipped; `--overwrite` redoes the stages asked for.
+"""
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from tqdm import tqdm
+
+from debate import engine, models, records, runner
+from train import corrector, examples, lora, loop, losses, syndec
+
+STAGES = ("synth", "correct", "sft", "dpo")
+
+
+def paths(out):
+    out = Path(out)
+    return {"debates": out / "debates", "syndec": out / "syndec.jsonl", "corrections": out / "corrections.jsonl",
+            "corrected": out / "syndec.corrected.jsonl", "sft": out / "sft", "dpo": out / "dpo"}
+
+
+def done(stage, out):
+    p = paths(out)
+    return {"synth": p["syndec"].exists(), "correct": p["corrected"].exists(),
+            "sft": (p["sft"] / "adapter" / "adapter_config.json").exists(),
+            "dpo": (p["dpo"] / "adapter" / "adapter_config.json").exists()}[stage]
+
+
+def clear(stage, out):
+    p = paths(out)
+    if stage == "synth":
+        shutil.rmtree(p["debates"], ignore_errors=True)
+        p["syndec"].unlink(missing_ok=True)
+    elif stage == "correct":
+        p["corrections"].unlink(missing_ok=True)
+        p["corrected"].unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p[stage], ignore_errors=True)
+
+
+def synth(args, log=print):
+    """Zero-shot DebateCV with golden evidence over the split, then SynDeC records from its outputs."""
+    p = paths(args.out)
+    run_args = argparse.Namespace(
+        method="debatecv", split=args.split, data_dir=args.data_dir, evidence="golden", retrieved_file=None,
+        limit=args.limit, debater_model=args.debater_model, moderator_model=args.model, moderator_adapter=None,
+        use_4bit=args.use_4bit, batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p,
+        seed=args.seed, max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, reuse_cache=True,
+        output_dir=str(p["debates"]), overwrite=False)
+    runner.run(run_args, log=log)
+    rows = syndec.build(p["debates"], runner.load_claims(run_args))
+    syndec.write(p["syndec"], rows)
+    right = sum(r["correct"] for r in rows)
+    log(f"synth: {len(rows)} SynDeC records in {p['syndec']}: {right} correct (for D-SFT), "
+        f"{len(rows) - right} wrong (for the Corrector, then D-DPO)")
+
+
+def correct(args, log=print):
+    p = paths(args.out)
+    rows = syndec.load(p["syndec"])
+    wrong = [r for r in rows if not r["correct"]]
+    log(f"correct: {len(wrong)} wrong predictions of {len(rows)}; Corrector: {args.corrector_model}")
+    if wrong:
+        agent = models.load_roles({"corrector": args.corrector_model}, use_4bit=args.use_4bit)["corrector"]
+        settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                   top_p=args.top_p, seed=args.seed)
+        with tqdm(total=len(wrong), initial=len(corrector.read_done(p["corrections"])), desc="correct",
+                  unit="claim", dynamic_ncols=True) as bar:
+            corrections = corrector.correct(agent, rows, p["corrections"], settings, args.batch_size, bar.update)
+    else:
+        corrections = {}
+    merged = corrector.merge(rows, corrections)
+    syndec.write(p["corrected"], merged)
+    statuses = [corrections[r["claim_id"]]["status"] for r in wrong if r["claim_id"] in corrections]
+    log(f"correct: wrote {p['corrected']}; corrections by how they were read: "
+        + (", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))) or "none"))
+
+
+def _records(args):
+    """The SynDeC file a training stage reads: --syndec, else the corrected one, else the uncorrected one."""
+    p = paths(args.out)
+    source = Path(args.syndec) if args.syndec else p["corrected"] if p["corrected"].exists() else p["syndec"]
+    return source, syndec.load(source)
+
+
+def _config(args):
+    return loop.TrainConfig(lr=args.lr, epochs=args.epochs, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
+                            warmup_ratio=args.warmup_ratio, schedule=args.schedule, save_every=args.save_every,
+                            seed=args.seed)
+
+
+def _finish(stage_dir, model, loaded, summary, counts, accelerator, log):
+    summary["truncation"] = dict(counts)
+    if accelerator.is_main_process:
+        lora.save_adapter(accelerator.unwrap_model(model), stage_dir / "adapter", loaded)
+        records.write_json(stage_dir / loop.SUMMARY, summary)
+    accelerator.wait_for_everyone()
+    log(f"{stage_dir.name}: {summary['steps']} steps over {summary['examples']} examples in {summary['seconds']} s "
+        f"({summary['tokens_per_s']} tokens/s); last loss {summary['last'].get('loss')}; "
+        f"long records: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; adapter: {stage_dir / 'adapter'}")
+
+
+def sft(args, log=print, stop_after=None):
+    """D-SFT on the correct records (plus the corrected ones with --sft-include-corrected)."""
+    source, rows = _records(args)
+    train_rows, dpo_rows = syndec.split(rows)
+    if args.sft_include_corrected:
+        train_rows += dpo_rows
+    if not train_rows:
+        raise syndec.SynDeCError(
+            f"{source}: no record to train D-SFT on (0 of {len(rows)} predictions were right"
+            + ("" if args.sft_include_corrected else "; --sft-include-corrected adds the corrected ones") + ")")
+    accelerator = Accelerator()
+    model, tokenizer, loaded = lora.load_trainable(
+        args.model, adapter=args.init_adapter, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
+        use_4bit=args.use_4bit, gradient_checkpointing=args.gradient_checkpointing, device=accelerator.device)
+    data, counts = examples.build(tokenizer, train_rows, examples.sft_example, args.max_length)
+    if not data:
+        raise syndec.SynDeCError(f"{source}: every D-SFT record is longer than --max-length {args.max_length}")
+    log(f"sft: {len(data)} examples from {source}")
+    stage_dir = paths(args.out)["sft"]
+    pad = tokenizer.pad_token_id
+    summary = loop.train(model, data, losses.sft_loss, lambda b: losses.collate(b, pad, accelerator.device),
+                         _config(args), stage_dir, loaded, accelerator, resume=args.resume, stop_after=stop_after,
+                         desc="D-SFT", fingerprint={"source": str(source), "examples": len(data),
+                                                    "max_length": args.max_length})
+    if summary["finished"]:
+        _finish(stage_dir, model, loaded, summary, counts, accelerator, log)
+    return summary
+
+
+def reference_logps(model, data, pad, accelerator, batch_pairs=1):
+    """Log-probabilities of chosen and rejected under the model as it is now (the D-SFT model): [n, 2].
+
+    Computed once before D-DPO changes the adapter, so no second copy of the model is kept.
+    """
+    model.eval()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = list(range(rank, len(data), world))
+    rows = []
+    with torch.no_grad(), loop._autocast(accelerator.device):
+        for i in tqdm(range(0, len(mine), batch_pairs), desc="reference", unit="pair",
+                      disable=not accelerator.is_main_process, dynamic_ncols=True):
+            idx = mine[i:i + batch_pairs]
+            batch = losses.collate([data[j]["chosen"] for j in idx] + [data[j]["rejected"] for j in idx],
+                                   pad, accelerator.device)
+            logps, _ = losses.sequence_logps(model, batch)
+            n = len(idx)
+            rows += [(j, float(logps[k]), float(logps[n + k])) for k, j in enumerate(idx)]
+    rows = gather_object(rows) if world > 1 else rows
+    out = torch.zeros(len(data), 2, dtype=torch.float64)
+    for j, chosen, rejected in rows:
+        out[j, 0], out[j, 1] = chosen, rejected
+    model.train()
+    return out
+
+
+def dpo(args, log=print, stop_after=None):
+    """D-DPO from the D-SFT adapter on the corrected records; the reference is the D-SFT model itself."""
+    source, rows = _records(args)
+    _, pairs = syndec.split(rows)
+    if not pairs:
+        raise syndec.SynDeCError(f"{source}: no wrong record with a corrected justification; run --stage correct")
+    sft_adapter = args.sft_adapter or paths(args.out)["sft"] / "adapter"
+    if not Path(sft_adapter).exists():
+        raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
+    accelerator = Accelerator()
+    model, tokenizer, loaded = lora.load_trainable(
+        args.model, adapter=str(sft_adapter), use_4bit=args.use_4bit,
+        gradient_checkpointing=args.gradient_checkpointing, device=accelerator.device)
+    data, counts = examples.build(tokenizer, pairs, examples.dpo_example, args.max_length)
+    if not data:
+        raise syndec.SynDeCError(f"{source}: every D-DPO record is longer than --max-length {args.max_length}")
+    log(f"dpo: {len(data)} preference pairs from {source}, beta {args.beta}, reference: {sft_adapter}")
+    stage_dir = paths(args.out)["dpo"]
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    pad = tokenizer.pad_token_id
+    fingerprint = {"source": str(source), "examples": len(data), "max_length": args.max_length,
+                   "beta": args.beta, "sft_adapter": str(sft_adapter)}
+
+    ref_file = stage_dir / "reference.pt"
+    saved = torch.load(ref_file, weights_only=False) if ref_file.exists() and args.resume else None
+    if saved is not None and saved["data"] == fingerprint:
+        ref = saved["logps"]
+    else:
+        ref = reference_logps(model, data, pad, accelerator)
+        if accelerator.is_main_process:
+            torch.save({"data": fingerprint, "logps": ref}, ref_file)
+    for example, (chosen, rejected) in zip(data, ref.tolist()):
+        example["ref"] = (chosen, rejected)
+
+    def make_batch(batch):
+        out = losses.collate([e["chosen"] for e in batch] + [e["rejected"] for e in batch], pad, accelerator.device)
+        out["ref"] = torch.tensor([e["ref"] for e in batch], dtype=torch.float32, device=accelerator.device)
+        return out
+
+    summary = loop.train(model, data, lambda m, b: losses.dpo_step_loss(m, b, args.beta), make_batch,
+                         _config(args), stage_dir, loaded, accelerator, resume=args.resume, stop_after=stop_after,
+                         desc="D-DPO", fingerprint=fingerprint)
+    if summary["finished"]:
+        _finish(stage_dir, model, loaded, summary, counts, accelerator, log)
+    return summary
+
+
+def run(args, log=print):
+    """Run the stages asked for in order, skipping those already done (unless --overwrite)."""
+    models.set_offline()
+    args.model = args.model or models.default_model_path()
+    args.debater_model = args.debater_model or args.model
+    args.corrector_model = args.corrector_model or args.model
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    wanted = STAGES if args.stage == "all" else (args.stage,)
+    for stage in wanted:
+        if args.overwrite:
+            clear(stage, args.out)
+        elif done(stage, args.out):
+            log(f"{stage}: already done in {args.out}, skipped (--overwrite redoes it)")
+            continue
+        {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](args, log=log)
+    records.write_json(Path(args.out) / "train_config.json", {k: v for k, v in vars(args).items()})

@@ -1,0 +1,109 @@
+"""SynDeC records: one zero-shot debate per training claim, with what the Moderator got right or wrong.
+
+A record is one JSON line:
+    claim_id, claim, evidence [{question, answer, url}], debate [the run's turns: round, role, prompt,
+    response], gold_label, predicted_label (null when unreadable), predicted_justification, correct,
+    corrected_justification (null until the Corrector has written one for a wrong prediction)
+
+The paper's split: correct records train D-SFT, corrected ones train D-DPO.
+"""
+import json
+import os
+from pathlib import Path
+
+from debate import records as run_records
+from debate.labels import LABELS, canonical_label
+
+
+class SynDeCError(ValueError):
+    pass
+
+
+def build(run_dir, claims):
+    """SynDeC records from a finished run directory of `run_debate`-style outputs, in claim order."""
+    predictions = {p["claim_id"]: p for p in run_records.read_predictions(run_dir)}
+    transcripts = {t["claim_id"]: t for t in run_records.read_jsonl(Path(run_dir) / run_records.TRANSCRIPTS)}
+    out = []
+    for claim in claims:
+        p = predictions.get(claim["claim_id"])
+        if p is None:
+            continue
+        out.append({
+            "claim_id": claim["claim_id"],
+            "claim": claim["claim"],
+            "evidence": claim["evidence"],
+            "debate": transcripts[claim["claim_id"]]["turns"],
+            "gold_label": claim["label"],
+            "predicted_label": p["label"],
+            "predicted_justification": p["justification"],
+            "correct": p["label"] == claim["label"],
+            "corrected_justification": None,
+        })
+    return out
+
+
+def write(path, rows):
+    """Write records atomically: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def load(path):
+    """Read and check a SynDeC file; every problem names the file, line and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise SynDeCError(f"{path}: no such SynDeC file")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SynDeCError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+        rows.append(_check(row, f"{path}:{n}"))
+    if not rows:
+        raise SynDeCError(f"{path}: no SynDeC records (the file is empty); run --stage synth first")
+    return rows
+
+
+def _check(row, where):
+    if not isinstance(row, dict):
+        raise SynDeCError(f"{where}: expected a JSON object")
+    for key, types in (("claim_id", (int, str)), ("claim", str), ("evidence", list), ("gold_label", str)):
+        if key not in row:
+            raise SynDeCError(f"{where}: missing field '{key}'")
+        if not isinstance(row[key], types):
+            raise SynDeCError(f"{where}: field '{key}': wrong type ({type(row[key]).__name__})")
+    where = f"{where} (claim_id {row['claim_id']})"
+    if canonical_label(row["gold_label"]) is None:
+        raise SynDeCError(f"{where}: field 'gold_label': {row['gold_label']!r} is none of {', '.join(LABELS)}")
+    debate = row.get("debate")
+    if not isinstance(debate, list) or not debate:
+        raise SynDeCError(f"{where}: field 'debate': no debate record (expected the list of turns)")
+    for i, turn in enumerate(debate):
+        if not isinstance(turn, dict) or not all(isinstance(turn.get(k), str) for k in ("role", "prompt", "response")):
+            raise SynDeCError(f"{where}: field 'debate[{i}]': expected an object with role, prompt and response")
+    if not any(t["role"] == "moderator" for t in debate):
+        raise SynDeCError(f"{where}: field 'debate': no Moderator turn, so nothing to train on")
+    for i, item in enumerate(row["evidence"]):
+        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("question", "answer")):
+            raise SynDeCError(f"{where}: field 'evidence[{i}]': expected an object with question and answer")
+    predicted = row.get("predicted_label")
+    correct = predicted is not None and canonical_label(predicted) == canonical_label(row["gold_label"])
+    corrected = row.get("corrected_justification")
+    if corrected is not None and not isinstance(corrected, str):
+        raise SynDeCError(f"{where}: field 'corrected_justification': expected a string or null")
+    return dict(row, gold_label=canonical_label(row["gold_label"]), correct=correct)
+
+
+def split(rows):
+    """The paper's split: (correct records for D-SFT, wrong records with a correction for D-DPO)."""
+    sft = [r for r in rows if r["correct"]]
+    dpo = [r for r in rows if not r["correct"] and (r.get("corrected_justification") or "").strip()]
+    return sft, dpo

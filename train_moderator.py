@@ -1,0 +1,91 @@
+"""Post-train the DebateCV Moderator on synthetic debates (SynDeC): D-SFT, then D-DPO.
+
+    python train_moderator.py --stage all --split demo --out runs/syndec-demo     # embedded model and claims
+    python train_moderator.py --stage synth --split train --data-dir DIR --model M --out runs/syndec
+    python train_moderator.py --stage dpo --model M --out runs/syndec
+    accelerate launch train_moderator.py --stage sft ...                         # data parallel on several GPUs
+
+Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/dpo/adapter ...
+"""
+import argparse
+import sys
+
+from debate import runner
+from train import loop, stages, syndec
+
+FULL_TURN, DEMO_TURN = 512, 96
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", choices=(*stages.STAGES, "all"), default="all")
+    p.add_argument("--out", default="runs/syndec", help="directory of every stage's outputs")
+    p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them")
+    d = p.add_argument_group("synthesis (golden evidence)")
+    d.add_argument("--split", default="train", help="AVeriTeC split DIR/<split>.json, or 'demo' (embedded)")
+    d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
+    d.add_argument("--limit", type=int, help="only the first N claims")
+    d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together")
+    d.add_argument("--max-new-tokens", type=int,
+                   help=f"per turn; default {FULL_TURN} ({DEMO_TURN} on the demo split)")
+    d.add_argument("--max-rounds", type=int, default=3)
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    d.add_argument("--top-p", type=float, default=1.0)
+    m = p.add_argument_group("models")
+    m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
+    m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")
+    m.add_argument("--corrector-model", help="the Corrector (default: --model)")
+    m.add_argument("--no-4bit", dest="use_4bit", action="store_false", help="on CUDA, a bf16 base instead of 4-bit")
+    t = p.add_argument_group("training (defaults: the paper's)")
+    t.add_argument("--syndec", help="train on this SynDeC file instead of OUT's")
+    t.add_argument("--sft-include-corrected", action="store_true",
+                   help="D-SFT also on wrong records, with the gold verdict and corrected justification as target")
+    t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter instead of a new one")
+    t.add_argument("--sft-adapter", help="D-DPO's starting point and reference (default: OUT/sft/adapter)")
+    t.add_argument("--lora-r", type=int, default=128)
+    t.add_argument("--lora-alpha", type=int, default=256)
+    t.add_argument("--lora-dropout", type=float, default=0.05)
+    t.add_argument("--lr", type=float, default=2e-5)
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--micro-batch", type=int, default=1, help="examples (DPO: pairs) per forward pass")
+    t.add_argument("--grad-accum", type=int, default=8, help="micro-batches per optimizer step")
+    t.add_argument("--warmup-ratio", type=float, default=0.03)
+    t.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine")
+    t.add_argument("--max-length", type=int, default=4096,
+                   help="longest sequence; longer debates lose their oldest rounds first, never the target")
+    t.add_argument("--beta", type=float, default=0.1, help="DPO temperature")
+    t.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    t.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints")
+    t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
+    t.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEMO_TURN if args.split == "demo" else FULL_TURN
+    for name in ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs", "micro_batch",
+                 "grad_accum", "max_length", "save_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        p.error("--limit must be at least 1")
+    if args.lr <= 0 or args.beta <= 0 or not 0 <= args.warmup_ratio < 1 or not 0 <= args.lora_dropout < 1:
+        p.error("--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+
+    def go():
+        try:
+            return stages.run(args)
+        except (syndec.SynDeCError, loop.TrainError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2)
+
+    return runner.main_guard(go)
+
+
+if __name__ == "__main__":
+    main()
