@@ -2,7 +2,8 @@
 
 It reads the debate (both Debaters' arguments, round by round), the Moderator's "Primary Insight" of
 each round, the wrong verdict and the gold one, and answers with "Justification for Verdict" in JSON.
-A reply that is not JSON but has text keeps the text (status "text"); an empty one is recorded with
+The justification comes from the key when it can be found (status "field", JSON or not); a reply
+without it keeps its whole text (status "text"); an empty one is recorded with
 status "empty" and that record stays out of D-DPO.
 """
 import json
@@ -36,9 +37,9 @@ def prompt_for(record):
 
 def read_justification(reply):
     """(justification, status): from the JSON key if it is there, else the reply's own text."""
-    parsed = parse_moderator(reply)
-    if parsed["justification"]:
-        return parsed["justification"], "json" if parsed["status"].startswith("json") else parsed["status"]
+    justification = parse_moderator(reply)["justification"]
+    if justification:
+        return justification, "field"
     text = reply.strip()
     return (text, "text") if text else ("", "empty")
 
