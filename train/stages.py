@@ -10,7 +10,6 @@
 A stage whose final output exists is skipped; `--overwrite` redoes the stages asked for.
 """
 import argparse
-import json
 import shutil
 from pathlib import Path
 
