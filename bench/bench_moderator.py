@@ -59,6 +59,7 @@ def main():
     p.add_argument("--max-rounds", default="2")
     p.add_argument("--max-new-tokens", default="48", help="per debate turn during synthesis")
     p.add_argument("--judge-tokens", type=int, default=128, help="for the re-judged final reply")
+    p.add_argument("--only-folds", type=int, nargs="*", help="evaluate only these held-out folds (CPU budget)")
     p.add_argument("--train", nargs=argparse.REMAINDER, default=[],
                    help="extra train_moderator.py flags for both training stages (put last)")
     args = p.parse_args()
@@ -74,7 +75,8 @@ def main():
     rows = syndec.load(out / "syndec.corrected.jsonl")
     folds = [rows[k::args.folds] for k in range(args.folds)]
     trained = {}
-    for k in range(args.folds):
+    evaluated = args.only_folds if args.only_folds else list(range(args.folds))
+    for k in evaluated:
         fold_dir = out / f"fold-{k}"
         train_file = fold_dir / "train.syndec.jsonl"
         syndec.write(train_file, [r for j, fold in enumerate(folds) if j != k for r in fold])
@@ -90,7 +92,7 @@ def main():
     results, held_out = {"zero-shot (debate as run)": []}, []
     systems = ("zero-shot", "D-SFT", "D-SFT + D-DPO")
     verdicts = {s: [] for s in systems}
-    for k in range(args.folds):
+    for k in evaluated:
         held_out += folds[k]
         results["zero-shot (debate as run)"] += [r["predicted_label"] for r in folds[k]]
         for system in systems:
@@ -106,8 +108,8 @@ def main():
         m = scores(held_out, preds)
         table[system] = {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"], "fpr": m["fpr"],
                          "unparsed": sum(p is None for p in preds)}
-    train_counts = {k: json.loads((out / f"fold-{k}/sft/summary.json").read_text()) for k in range(args.folds)}
-    report = {"claims": len(held_out), "folds": args.folds, "table": table, "timings_s": timings,
+    train_counts = {k: json.loads((out / f"fold-{k}/sft/summary.json").read_text()) for k in evaluated}
+    report = {"claims": len(held_out), "folds": args.folds, "evaluated_folds": evaluated, "table": table, "timings_s": timings,
               "labels": {lab: sum(r["gold_label"] == lab for r in held_out) for lab in
                          sorted({r["gold_label"] for r in held_out})},
               "synth_correct": sum(r["correct"] for r in rows), "train_flags": args.train,
