@@ -7,8 +7,6 @@ import argparse
 
 from debate import runner
 
-FULL_TURN, DEMO_TURN = 512, 96
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,7 +30,7 @@ def parse_args(argv=None):
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new-tokens", type=int,
-                   help=f"default {FULL_TURN} ({DEMO_TURN} on the demo split, so the CPU demo ends in minutes)")
+                   help=f"default {runner.FULL_TURN} ({runner.DEMO_TURN} on the demo split, so the CPU demo ends in minutes)")
     g.add_argument("--max-rounds", type=int, default=3)
     g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
                    help="re-encode each conversation every turn (for measurement)")
@@ -40,15 +38,7 @@ def parse_args(argv=None):
     o.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>")
     o.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     args = p.parse_args(argv)
-    if args.max_new_tokens is None:
-        args.max_new_tokens = DEMO_TURN if args.split == "demo" else FULL_TURN
-    for name in ("batch_size", "max_new_tokens", "max_rounds"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.limit is not None and args.limit < 1:
-        p.error("--limit must be at least 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    runner.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds"))
     return args
 
 

@@ -13,8 +13,6 @@ import sys
 from debate import runner
 from train import loop, stages, syndec
 
-FULL_TURN, DEMO_TURN = 512, 96
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,7 +25,7 @@ def parse_args(argv=None):
     d.add_argument("--limit", type=int, help="only the first N claims")
     d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together")
     d.add_argument("--max-new-tokens", type=int,
-                   help=f"per turn; default {FULL_TURN} ({DEMO_TURN} on the demo split)")
+                   help=f"per turn; default {runner.FULL_TURN} ({runner.DEMO_TURN} on the demo split)")
     d.add_argument("--max-rounds", type=int, default=3)
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     d.add_argument("--top-p", type=float, default=1.0)
@@ -59,18 +57,10 @@ def parse_args(argv=None):
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
     t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.max_new_tokens is None:
-        args.max_new_tokens = DEMO_TURN if args.split == "demo" else FULL_TURN
-    for name in ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs", "micro_batch",
-                 "grad_accum", "max_length", "save_every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.limit is not None and args.limit < 1:
-        p.error("--limit must be at least 1")
+    runner.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs",
+                               "micro_batch", "grad_accum", "max_length", "save_every"))
     if args.lr <= 0 or args.beta <= 0 or not 0 <= args.warmup_ratio < 1 or not 0 <= args.lora_dropout < 1:
         p.error("--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     return args
 
 

@@ -116,6 +116,22 @@ def finish(args, claims, log=print):
     return metrics
 
 
+FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
+
+
+def check_cli(parser, args, positive):
+    """The settings both CLIs share: fill the per-split turn length, refuse values that make no run."""
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEMO_TURN if args.split == data.DEMO_SPLIT else FULL_TURN
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
+
+
 def main_guard(fn):
     """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there."""
     try:

@@ -171,9 +171,12 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
     log = open(metrics_path, "a") if accelerator.is_main_process else None
     t0, seen_tokens, last = time.time(), 0, {}
     end = total if stop_after is None else min(total, start + stop_after)
+    order_epoch, order = None, []
     for step in range(start, end):
         epoch, k = divmod(step, per_epoch)
-        group = micro_batches(len(examples), epoch, cfg, rank, world)[k * cfg.grad_accum:(k + 1) * cfg.grad_accum]
+        if epoch != order_epoch:
+            order_epoch, order = epoch, micro_batches(len(examples), epoch, cfg, rank, world)
+        group = order[k * cfg.grad_accum:(k + 1) * cfg.grad_accum]
         sums, tokens, targets, t_step = {}, 0, 0, time.time()
         for i, indices in enumerate(group):
             batch = make_batch([examples[j] for j in indices])
