@@ -10,7 +10,7 @@ Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/d
 import argparse
 import sys
 
-from debate import runner
+from debate import cli, runner
 from train import loop, stages, syndec
 
 
@@ -25,7 +25,7 @@ def parse_args(argv=None):
     d.add_argument("--limit", type=int, help="only the first N claims")
     d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together")
     d.add_argument("--max-new-tokens", type=int,
-                   help=f"per turn; default {runner.FULL_TURN} ({runner.DEMO_TURN} on the demo split)")
+                   help=f"per turn; default {cli.FULL_TURN} ({cli.DEMO_TURN} on the demo split)")
     d.add_argument("--max-rounds", type=int, default=3)
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     d.add_argument("--top-p", type=float, default=1.0)
@@ -57,7 +57,7 @@ def parse_args(argv=None):
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
     t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    runner.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs",
+    cli.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs",
                                "micro_batch", "grad_accum", "max_length", "save_every"))
     if args.lr <= 0 or args.beta <= 0 or not 0 <= args.warmup_ratio < 1 or not 0 <= args.lora_dropout < 1:
         p.error("--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)")

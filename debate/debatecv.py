@@ -11,14 +11,12 @@ Claims are debated in batches: each role's turn for every active claim is one ba
 """
 from dataclasses import dataclass, field
 
-import torch
-
-from debate import engine
-from debate.models import adapter_scope
+from debate import engine, turns as shared
 from debate.parsing import parse_moderator
 from debate.prompts import format_evidence, load_prompt, render
 
 ROLES = ("affirmative", "negative", "moderator")
+MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag
 
 
 @dataclass
@@ -32,6 +30,12 @@ class ClaimDebate:
     stop_reason: str = ""
 
 
+def moderator_system(claim_text, evidence_items):
+    """The Moderator's meta prompt (training renders the same one, so contexts match token for token)."""
+    return render("moderator_meta", claim=claim_text, evidence=format_evidence(evidence_items),
+                  labels=load_prompt("verdict_labels"))
+
+
 def start_debate(claim):
     evidence = format_evidence(claim["evidence"])
     convs = {
@@ -40,17 +44,13 @@ def start_debate(claim):
             stance=load_prompt(f"debater_stance_{role}").strip()))
         for role in ("affirmative", "negative")
     }
-    convs["moderator"] = engine.Conversation(
-        system=render("moderator_meta", claim=claim["claim"], evidence=evidence))
+    convs["moderator"] = engine.Conversation(system=moderator_system(claim["claim"], claim["evidence"]))
     return ClaimDebate(claim=claim, convs=convs)
 
 
 def _speak(agents, role, debates, prompts, round_no, settings, generator):
     """One batched turn of `role` in each of `debates`; returns the replies."""
-    agent = agents[role]
-    with adapter_scope(agent):
-        replies = engine.generate(agent.model, agent.tokenizer, [d.convs[role] for d in debates],
-                                  prompts, settings, generator=generator)
+    replies = shared.speak(agents[role], [d.convs[role] for d in debates], prompts, settings, generator)
     for d, prompt, reply in zip(debates, prompts, replies):
         d.arguments[role] = reply
         d.turns.append({"round": round_no, "role": role, "prompt": prompt, "response": reply})
@@ -63,14 +63,12 @@ def _finish(debate, parsed, reason):
         conv.drop_cache()  # the memory goes to the claims still debating
 
 
-def run_batch(agents, claims, settings, max_rounds=3, generator=None, on_finish=None):
+def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=None):
     """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records."""
     debates = [start_debate(c) for c in claims]
     active, final, records = list(debates), [], []
-    if generator is None and settings.temperature > 0:
-        # One stream for the whole batch: a fresh seed per call would repeat the same draws every turn.
-        device = next(agents["moderator"].model.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(settings.seed)
+    # One stream for the whole run: a fresh seed per call would repeat the same draws every turn.
+    generator = shared.stream(agents, streams, settings.seed, settings)
 
     def finished(debate):
         record = to_record(debate)
@@ -124,24 +122,5 @@ def run_batch(agents, claims, settings, max_rounds=3, generator=None, on_finish=
 
 def to_record(debate):
     """The prediction and transcript of one finished debate, as written to the output files."""
-    convs = debate.convs.values()
-    outcome = debate.outcome
-    status = outcome["status"]
-    if outcome["verdict"] is None and status != "unparsed":
-        status = "no_verdict"  # the reply was read, but it named none of the four labels
-    return {
-        "prediction": {
-            "claim_id": debate.claim["claim_id"],
-            "label": outcome["verdict"],
-            "justification": outcome["justification"],
-            "rounds": debate.rounds,
-            "stop_reason": debate.stop_reason,
-            "parse_status": status,
-            "prompt_tokens": sum(c.prompt_tokens for c in convs),
-            "encoded_tokens": sum(c.encoded_tokens for c in convs),
-            "completion_tokens": sum(c.completion_tokens for c in convs),
-            "gold_label": debate.claim.get("label"),
-        },
-        "transcript": {"claim_id": debate.claim["claim_id"], "claim": debate.claim["claim"],
-                       "turns": debate.turns},
-    }
+    return shared.record(debate.claim, debate.outcome, debate.turns, debate.convs.values(),
+                         rounds=debate.rounds, stop_reason=debate.stop_reason)

@@ -26,8 +26,7 @@ DECISION_KEYS = ("Verdict", "Proceeding Necessity")
 STATUSES = ("json", "json_repaired", "fields_regex", "label_in_text", "unparsed")
 
 # Keys compared squeezed to lowercase letters, so "proceeding_necessity" and "Proceeding-Necessity" match.
-_KEY_ALIASES = {re.sub(r"[^a-z]", "", k.lower()): k for k in KEYS}
-_KEY_ALIASES.update({"finalverdict": "Verdict", "justification": "Justification for Verdict"})
+MODERATOR_ALIASES = {"finalverdict": "Verdict", "justification": "Justification for Verdict"}
 
 # Label names as they appear in running prose; the short aliases of labels.py ("true", "false")
 # are far too common in prose to count as a verdict.
@@ -44,12 +43,10 @@ _NEGATION = re.compile(r"(?:\b(?:not|no|never|nor|neither|cannot)|n['\u2019]t)\W
 def parse_moderator(text):
     """Parse one Moderator response (round or final) into fields, decision and status; see module doc."""
     text = text if isinstance(text, str) else ""
-    fields, status = _fields_from_json(text)
-    if not _has_decision(fields):
-        fields, status = _fields_from_regex(text), "fields_regex"
+    fields, status = read_fields(text, KEYS, DECISION_KEYS, MODERATOR_ALIASES)
 
     verdict = _verdict(fields.get("Verdict"))
-    proceed = _proceed(fields.get("Proceeding Necessity"))
+    proceed = yes_no(fields.get("Proceeding Necessity"))
     if not fields:
         verdict = _single_label(text)
         status = "label_in_text"
@@ -61,19 +58,35 @@ def parse_moderator(text):
             "status": status}
 
 
-def _fields_from_json(text):
-    """Fields of the last JSON object that carries a decision key, and how it was read."""
+def read_fields(text, keys, required=None, aliases=None):
+    """The values of `keys` in a model's reply, and how they were read ("json", "json_repaired",
+    "fields_regex"; None when no key was found at all).
+
+    The reply's JSON object is used when one carries any of `required` (default: any of `keys`);
+    otherwise `Key: value` pairs are pulled out of the text. Keys match case- and punctuation-blind;
+    `aliases` maps further squeezed spellings ("finalverdict") to a key.
+    """
+    text = text if isinstance(text, str) else ""
+    table = {_squeeze(k): k for k in keys}
+    table.update(aliases or {})
+    required = tuple(required or keys)
+    has = lambda fields: any(k in fields for k in required)  # noqa: E731
     try:
         obj = json.loads(text.strip())
     except ValueError:
         obj = None
-    if isinstance(obj, dict) and _has_decision(_canonical_fields(obj)):
-        return _canonical_fields(obj), "json"
+    if isinstance(obj, dict) and has(_canonical_fields(obj, table)):
+        return _canonical_fields(obj, table), "json"
     for candidate in reversed(_object_spans(text)):
         obj = _load_lenient(candidate)
-        if isinstance(obj, dict) and _has_decision(_canonical_fields(obj)):
-            return _canonical_fields(obj), "json_repaired"
-    return {}, None
+        if isinstance(obj, dict) and has(_canonical_fields(obj, table)):
+            return _canonical_fields(obj, table), "json_repaired"
+    fields = _fields_from_regex(text, keys)
+    return fields, ("fields_regex" if fields else None)
+
+
+def _squeeze(key):
+    return re.sub(r"[^a-z]", "", str(key).lower())
 
 
 def _object_spans(text):
@@ -141,24 +154,24 @@ def _load_lenient(candidate):
     return None
 
 
-def _canonical_fields(obj):
+def _canonical_fields(obj, table):
     """Known keys under their canonical names; looks one level into nested objects if the top has none."""
     fields = {}
     for key, value in obj.items():
-        name = _KEY_ALIASES.get(re.sub(r"[^a-z]", "", str(key).lower()))
+        name = table.get(_squeeze(key))
         if name:
             fields[name] = value.strip() if isinstance(value, str) else value
     if not fields:
         for value in obj.values():
             if isinstance(value, dict):
-                fields = _canonical_fields(value) or fields
+                fields = _canonical_fields(value, table) or fields
     return fields
 
 
-def _fields_from_regex(text):
+def _fields_from_regex(text, keys):
     """Pull `Key: value` pairs out of text that is not valid JSON; the last occurrence of a key wins."""
     fields = {}
-    for key in KEYS:
+    for key in keys:
         words = r"[\s_-]*".join(re.escape(w) for w in key.split())
         # "for" before it: that is "Justification for Verdict", not "Verdict".
         pattern = rf"(?<![A-Za-z])(?<!for[\s_-]){words}\s*[\"'*]*\s*[:=]\s*\**\s*"
@@ -184,10 +197,6 @@ def _value_at(text, pos):
     return re.match(r"[^\n]*", rest).group(0).strip().rstrip(",}").strip(" *\"'")
 
 
-def _has_decision(fields):
-    return any(k in fields for k in DECISION_KEYS)
-
-
 def _verdict(value):
     if value is None or isinstance(value, bool):
         return None
@@ -195,7 +204,8 @@ def _verdict(value):
     return (canonical_label(value) or _single_label(value)) if value else None
 
 
-def _proceed(value):
+def yes_no(value):
+    """True for a reply field that starts with yes/true, False for no/false, None otherwise."""
     if isinstance(value, bool):
         return value
     if value is None:
@@ -206,6 +216,24 @@ def _proceed(value):
     if m is None or m.group(2):
         return None
     return m.group(1).lower() in ("yes", "true")
+
+
+def number_in(value, top):
+    """A score field as a fraction of `top`, clamped to [0, 1]: 7, "7/10", "0.7" (with top 1) or "70%";
+    None when no number can be read."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        number, scale = float(value), top
+    else:
+        m = re.search(r"(-?\d+(?:\.\d+)?)\s*(%|/\s*(\d+(?:\.\d+)?))?", str(value))
+        if m is None:
+            return None
+        number = float(m.group(1))
+        scale = 100.0 if m.group(2) == "%" else float(m.group(3)) if m.group(3) else top
+    if scale <= 0:
+        return None
+    return min(1.0, max(0.0, number / scale))
 
 
 def _single_label(text):

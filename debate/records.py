@@ -14,8 +14,12 @@ METRICS = "metrics.json"
 SUBMISSION = "submission.json"
 
 # Settings that change what a run predicts; resuming under different ones would mix two experiments.
-IDENTITY_KEYS = ("method", "split", "data_dir", "evidence", "retrieved_file", "debater_model", "moderator_model",
-                 "moderator_adapter", "use_4bit", "temperature", "top_p", "seed", "max_new_tokens", "max_rounds")
+IDENTITY_KEYS = ("method", "refine", "split", "data_dir", "evidence", "retrieved_file", "debater_model",
+                 "moderator_model", "defense_model", "judge_models", "refine_model", "moderator_adapter", "use_4bit",
+                 "temperature", "top_p", "seed", "max_new_tokens", "max_rounds", "voters", "corpus", "embedder",
+                 "top_k", "novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold",
+                 "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight", "role_switch", "witness",
+                 "madr_iterations")
 
 
 class RunConflict(RuntimeError):
@@ -52,7 +56,8 @@ def prepare(output_dir, config, overwrite=False):
     old = out / CONFIG
     if old.exists() and (out / PREDICTIONS).exists():
         before = json.loads(old.read_text())
-        changed = [k for k in IDENTITY_KEYS if before.get(k) != config.get(k)]
+        # A setting the earlier run's config does not name did not exist then: it ran with today's default.
+        changed = [k for k in IDENTITY_KEYS if k in before and before[k] != config.get(k)]
         if changed:
             raise RunConflict(
                 f"{out} holds a run with other settings ({', '.join(f'{k}: {before.get(k)!r} -> {config.get(k)!r}' for k in changed)}); "
@@ -109,12 +114,15 @@ def read_predictions(output_dir):
 
 
 def submission(predictions, claims):
-    """Predictions in the official AVeriTeC shape: the evidence the system used, as `questions`."""
+    """Predictions in the official AVeriTeC shape: the evidence the system used, as `questions`.
+
+    That is the claim's evidence, unless the prediction names its own (the courtroom's admitted passages).
+    """
     by_id = {c["claim_id"]: c for c in claims}
     rows = []
     for p in predictions:
         claim = by_id[p["claim_id"]]
-        evidence = claim["evidence"][:10]
+        evidence = (p["evidence"] if "evidence" in p else claim["evidence"])[:10]
         rows.append({
             "claim_id": p["claim_id"],
             "claim": claim["claim"],
@@ -123,7 +131,7 @@ def submission(predictions, claims):
             "justification": p["justification"],
             # What the scorer reports for our own runs: rounds, tokens, how the verdict was read.
             **{k: p[k] for k in ("rounds", "parse_status", "prompt_tokens", "encoded_tokens",
-                                 "completion_tokens") if k in p},
+                                 "completion_tokens", "justification_unrefined") if k in p},
             "evidence": [{"question": e["question"], "answer": e["answer"], "url": e.get("url", "")}
                          for e in evidence],
             "questions": [{"question": e["question"],

@@ -6,16 +6,27 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
-from debate import data, debatecv, engine, models, records
+from debate import baselines, data, debatecv, engine, models, records, turns
 from debate.prompts import PromptError
 from eval import averitec, report
 from eval.averitec import InputError
 from eval.wordnet import WordNetMissingError
 
-METHODS = {"debatecv": debatecv.run_batch}
+
+def _fixed(table):
+    return lambda args: dict(table)
+
+
+# name -> (function over a batch of claims, its roles -> model flag, its keyword options from the CLI)
+METHODS = {
+    "debatecv": (debatecv.run_batch, _fixed(debatecv.MODEL_OF), lambda a: {"max_rounds": a.max_rounds}),
+    "rag-cot": (baselines.rag_cot, _fixed(baselines.RAG_COT_MODELS), lambda a: {}),
+    "majority": (baselines.majority, _fixed(baselines.RAG_COT_MODELS), lambda a: {"voters": a.voters}),
+    "cooperation": (baselines.cooperation, _fixed(baselines.COOPERATION_MODELS),
+                    lambda a: {"max_rounds": a.max_rounds}),
+}
 
 
 def run_config(args):
@@ -44,24 +55,42 @@ def load_claims(args):
     return claims[: args.limit] if args.limit else claims
 
 
-def load_agents(args):
-    paths = {"affirmative": args.debater_model, "negative": args.debater_model, "moderator": args.moderator_model}
-    adapters = {"moderator": args.moderator_adapter}
-    return models.load_roles(paths, adapters, use_4bit=args.use_4bit)
+def resolve_models(args, default=None):
+    """Fill every model flag the user left out: --model, else the embedded default; in place."""
+    base = args.model or default
+    args.debater_model = args.debater_model or base
+    args.moderator_model = args.moderator_model or base
+    args.defense_model = args.defense_model or args.debater_model
+    args.judge_models = list(args.judge_models or [args.moderator_model] * 3)
+    args.refine_model = args.refine_model or args.moderator_model
+
+
+def model_roles(args):
+    """{role: model flag} of the chosen method, plus MADR's roles when refining."""
+    roles = METHODS[args.method][1](args)
+    if args.refine == "madr":
+        roles.update(madr.MODEL_OF)
+    return roles
+
+
+def load_agents(args, roles):
+    paths = {"debater": args.debater_model, "moderator": args.moderator_model, "defense": args.defense_model,
+             "refine": args.refine_model, **{f"judge_{i + 1}": p for i, p in enumerate(args.judge_models)}}
+    role_paths = {role: paths[flag] for role, flag in roles.items()}
+    adapters = {role: args.moderator_adapter for role, flag in roles.items() if flag == "moderator"}
+    return models.load_roles(role_paths, adapters, use_4bit=args.use_4bit)
 
 
 def run(args, log=print):
     """Debate every claim not yet done in `args.output_dir`; write outputs; return the metrics."""
     models.set_offline()
-    default = None
-    if not args.debater_model or not args.moderator_model:
-        default = models.default_model_path()
-    args.debater_model = args.debater_model or default
-    args.moderator_model = args.moderator_model or default
+    named = [args.model, args.debater_model, args.moderator_model]
+    resolve_models(args, None if args.model or all(named[1:]) else models.default_model_path())
     if args.split == data.DEMO_SPLIT and args.evidence == "retrieved":
         log("the demo set has no retrieved evidence: using its golden evidence")
         args.evidence = "golden"
-    args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}"
+    suffix = "-madr" if args.refine == "madr" else ""
+    args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}{suffix}"
 
     claims = load_claims(args)  # bad data stops here, before a model is loaded or a file written
     config = run_config(args)
@@ -72,28 +101,37 @@ def run(args, log=print):
     log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
 
     if todo:
-        agents = load_agents(args)
+        method, _, options = METHODS[args.method]
+        agents = load_agents(args, model_roles(args))
         config["models"] = models.model_info(agents)
         records.write_json(Path(args.output_dir) / records.CONFIG, config)
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache)
-        generator = None  # one random stream for the whole run, not one per batch
-        if args.temperature > 0:
-            device = next(agents["moderator"].model.parameters()).device
-            generator = torch.Generator(device=device).manual_seed(args.seed)
+        # One random stream per seed for the whole run, not one per batch.
+        streams = turns.Streams(next(next(iter(agents.values())).model.parameters()).device)
         writer = records.Writer(args.output_dir)
         bar = tqdm(total=len(claims), initial=len(claims) - len(todo), unit="claim", desc=args.method,
                    dynamic_ncols=True)
+
+        def write(record):
+            writer.write(record)
+            bar.update(1)
+
         start = time.time()
         try:
             for i in range(0, len(todo), args.batch_size):
-                METHODS[args.method](
-                    agents, todo[i:i + args.batch_size], settings, max_rounds=args.max_rounds,
-                    generator=generator, on_finish=lambda record: (writer.write(record), bar.update(1)))
+                batch = todo[i:i + args.batch_size]
+                if args.refine == "madr":
+                    # A claim is written once its justification is refined, so a crash redoes the batch.
+                    done_batch = method(agents, batch, settings, streams=streams, **options(args))
+                    for record in madr.refine(agents, done_batch, batch, settings, args.madr_iterations, streams):
+                        write(record)
+                else:
+                    method(agents, batch, settings, streams=streams, on_finish=write, **options(args))
         finally:
             writer.close()
             bar.close()
-        log(f"debated {len(todo)} claims in {time.time() - start:.1f}s")
+        log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
     return finish(args, claims, log)
 
 
@@ -114,22 +152,6 @@ def finish(args, claims, log=print):
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
     return metrics
-
-
-FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
-
-
-def check_cli(parser, args, positive):
-    """The settings both CLIs share: fill the per-split turn length, refuse values that make no run."""
-    if args.max_new_tokens is None:
-        args.max_new_tokens = DEMO_TURN if args.split == data.DEMO_SPLIT else FULL_TURN
-    for name in positive:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be at least 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
 
 
 def main_guard(fn):

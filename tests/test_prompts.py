@@ -13,7 +13,7 @@ PLACEHOLDERS = {
     "affirmative_opening": set(),
     "negative_opening": {"opponent_argument"},
     "debater_rebuttal": {"opponent_argument"},
-    "moderator_meta": {"claim", "evidence"},
+    "moderator_meta": {"claim", "evidence", "labels"},
     "moderator_round": {"round", "affirmative_argument", "negative_argument"},
     "moderator_final": {"affirmative_argument", "negative_argument"},
     "evidence_item": {"index", "question", "answer", "url"},
@@ -21,6 +21,14 @@ PLACEHOLDERS = {
     "corrector_meta": set(),
     "corrector": {"claim", "evidence", "debate", "insights", "predicted_verdict", "gold_verdict"},
     "debate_turn": {"round", "speaker", "argument"},
+    "verdict_labels": set(),
+    "verdict_answer": set(),
+    "ragcot_meta": {"claim", "evidence", "labels"},
+    "ragcot": {"answer"},
+    "cooperation_user_meta": {"claim", "evidence", "labels"},
+    "cooperation_assistant_meta": {"claim", "evidence", "labels"},
+    "cooperation_start": set(),
+    "cooperation_final": {"answer"},
 }
 
 
@@ -38,7 +46,7 @@ def test_prompt_renders_with_its_placeholders(name):
     text = render(name, **sample_fields(name))
     for value in sample_fields(name).values():
         assert value in text
-    if name not in ("moderator_round", "moderator_final", "corrector"):  # only the JSON examples keep braces
+    if "{{" not in load_prompt(name):  # only the JSON examples keep braces
         assert "{" not in text and "}" not in text
     assert text.strip()
 
@@ -66,7 +74,7 @@ def test_moderator_prompts_name_every_json_key_and_label():
     assert '"Justification for Verdict"' in final_text and '"Verdict"' in final_text
     # the JSON examples must survive str.format as single braces
     assert "{\n" in round_text and "{\n" in final_text
-    meta = render("moderator_meta", **sample_fields("moderator_meta"))
+    meta = render("moderator_meta", **dict(sample_fields("moderator_meta"), labels=load_prompt("verdict_labels")))
     for label in ("Supported", "Refuted", "Not Enough Evidence", "Conflicting Evidence/Cherrypicking"):
         assert label in meta
 

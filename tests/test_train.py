@@ -7,10 +7,9 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from debate import engine
+from debate import debatecv, engine
 from debate.labels import REFUTED, SUPPORTED
 from debate.parsing import KEYS, parse_moderator
-from debate.prompts import render
 from tests import syndec_task
 from tests.tiny_models import build_tiny_llama
 from train import examples, lora, loop, losses, stages
@@ -45,8 +44,7 @@ def test_sft_example_is_the_moderators_conversation_with_loss_on_the_target_only
 
     # The context is exactly what the engine fed the Moderator at its final turn.
     earlier = [t for t in record["debate"] if t["role"] == "moderator"][:-1]
-    conv = engine.Conversation(system=render("moderator_meta", claim=record["claim"],
-                                             evidence=examples.format_evidence(record["evidence"])))
+    conv = engine.Conversation(system=debatecv.moderator_system(record["claim"], record["evidence"]))
     for t in earlier:
         conv.messages += [{"role": "user", "content": t["prompt"]}, {"role": "assistant", "content": t["response"]}]
         conv.generated.append(engine.encode_text(tokenizer, t["response"]))

@@ -13,9 +13,8 @@ fit, the record is skipped. The target is never cut. Each step is counted.
 import json
 from collections import Counter
 
-from debate import engine
+from debate import debatecv, engine
 from debate.parsing import KEYS, parse_moderator
-from debate.prompts import format_evidence, render
 
 IGNORE = -100
 FINAL_KEYS = ("Justification for Verdict", "Verdict")
@@ -74,8 +73,7 @@ def conversation(tokenizer, record, earlier=None, evidence=None):
     all_earlier, last_prompt, _, _ = dialogue(record)
     earlier = all_earlier if earlier is None else earlier
     evidence = record["evidence"] if evidence is None else evidence
-    conv = engine.Conversation(system=render("moderator_meta", claim=record["claim"],
-                                             evidence=format_evidence(evidence)))
+    conv = engine.Conversation(system=debatecv.moderator_system(record["claim"], evidence))
     for prompt, reply in earlier:
         conv.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         conv.generated.append(engine.encode_text(tokenizer, reply))

