@@ -233,6 +233,7 @@ def _kind(value):
 
 
 def as_references(claims):
-    """Claims as the scorer's references: the annotators' own `questions`, exactly as the split has them."""
-    return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"], "questions": c["questions"]}
-            for c in claims]
+    """Claims as the scorer's references: the annotators' own `questions`, exactly as the split has them,
+    and their gold `justification` (None where the split has none)."""
+    return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"], "questions": c["questions"],
+             "justification": c.get("justification")} for c in claims]

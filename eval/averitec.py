@@ -5,6 +5,8 @@ predicted evidence strings (at most 10) and the gold strings are compared with p
 the best one-to-one assignment is found (Hungarian, maximising), and its sum divided by the number
 of gold strings is the claim's evidence score. At level L a claim counts when its evidence score is
 strictly above L and its label is right; the score is the share of scored claims that count.
+Where the reference has a gold justification, the predicted one is scored against it with the same
+METEOR (and, for a run refined by MADR, the justification before refinement too).
 
 Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--json]``.
 """
@@ -179,6 +181,27 @@ def evidence_score(candidates, references):
 # ---------------------------------------------------------------- per-claim results
 
 
+def justification_score(candidate, reference):
+    """METEOR of a predicted justification against the gold one; 0.0 when the prediction has none."""
+    candidate = _text(candidate).strip()
+    if not candidate:
+        return 0.0
+    from eval.meteor import pairwise_meteor
+
+    return pairwise_meteor(candidate, _text(reference).strip())
+
+
+def _justification_scores(record, reference):
+    """The row's justification METEOR (None without a gold justification) and, for a record refined
+    by MADR, that of its justification before refinement."""
+    gold = _text(reference.get("justification")).strip()
+    scores = {"justification_meteor": justification_score(record.get("justification"), gold) if gold else None}
+    if "justification_unrefined" in record:
+        scores["justification_meteor_unrefined"] = (
+            justification_score(record["justification_unrefined"], gold) if gold else None)
+    return scores
+
+
 def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source, evid_source):
     preds = _check_predictions(pred_located, pred_source)
     refs = _by_claim_id(ref_located, ref_source, "references")
@@ -202,6 +225,7 @@ def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source,
             "correct": pred == gold,
             "n_evidence": min(len(candidates), MAX_EVIDENCE),
             "evidence_score": evidence_score(candidates, gold_strings(ref, ref_where)),
+            **_justification_scores(record, ref),
             "record": record,
         })
     return rows, len(refs)
@@ -291,6 +315,14 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS):
     }
     metrics["evidence_score_mean"] = _ratio(sum(r["evidence_score"] for r in rows), n)
     metrics["n_without_evidence"] = sum(r["n_evidence"] == 0 for r in rows)
+    # Only claims with a gold justification count; rows made by hand may carry no score at all.
+    scored = [r["justification_meteor"] for r in rows if r.get("justification_meteor") is not None]
+    metrics["justification_meteor"] = _ratio(sum(scored), len(scored))
+    metrics["n_with_gold_justification"] = len(scored)
+    if any("justification_meteor_unrefined" in r for r in rows):
+        unrefined = [r["justification_meteor_unrefined"] for r in rows
+                     if r.get("justification_meteor_unrefined") is not None]
+        metrics["justification_meteor_unrefined"] = _ratio(sum(unrefined), len(unrefined))
     if n_references is not None:
         metrics["n_references"] = n_references
         metrics["n_missing"] = n_references - n
@@ -304,8 +336,10 @@ def score(predictions, references, evidence=None, *, levels=LEVELS):
     Only predicted claims are scored; `n_missing` counts reference claims with no prediction.
     `evidence` supplies evidence for predictions that carry none. Keys: n, n_references, n_missing, accuracy, macro_f1, per_class_f1, confusion (gold ->
     pred -> count, with an "unparsed" column), fpr, n_unparsed, averitec (level string -> score),
-    evidence_score_mean, n_without_evidence, and when the records carry them rounds, tokens,
-    parse_status.
+    evidence_score_mean, n_without_evidence, justification_meteor (mean METEOR of the predicted
+    justification against the gold one, over the n_with_gold_justification claims that have one),
+    justification_meteor_unrefined (when any record carries MADR's justification_unrefined), and when
+    the records carry them rounds, tokens, parse_status.
     """
     rows, n_refs = _per_claim(
         _located(predictions), _located(references), _located(evidence or []),

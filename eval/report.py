@@ -15,7 +15,8 @@ def _num(value):
 
 
 def summary_table(metrics):
-    """Accuracy, macro-F1, AVeriTeC levels, FPRs, per-class F1, confusion, rounds and tokens."""
+    """Accuracy, macro-F1, AVeriTeC levels, justification METEOR, FPRs, per-class F1, confusion, rounds
+    and tokens."""
     lines = []
     n = metrics.get("n", 0)
     head = f"claims scored {n}"
@@ -32,6 +33,12 @@ def summary_table(metrics):
         lines.append("AVeriTeC levels " + "  ".join(f"@{k} {_pct(v).strip()}" for k, v in averitec.items()))
     if metrics.get("evidence_score_mean") is not None:
         lines.append(f"evidence score  {metrics['evidence_score_mean']:.3f} (mean Q+A METEOR match)")
+    if metrics.get("justification_meteor") is not None:
+        line = (f"justification   METEOR {metrics['justification_meteor']:.3f}"
+                f" ({metrics.get('n_with_gold_justification')} claims with a gold one)")
+        if metrics.get("justification_meteor_unrefined") is not None:
+            line += f", before MADR {metrics['justification_meteor_unrefined']:.3f}"
+        lines.append(line)
     fpr = metrics.get("fpr") or {}
     lines.append(f"FPR  NEE {_pct(fpr.get(NEE)).strip()}   CEC {_pct(fpr.get(CEC)).strip()}")
     per_class = metrics.get("per_class_f1") or {}

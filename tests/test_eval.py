@@ -225,6 +225,59 @@ def test_evidence_file_fills_in_missing_evidence():
     assert averitec.score(preds, refs, evidence)["averitec"]["0.5"] == 1.0
 
 
+# ---------------------------------------------------------------- justification METEOR
+
+GOLD_JUSTIFICATION = "The city council built the bridge in 1990, so the mayor did not build it."
+
+
+def test_justification_meteor_identical_high_unrelated_low_missing_gold_excluded():
+    _needs_wordnet()
+    refs = [dict(_ref(REFUTED), justification=GOLD_JUSTIFICATION),
+            dict(_ref(REFUTED), justification="Bananas ripen quickly in warm kitchens."),
+            dict(_ref(SUPPORTED), justification=""),  # no gold justification: not in the mean
+            _ref(SUPPORTED)]
+    preds = [{"claim_id": 0, "label": REFUTED, "justification": GOLD_JUSTIFICATION},
+             {"claim_id": 1, "label": REFUTED, "justification": "The senator voted twice on the tax law."},
+             {"claim_id": 2, "label": SUPPORTED, "justification": "Anything at all."},
+             {"claim_id": 3, "label": SUPPORTED, "justification": "Anything at all."}]
+    rows, _ = averitec._per_claim(averitec._located(preds), averitec._located(refs), [], "p", "r", "e")
+    identical, unrelated = rows[0]["justification_meteor"], rows[1]["justification_meteor"]
+    assert identical > 0.99 and unrelated < 0.1
+    assert rows[2]["justification_meteor"] is None and rows[3]["justification_meteor"] is None
+    m = averitec.score(preds, refs)
+    assert m["n_with_gold_justification"] == 2
+    assert m["justification_meteor"] == pytest.approx((identical + unrelated) / 2)
+    assert "justification_meteor_unrefined" not in m  # no record was refined
+    # An empty or missing predicted justification scores 0 against a gold one.
+    bare = [{"claim_id": 0, "label": REFUTED, "justification": ""}, {"claim_id": 1, "label": REFUTED}]
+    assert averitec.score(bare, refs[:2])["justification_meteor"] == 0.0
+    # No gold justification anywhere: no mean, and no line in the report.
+    none = averitec.score(preds[2:], refs)
+    assert none["justification_meteor"] is None and none["n_with_gold_justification"] == 0
+    assert "justification" not in report.summary_table(none)
+
+
+def test_justification_before_madr_is_reported_separately(tmp_path):
+    _needs_wordnet()
+    refs = [dict(_ref(REFUTED), claim_id=0, justification=GOLD_JUSTIFICATION),
+            dict(_ref(REFUTED), claim_id=1, justification=GOLD_JUSTIFICATION)]
+    preds = [{"claim_id": 0, "label": REFUTED, "justification": GOLD_JUSTIFICATION,
+              "justification_unrefined": "Bananas ripen quickly."},
+             {"claim_id": 1, "label": REFUTED, "justification": GOLD_JUSTIFICATION}]  # not refined
+    m = averitec.score_files(_write(tmp_path / "sub.json", preds), _write(tmp_path / "refs.json", refs))
+    assert m["justification_meteor"] > 0.99
+    assert m["justification_meteor_unrefined"] < 0.1  # over the refined record only
+    table = report.summary_table(m)
+    assert "justification" in table and "before MADR" in table
+
+
+def test_references_carry_the_gold_justification():
+    from debate.data import as_references
+
+    claim = {"claim_id": 3, "claim": "c", "label": REFUTED, "questions": [], "justification": "Because."}
+    assert as_references([claim])[0]["justification"] == "Because."
+
+
 # ---------------------------------------------------------------- bad input
 
 
