@@ -42,7 +42,7 @@ def rag_cot(agents, claims, settings, streams=None, on_finish=None):
         outcome = parse_moderator(reply)
         said = [{"round": 1, "role": "verifier", "prompt": prompt, "response": reply,
                  "parse_status": outcome["status"]}]
-        records.append(turns.record(claim, outcome, said, [conv], rounds=1, stop_reason="answered"))
+        records.append(turns.record(claim, outcome, said, [conv], reply=reply, rounds=1, stop_reason="answered"))
         if on_finish:
             on_finish(records[-1])
     return records
@@ -71,11 +71,13 @@ def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
         label, counts, tie = majority_vote([o["verdict"] for o in outcomes])
         # The justification and parse status are the first winning voter's; with no readable vote,
         # the first voter's reply, so its status says why.
-        outcome = next((o for o in outcomes if o["verdict"] == label), outcomes[0])
+        chosen = next((v for v, o in enumerate(outcomes) if o["verdict"] == label), 0)
+        outcome = outcomes[chosen]
         said = [{"round": 1, "role": f"voter_{v + 1}", "prompt": prompt, "response": replies[i],
                  "parse_status": o["status"]} for v, ((_, prompt, replies), o) in enumerate(zip(ballots, outcomes))]
         records.append(turns.record(
-            claim, outcome, said, [convs[i] for convs, _, _ in ballots], rounds=1, stop_reason="vote",
+            claim, outcome, said, [convs[i] for convs, _, _ in ballots], reply=ballots[chosen][2][i],
+            rounds=1, stop_reason="vote",
             votes=[o["verdict"] for o in outcomes], vote_counts=counts, tie=tie,
             voter_seeds=[settings.seed + v for v in range(voters)]))
         if on_finish:
@@ -120,8 +122,8 @@ def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=
         outcome = parse_moderator(reply)
         said[i].append({"round": "final", "role": "assistant", "prompt": final, "response": reply,
                         "parse_status": outcome["status"]})
-        records.append(turns.record(claim, outcome, said[i], [users[i], assistants[i]], rounds=rounds[i],
-                                    stop_reason=stop[i]))
+        records.append(turns.record(claim, outcome, said[i], [users[i], assistants[i]], reply=reply,
+                                    rounds=rounds[i], stop_reason=stop[i]))
         if on_finish:
             on_finish(records[-1])
     return records

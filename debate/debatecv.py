@@ -123,4 +123,4 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
 def to_record(debate):
     """The prediction and transcript of one finished debate, as written to the output files."""
     return shared.record(debate.claim, debate.outcome, debate.turns, debate.convs.values(),
-                         rounds=debate.rounds, stop_reason=debate.stop_reason)
+                         reply=debate.turns[-1]["response"], rounds=debate.rounds, stop_reason=debate.stop_reason)

@@ -10,12 +10,17 @@ class PromptError(ValueError):
     """A prompt file that is missing, malformed, or rendered with the wrong fields."""
 
 
-def load_prompt(name):
-    """The text of prompts/<name>.txt, without its final newline."""
+def raw_prompt(name):
+    """The text of prompts/<name>.txt as written (placeholders and doubled braces), without its final newline."""
     path = PROMPT_DIR / f"{name}.txt"
     if not path.is_file():
         raise PromptError(f"prompt {name!r}: no file {path}")
     return _read(path)
+
+
+def load_prompt(name):
+    """A prompt that takes no fields, as the model reads it: its doubled braces {{ }} are single."""
+    return render(name)
 
 
 @functools.lru_cache(maxsize=None)  # every turn of every claim renders from these few files
@@ -25,7 +30,7 @@ def _read(path):
 
 def placeholders(name):
     """The set of {field} names prompt `name` expects."""
-    text = load_prompt(name)
+    text = raw_prompt(name)
     try:
         return {field for _, field, _, _ in string.Formatter().parse(text) if field is not None}
     except ValueError as e:  # a lone { or } in the file
@@ -42,7 +47,7 @@ def render(name, **fields):
     if unexpected:
         raise PromptError(f"prompt {name!r}: unexpected field(s) {', '.join(unexpected)} "
                           f"(it takes: {', '.join(sorted(expected)) or 'none'})")
-    return load_prompt(name).format(**fields)
+    return raw_prompt(name).format(**fields)
 
 
 def format_evidence(items):

@@ -50,20 +50,25 @@ def token_counts(convs):
     return {key: sum(getattr(c, key) for c in convs) for key in TOKEN_KEYS}
 
 
-def record(claim, outcome, turns, convs, **extra):
+def record(claim, outcome, turns, convs, reply=None, **extra):
     """A finished claim as the run writes it: its prediction line and its transcript line.
 
-    `outcome` is a parsing.parse_moderator result (verdict, justification, status). A reply that was
-    read but names none of the four labels is recorded as "no_verdict", never as a default class.
+    `outcome` is a parsing.parse_moderator result (verdict, justification, status) of the deciding
+    `reply`. A reply that was read but names none of the four labels is recorded as "no_verdict", never
+    as a default class. A reply with no readable fields at all keeps its whole text as the justification:
+    it is what the system said, and what a reader (or the justification METEOR) gets to see.
     """
     status = outcome["status"]
+    justification = outcome["justification"]
+    if not justification and status in ("unparsed", "label_in_text") and reply:
+        justification = reply.strip()
     if outcome["verdict"] is None and status != "unparsed":
         status = "no_verdict"
     return {
         "prediction": {
             "claim_id": claim["claim_id"],
             "label": outcome["verdict"],
-            "justification": outcome["justification"],
+            "justification": justification,
             "parse_status": status,
             **extra,
             **token_counts(convs),

@@ -29,6 +29,39 @@ PLACEHOLDERS = {
     "cooperation_assistant_meta": {"claim", "evidence", "labels"},
     "cooperation_start": set(),
     "cooperation_final": {"answer"},
+    "madr_error_typology": set(),
+    "madr_context": {"claim", "evidence", "labels", "verdict", "justification"},
+    "madr_no_verdict": set(),
+    "madr_typology_meta": {"typology", "context"},
+    "madr_free_meta": {"context"},
+    "madr_judge_meta": {"context"},
+    "madr_refiner_meta": {"context"},
+    "madr_typology_feedback": set(),
+    "madr_free_feedback": set(),
+    "madr_revise": {"other_feedback"},
+    "madr_judge": {"typology_feedback", "free_feedback"},
+    "madr_refine": {"typology_feedback", "free_feedback"},
+    "counsel_meta": {"side", "stance", "claim", "premises", "evidence"},
+    "counsel_stance_plaintiff": set(),
+    "counsel_stance_defense": set(),
+    "counsel_search": set(),
+    "counsel_gap": {"round"},
+    "counsel_argument": {"round", "new_evidence", "opponent_argument", "testimony"},
+    "counsel_reflection": set(),
+    "court_meta": {"claim"},
+    "court_premises": set(),
+    "court_admissibility": {"passage"},
+    "court_query": {"side", "draft"},
+    "court_ready": {"round", "plaintiff_argument", "defense_argument"},
+    "court_consistency": {"first", "second"},
+    "critic_meta": {"claim", "premises"},
+    "critic_round": {"round", "plaintiff_argument", "defense_argument"},
+    "witness_meta": {"claim", "evidence"},
+    "judge_meta": set(),
+    "judge_case": {"claim", "evidence", "hearings"},
+    "courtroom_passage": {"index", "text", "url", "status"},
+    "courtroom_round": {"round", "plaintiff", "defense", "testimony"},
+    "courtroom_hearing": {"title", "rounds"},
 }
 
 
@@ -46,7 +79,7 @@ def test_prompt_renders_with_its_placeholders(name):
     text = render(name, **sample_fields(name))
     for value in sample_fields(name).values():
         assert value in text
-    if "{{" not in load_prompt(name):  # only the JSON examples keep braces
+    if "{{" not in prompts.raw_prompt(name):  # only the JSON examples keep braces
         assert "{" not in text and "}" not in text
     assert text.strip()
 
@@ -77,6 +110,14 @@ def test_moderator_prompts_name_every_json_key_and_label():
     meta = render("moderator_meta", **dict(sample_fields("moderator_meta"), labels=load_prompt("verdict_labels")))
     for label in ("Supported", "Refuted", "Not Enough Evidence", "Conflicting Evidence/Cherrypicking"):
         assert label in meta
+
+
+def test_a_prompt_without_fields_reads_with_single_braces():
+    # What the model reads: a JSON example written {{ }} in the file must reach it as { }.
+    text = load_prompt("verdict_answer")
+    assert "{\n" in text and "{{" not in text and "}}" not in text
+    with pytest.raises(PromptError, match="missing field"):
+        load_prompt("ragcot")  # it takes a field: only render() can fill it
 
 
 def test_stances_name_the_side():
