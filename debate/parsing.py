@@ -219,18 +219,25 @@ def yes_no(value):
 
 
 def number_in(value, top):
-    """A score field as a fraction of `top`, clamped to [0, 1]: 7, "7/10", "0.7" (with top 1) or "70%";
-    None when no number can be read."""
+    """A score field as a fraction of its scale, clamped to [0, 1]; None when no number can be read.
+
+    The scale is `top` unless the value names one ("7/10", "70%"). A bare number above `top` is read on
+    the next scale of ten it fits (an 8 asked for on a 0-1 scale means 8 out of 10).
+    """
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
-        number, scale = float(value), top
+        number, scale = float(value), None
     else:
         m = re.search(r"(-?\d+(?:\.\d+)?)\s*(%|/\s*(\d+(?:\.\d+)?))?", str(value))
         if m is None:
             return None
         number = float(m.group(1))
-        scale = 100.0 if m.group(2) == "%" else float(m.group(3)) if m.group(3) else top
+        scale = 100.0 if m.group(2) == "%" else float(m.group(3)) if m.group(3) else None
+    if scale is None:
+        scale = top
+        while number > scale and scale < 100 * top:
+            scale *= 10
     if scale <= 0:
         return None
     return min(1.0, max(0.0, number / scale))

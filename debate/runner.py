@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from debate import baselines, data, debatecv, engine, models, records, turns
+from debate import baselines, courtroom, data, debatecv, engine, madr, models, records, turns
+from debate.retrieval import RetrievalError
 from debate.prompts import PromptError
 from eval import averitec, report
 from eval.averitec import InputError
@@ -26,6 +27,8 @@ METHODS = {
     "majority": (baselines.majority, _fixed(baselines.RAG_COT_MODELS), lambda a: {"voters": a.voters}),
     "cooperation": (baselines.cooperation, _fixed(baselines.COOPERATION_MODELS),
                     lambda a: {"max_rounds": a.max_rounds}),
+    "courtroom": (courtroom.run_batch, lambda a: courtroom.model_of(len(a.judge_models)),
+                  lambda a: {"options": courtroom.options_from(a), "library": courtroom.library_from(a)}),
 }
 
 
@@ -93,6 +96,8 @@ def run(args, log=print):
     args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}{suffix}"
 
     claims = load_claims(args)  # bad data stops here, before a model is loaded or a file written
+    method, _, options = METHODS[args.method]
+    kwargs = options(args)  # once per run; the courtroom loads its encoder and checks its corpus here
     config = run_config(args)
     done = records.prepare(args.output_dir, config, overwrite=args.overwrite)
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
@@ -101,7 +106,6 @@ def run(args, log=print):
     log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
 
     if todo:
-        method, _, options = METHODS[args.method]
         agents = load_agents(args, model_roles(args))
         config["models"] = models.model_info(agents)
         records.write_json(Path(args.output_dir) / records.CONFIG, config)
@@ -123,11 +127,11 @@ def run(args, log=print):
                 batch = todo[i:i + args.batch_size]
                 if args.refine == "madr":
                     # A claim is written once its justification is refined, so a crash redoes the batch.
-                    done_batch = method(agents, batch, settings, streams=streams, **options(args))
+                    done_batch = method(agents, batch, settings, streams=streams, **kwargs)
                     for record in madr.refine(agents, done_batch, batch, settings, args.madr_iterations, streams):
                         write(record)
                 else:
-                    method(agents, batch, settings, streams=streams, on_finish=write, **options(args))
+                    method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
         finally:
             writer.close()
             bar.close()
@@ -159,6 +163,6 @@ def main_guard(fn):
     try:
         return fn()
     except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
-            WordNetMissingError) as err:
+            WordNetMissingError, RetrievalError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

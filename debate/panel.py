@@ -1,0 +1,122 @@
+"""The courtroom's (PROClaim's) arithmetic, apart from any model: admissibility, reflection scores, the
+stopping rules, the judges' vote, its mapping onto the AVeriTeC labels and the confidence formula.
+
+Label rule (the panel votes Supported / Not Supported / Inconclusive):
+- a strict majority of the readable votes decides: Supported -> Supported, Not Supported -> Refuted,
+  Inconclusive -> Not Enough Evidence;
+- no strict majority: if some judges found the claim supported and others not supported, the evidence
+  pulls both ways -> Conflicting Evidence/Cherrypicking; otherwise (a tie with Inconclusive) -> Not
+  Enough Evidence;
+- no readable vote: no verdict.
+"""
+import re
+from collections import Counter
+
+from debate.labels import CEC, NEE, REFUTED, SUPPORTED
+
+PANEL_SUPPORTED, PANEL_NOT_SUPPORTED, PANEL_INCONCLUSIVE = "Supported", "Not Supported", "Inconclusive"
+PANEL_LABELS = (PANEL_SUPPORTED, PANEL_NOT_SUPPORTED, PANEL_INCONCLUSIVE)
+_PANEL_ALIASES = {
+    "supported": PANEL_SUPPORTED, "support": PANEL_SUPPORTED, "true": PANEL_SUPPORTED,
+    "notsupported": PANEL_NOT_SUPPORTED, "unsupported": PANEL_NOT_SUPPORTED, "refuted": PANEL_NOT_SUPPORTED,
+    "refute": PANEL_NOT_SUPPORTED, "false": PANEL_NOT_SUPPORTED,
+    "inconclusive": PANEL_INCONCLUSIVE, "notenoughevidence": PANEL_INCONCLUSIVE, "undetermined": PANEL_INCONCLUSIVE,
+}
+TO_AVERITEC = {PANEL_SUPPORTED: SUPPORTED, PANEL_NOT_SUPPORTED: REFUTED, PANEL_INCONCLUSIVE: NEE}
+
+
+def panel_label(value):
+    """A judge's verdict field as one of PANEL_LABELS, or None."""
+    if not isinstance(value, str):
+        return None
+    return _PANEL_ALIASES.get(re.sub(r"[^a-z]", "", value.lower()))
+
+
+def admissibility(relevance, credibility, admit=0.5, dispute=0.1):
+    """(weight, status): weight = relevance x credibility; admitted above `admit`, disputed above
+    `dispute`, dropped at or below it; "unscored" when either score could not be read."""
+    if relevance is None or credibility is None:
+        return None, "unscored"
+    weight = relevance * credibility
+    if weight > admit:
+        return weight, "admitted"
+    return weight, "disputed" if weight > dispute else "dropped"
+
+
+def reflection_score(logic, novelty, rebuttal, weights=(0.4, 0.3, 0.3)):
+    """The self-reflection total, weights . (logic, novelty, rebuttal); None if any part is unreadable."""
+    parts = (logic, novelty, rebuttal)
+    if any(p is None for p in parts):
+        return None
+    return sum(w * p for w, p in zip(weights, parts))
+
+
+def plateaued(totals, delta=0.05):
+    """True when the last two round-to-round changes of the reflection total are both below `delta`.
+
+    `totals` is the round's total (mean of both counsels) per round; a round without one breaks the run.
+    """
+    if len(totals) < 3 or any(t is None for t in totals[-3:]):
+        return False
+    a, b, c = totals[-3:]
+    return abs(b - a) < delta and abs(c - b) < delta
+
+
+def novelty_exhausted(means, floor=0.10):
+    """True when the mean novelty of the last two retrievals was below `floor` both times."""
+    return len(means) >= 2 and all(m is not None and m < floor for m in means[-2:])
+
+
+def stop_reason(round_no, max_rounds, critic_resolved, court_ready, totals, novelty_means,
+                plateau_delta=0.05, novelty_floor=0.10):
+    """The first of the four stopping rules that holds after a round (then the cap), else None."""
+    if critic_resolved:
+        return "critic_resolved"
+    if court_ready:
+        return "court_ready"
+    if plateaued(totals, plateau_delta):
+        return "reflection_plateau"
+    if novelty_exhausted(novelty_means, novelty_floor):
+        return "novelty_exhausted"
+    if round_no >= max_rounds:
+        return "max_rounds"
+    return None
+
+
+def vote(votes):
+    """(panel label or None, its vote count, AVeriTeC label or None) for the judges' PANEL_LABELS/None."""
+    counts = Counter(v for v in votes if v is not None)
+    if not counts:
+        return None, 0, None
+    top = max(counts.values())
+    leaders = [label for label, n in counts.items() if n == top]
+    if len(leaders) == 1 and top > sum(counts.values()) / 2:
+        return leaders[0], top, TO_AVERITEC[leaders[0]]
+    if counts[PANEL_SUPPORTED] and counts[PANEL_NOT_SUPPORTED]:
+        return None, top, CEC
+    return None, top, NEE
+
+
+def role_switch_delta(consistency):
+    """Consistency 0-10 of the counsels across the role switch, mapped linearly onto [-0.05, +0.10]."""
+    if consistency is None:
+        return 0.0
+    return -0.05 + 0.15 * consistency / 10
+
+
+def reflection_delta(winner_total):
+    """The winning side's last reflection total t as (t - 0.5) x 0.6, kept within [-0.15, +0.30]."""
+    if winner_total is None:
+        return 0.0
+    return min(0.30, max(-0.15, (winner_total - 0.5) * 0.6))
+
+
+def confidence(vote_share, mean_quality, consistency, winner_total, vote_weight=0.8, quality_weight=0.3):
+    """c = clamp(vote_weight * vote_share + quality_weight * mean_quality / 10 + role-switch delta
+    + reflection delta, 0, 1); mean_quality is the judges' mean 0-10 score (None counts as 0).
+    Returns (c, its parts)."""
+    parts = {"votes": vote_weight * vote_share,
+             "quality": quality_weight * (mean_quality or 0.0) / 10,
+             "role_switch": role_switch_delta(consistency),
+             "reflection": reflection_delta(winner_total)}
+    return min(1.0, max(0.0, sum(parts.values()))), parts
