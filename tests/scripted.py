@@ -1,0 +1,47 @@
+"""A scripted stand-in for the engine, so protocol tests control every reply and see every call.
+
+`install(monkeypatch, reply)` replaces `debate.engine.generate`; `reply(model, conv, prompt)` gives each
+row's answer, where `model` is whatever the agent carries (tests use names). Every call is logged as
+`Call(model, prompts, systems, generator)`. Each row also checks that the text reaching the model has no
+doubled braces: a prompt file read raw instead of rendered would show its JSON example as {{ }}.
+"""
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from debate import engine
+
+
+@dataclass
+class Call:
+    model: object
+    prompts: list
+    systems: list
+    generator: object
+
+
+def agents(roles, models=None):
+    """Fake role models; `models` maps a role to the model name it runs on (default: its own name)."""
+    models = models or {}
+    return {role: SimpleNamespace(model=models.get(role, role), tokenizer=None, adapter=None,
+                                  path=models.get(role, role)) for role in roles}
+
+
+def install(monkeypatch, reply):
+    calls = []
+
+    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None):
+        replies = []
+        for conv, prompt in zip(convs, prompts):
+            assert "{{" not in prompt and "{{" not in conv.system, "a prompt reached the model unrendered"
+            conv.messages.append({"role": "user", "content": prompt})
+            text = reply(model, conv, prompt)
+            conv.messages.append({"role": "assistant", "content": text})
+            conv.prompt_tokens += 10
+            conv.encoded_tokens += 7
+            conv.completion_tokens += 5
+            replies.append(text)
+        calls.append(Call(model, list(prompts), [c.system for c in convs], generator))
+        return replies
+
+    monkeypatch.setattr(engine, "generate", fake_generate)
+    return calls

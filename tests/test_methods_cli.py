@@ -1,0 +1,154 @@
+"""Every method through run_debate.py with a tiny random model: outputs, MADR refinement, resuming, errors."""
+import json
+from pathlib import Path
+
+import pytest
+
+import run_debate
+from debate import records
+from tests.tiny_models import build_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def argv(model, out, method, *extra):
+    return ["--split", "demo", "--method", method, "--model", model, "--max-new-tokens", "5", "--max-rounds", "2",
+            "--batch-size", "3", "--limit", "3", "--output-dir", str(out), *extra]
+
+
+def read(out, name):
+    return [json.loads(line) for line in (Path(out) / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method, fields", [
+    ("rag-cot", {"rounds", "stop_reason"}),
+    ("majority", {"votes", "vote_counts", "tie", "voter_seeds"}),
+    ("cooperation", {"rounds", "stop_reason"}),
+    ("courtroom", {"votes", "panel", "confidence", "confidence_parts", "premises", "negotiation", "hearings",
+                   "role_switch", "evidence"}),
+])
+def test_each_method_runs_end_to_end(tiny, tmp_path, method, fields):
+    out = tmp_path / method
+    metrics = run_debate.main(argv(tiny, out, method))
+    preds = read(out, records.PREDICTIONS)
+    assert sorted(p["claim_id"] for p in preds) == [0, 1, 2] and metrics["n"] == 3
+    for p in preds:
+        assert fields <= set(p) and p["prompt_tokens"] > 0 and p["completion_tokens"] > 0
+    assert all(t["turns"] for t in read(out, records.TRANSCRIPTS))
+    config = json.loads((out / records.CONFIG).read_text())
+    assert config["method"] == method
+    if method == "majority":
+        assert config["temperature"] == 0.7  # majority samples by default
+    if method == "courtroom":
+        assert config["max_rounds"] == 2 and config["judge_models"] == [config["moderator_model"]] * 3
+        assert "repeat one vote" in preds[0]["panel"]["note"]
+        # The submission carries the evidence the courtroom read, for the AVeriTeC score.
+        submission = json.loads((out / records.SUBMISSION).read_text())
+        assert [q["question"] for q in submission[0]["questions"]] == [e["question"] for e in preds[0]["evidence"]]
+
+
+def test_refine_madr_keeps_both_justifications_and_scores_both(tiny, tmp_path):
+    out = tmp_path / "madr"
+    metrics = run_debate.main(argv(tiny, out, "rag-cot", "--refine", "madr", "--madr-iterations", "2"))
+    preds = read(out, records.PREDICTIONS)
+    for p in preds:
+        assert p["justification_unrefined"] and p["madr"]["stop_reason"] in ("agreement", "max_iterations")
+        assert 1 <= p["madr"]["iterations"] <= 2
+    roles = {t["role"] for t in read(out, records.TRANSCRIPTS)[0]["turns"]}
+    assert {"verifier", "madr_typology", "madr_free", "madr_judge", "madr_refiner"} <= roles
+    assert "justification_meteor" in metrics and "justification_meteor_unrefined" in metrics
+    submission = json.loads((out / records.SUBMISSION).read_text())
+    assert all("justification_unrefined" in s for s in submission)
+
+
+def test_refine_changes_the_default_output_dir(tiny, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_debate.main(["--split", "demo", "--method", "rag-cot", "--model", tiny, "--max-new-tokens", "3", "--limit", "1",
+                     "--refine", "madr", "--madr-iterations", "1"])
+    assert (tmp_path / "runs/demo-golden-rag-cot-madr" / records.PREDICTIONS).is_file()
+
+
+def test_courtroom_resumes_after_a_crash_and_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    run_debate.main(argv(tiny, full, "courtroom", "--batch-size", "2"))
+    out = tmp_path / "crashy"
+    real_write, written = records.Writer.write, []
+
+    def dies_after_one(self, record):
+        if written:
+            raise KeyboardInterrupt("killed")
+        real_write(self, record)
+        written.append(record)
+
+    monkeypatch.setattr(records.Writer, "write", dies_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2"))
+    monkeypatch.setattr(records.Writer, "write", real_write)
+    run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2"))
+    # Everything matches but how many cached tokens a row re-encoded, which depends on its batch-mates.
+    by_id = lambda rows: {r["claim_id"]: dict(r, encoded_tokens=None) for r in rows}  # noqa: E731
+    assert by_id(read(out, records.PREDICTIONS)) == by_id(read(full, records.PREDICTIONS))
+    # A courtroom setting is part of the run's identity.
+    with pytest.raises(SystemExit):
+        run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2", "--novelty-threshold", "0.3"))
+
+
+def test_courtroom_reads_a_corpus_and_names_a_bad_line(tiny, tmp_path, capsys):
+    corpus = tmp_path / "passages.jsonl"
+    corpus.write_text(json.dumps({"id": "p1", "text": "Tomatoes are the most grown vegetable.", "url": "u"}) + "\n"
+                      + json.dumps({"id": "p2", "text": "Oak trees can live for centuries."}) + "\n")
+    out = tmp_path / "with-corpus"
+    run_debate.main(argv(tiny, out, "courtroom", "--corpus", str(corpus), "--limit", "1"))
+    pred = read(out, records.PREDICTIONS)[0]
+    assert {e["answer"] for e in pred["evidence"]} <= {"Tomatoes are the most grown vegetable.",
+                                                      "Oak trees can live for centuries."}
+    assert list(tmp_path.glob("passages.jsonl.emb-*.pt"))  # embeddings cached beside the corpus
+    kept = (out / records.PREDICTIONS).read_text()
+    corpus.write_text(corpus.read_text() + '{"id": "p3"}\n')
+    with pytest.raises(SystemExit) as stop:
+        run_debate.main(argv(tiny, out, "courtroom", "--corpus", str(corpus)))
+    assert stop.value.code == 2
+    assert f"{corpus}: line 3: missing field 'text'" in capsys.readouterr().err
+    assert (out / records.PREDICTIONS).read_text() == kept  # nothing already done is lost
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "courtroom", "--judge-models", "a", "b", "c", "d"], "at most 3 paths"),
+    (["--method", "majority", "--temperature", "0"], "needs sampling"),
+    (["--method", "courtroom", "--novelty-threshold", "1.5"], "--novelty-threshold must be in [0, 1]"),
+    (["--method", "courtroom", "--dispute-threshold", "0.6"], "must not be above --admit-threshold"),
+    (["--method", "majority", "--voters", "0"], "--voters must be at least 1"),
+])
+def test_bad_method_settings_are_refused_before_anything_runs(extra, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_debate.parse_args(["--split", "demo", *extra])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, extra", [
+    ("rag-cot", ["--refine", "madr", "--madr-iterations", "1"]),
+    ("majority", []),
+    ("cooperation", []),
+    ("courtroom", ["--top-k", "2"]),
+])
+def test_embedded_gemma_smoke(tmp_path, method, extra):
+    """Each method on the real Gemma 3 270M, one demo claim, short turns, as a user would run it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / method
+    proc = subprocess.run([sys.executable, str(root / "run_debate.py"), "--split", "demo", "--method", method,
+                           "--limit", "1", "--max-rounds", "1", "--max-new-tokens", "16", "--output-dir", str(out),
+                           *extra], capture_output=True, text=True, timeout=900, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pred = read(out, records.PREDICTIONS)[0]
+    assert pred["completion_tokens"] > 0 and "accuracy" in proc.stdout
+    turns = read(out, records.TRANSCRIPTS)[0]["turns"]
+    assert turns and all(t["response"].strip() for t in turns)
+    if "--refine" in extra:
+        assert "justification_unrefined" in pred and any(t["role"] == "madr_refiner" for t in turns)

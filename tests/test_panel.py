@@ -1,0 +1,97 @@
+"""The courtroom's arithmetic on hand-computed cases: admissibility, reflection, stopping rules, vote, confidence."""
+import pytest
+
+from debate import panel
+from debate.labels import CEC, NEE, REFUTED, SUPPORTED
+
+S, N, I = panel.PANEL_SUPPORTED, panel.PANEL_NOT_SUPPORTED, panel.PANEL_INCONCLUSIVE
+
+
+@pytest.mark.parametrize("relevance, credibility, weight, status", [
+    (0.9, 0.9, 0.81, "admitted"),
+    (1.0, 0.5, 0.5, "disputed"),  # exactly 0.5 is not above the admission threshold
+    (0.6, 0.5, 0.3, "disputed"),
+    (0.5, 0.2, 0.1, "dropped"),  # exactly 0.1 is dropped
+    (0.0, 1.0, 0.0, "dropped"),
+])
+def test_admissibility_thresholds(relevance, credibility, weight, status):
+    w, s = panel.admissibility(relevance, credibility)
+    assert w == pytest.approx(weight) and s == status
+
+
+def test_admissibility_unreadable_and_custom_thresholds():
+    assert panel.admissibility(None, 0.9) == (None, "unscored")
+    assert panel.admissibility(0.8, 0.8, admit=0.7, dispute=0.2)[1] == "disputed"
+    assert panel.admissibility(0.4, 0.4, admit=0.7, dispute=0.2)[1] == "dropped"
+
+
+def test_reflection_score_weights():
+    assert panel.reflection_score(1.0, 0.5, 0.0) == pytest.approx(0.4 + 0.15)
+    assert panel.reflection_score(0.5, 0.5, 0.5, weights=(1, 0, 0)) == pytest.approx(0.5)
+    assert panel.reflection_score(0.5, None, 0.5) is None
+
+
+def test_plateau_needs_two_small_changes_running():
+    assert not panel.plateaued([0.5, 0.52])  # one change only
+    assert panel.plateaued([0.5, 0.52, 0.54])
+    assert not panel.plateaued([0.5, 0.6, 0.62])  # the first change is 0.1
+    assert not panel.plateaued([0.5, None, 0.5])  # an unreadable round breaks the run
+    assert panel.plateaued([0.1, 0.9, 0.5, 0.52, 0.5])
+    assert not panel.plateaued([0.5, 0.53, 0.56], delta=0.02)
+
+
+def test_novelty_exhaustion_needs_two_low_retrievals_running():
+    assert not panel.novelty_exhausted([0.05])
+    assert panel.novelty_exhausted([0.5, 0.05, 0.09])
+    assert not panel.novelty_exhausted([0.05, 0.5, 0.05])
+    assert not panel.novelty_exhausted([0.05, None])  # a round that retrieved nothing is not evidence of it
+
+
+def test_stop_reason_order_and_cap():
+    common = dict(totals=[0.5, 0.5, 0.5], novelty_means=[0.0, 0.0])
+    assert panel.stop_reason(3, 10, True, True, **common) == "critic_resolved"
+    assert panel.stop_reason(3, 10, False, True, **common) == "court_ready"
+    assert panel.stop_reason(3, 10, False, False, **common) == "reflection_plateau"
+    assert panel.stop_reason(3, 10, False, False, [0.1, 0.5, 0.9], [0.0, 0.0]) == "novelty_exhausted"
+    assert panel.stop_reason(10, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) == "max_rounds"
+    assert panel.stop_reason(9, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) is None
+
+
+def test_panel_labels_are_read_strictly():
+    assert panel.panel_label("Not Supported") == N and panel.panel_label("supported") == S
+    assert panel.panel_label("INCONCLUSIVE") == I and panel.panel_label("Refuted") == N
+    assert panel.panel_label("Supported, Not Supported or Inconclusive") is None  # a copied template
+    assert panel.panel_label(None) is None
+
+
+@pytest.mark.parametrize("votes, expected", [
+    ([S, S, N], (S, 2, SUPPORTED)),
+    ([N, N, N], (N, 3, REFUTED)),
+    ([I, I, S], (I, 2, NEE)),
+    ([S, N, I], (None, 1, CEC)),  # supported and not supported both voted, no majority
+    ([S, I, None], (None, 1, NEE)),  # a tie without both sides
+    ([S, None, None], (S, 1, SUPPORTED)),  # the one readable vote is a strict majority of readable votes
+    ([S, N], (None, 1, CEC)),
+    ([None, None, None], (None, 0, None)),
+])
+def test_vote_and_its_mapping(votes, expected):
+    assert panel.vote(votes) == expected
+
+
+def test_confidence_formula_hand_computed():
+    # 0.8 * 2/3 + 0.3 * 6/10 + (-0.05 + 0.15 * 8/10) + (0.7 - 0.5) * 0.6
+    c, parts = panel.confidence(2 / 3, 6.0, 8.0, 0.7)
+    assert parts == pytest.approx({"votes": 0.8 * 2 / 3, "quality": 0.18, "role_switch": 0.07, "reflection": 0.12})
+    assert c == pytest.approx(0.8 * 2 / 3 + 0.18 + 0.07 + 0.12)
+    # Everything at its best clamps to 1; the reflection delta is capped at +0.30.
+    c, parts = panel.confidence(1.0, 10.0, 10.0, 1.0)
+    assert c == 1.0 and parts["reflection"] == pytest.approx(0.30) and parts["role_switch"] == pytest.approx(0.10)
+    # A weak winner's reflection takes at most 0.15 off; nothing readable counts as zero.
+    c, parts = panel.confidence(1 / 3, None, None, 0.0)
+    assert parts["reflection"] == pytest.approx(-0.15) and parts["quality"] == 0.0 and parts["role_switch"] == 0.0
+    assert c == pytest.approx(0.8 / 3 - 0.15)
+    # No votes and a contradictory role switch clamp at 0.
+    assert panel.confidence(0.0, None, 0.0, None)[0] == 0.0
+    # The weights are flags.
+    c, _ = panel.confidence(1.0, 10.0, None, None, vote_weight=0.5, quality_weight=0.1)
+    assert c == pytest.approx(0.6)
