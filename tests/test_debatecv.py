@@ -1,11 +1,11 @@
 """DebateCV control flow with scripted agents: who speaks, what each sees, when the debate stops."""
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from debate import debatecv, engine
 from debate.labels import REFUTED, SUPPORTED
+from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": SUPPORTED,
            "evidence": [{"question": "Q?", "answer": f"A{i}.", "url": "https://example.org"}]} for i in range(3)]
@@ -22,26 +22,11 @@ def stop_with(verdict):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """Replace the engine: replies come from `script(role, claim_id, turn_index)`; calls are logged."""
-    calls = []
+    """Replace the engine: replies come from `script(role, conversation, turn_index)`; calls are logged."""
     state = {"script": None}
-
-    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None):
-        replies = []
-        for conv, prompt in zip(convs, prompts):
-            conv.messages.append({"role": "user", "content": prompt})
-            turn = 1 + sum(m["role"] == "assistant" for m in conv.messages)  # 1-based
-            reply = state["script"](model, conv, turn)
-            conv.messages.append({"role": "assistant", "content": reply})
-            conv.prompt_tokens += 10
-            conv.completion_tokens += 5
-            replies.append(reply)
-        calls.append((model, len(convs)))
-        return replies
-
-    monkeypatch.setattr(engine, "generate", fake_generate)
-    agents = {role: SimpleNamespace(model=role, tokenizer=None, adapter=None) for role in debatecv.ROLES}
-    return agents, calls, state
+    calls = engine_script.install(monkeypatch, lambda model, conv, prompt: state["script"](
+        model, conv, 1 + sum(m["role"] == "assistant" for m in conv.messages)))
+    return engine_script.agents(debatecv.ROLES), calls, state
 
 
 def claim_of(conv):
@@ -84,7 +69,7 @@ def test_later_rounds_answer_the_opponents_last_argument_and_stop_when_moderator
     assert "NEG-2-1" in round2[0]["prompt"]  # Affirmative answers the Negative's round-1 argument
     assert "AFF-2-2" in round2[1]["prompt"]  # Negative answers the Affirmative's round-2 argument
     # Batches shrink as claims finish: three claims in round 1, two in round 2, one in round 3.
-    assert [n for model, n in calls if model == "moderator"] == [3, 2, 1]
+    assert [len(c.prompts) for c in calls if c.model == "moderator"] == [3, 2, 1]
 
 
 def test_final_prompt_after_max_rounds_and_unparsed_verdict_is_recorded_not_guessed(scripted):

@@ -1,12 +1,12 @@
 """MADR control flow with scripted agents: who sees what, when the debate stops, what the record gets."""
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from debate import engine, madr
 from debate.labels import REFUTED
 from debate.prompts import load_prompt
+from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": REFUTED,
            "evidence": [{"question": "Q?", "answer": f"A{i}.", "url": "https://example.org"}]} for i in range(3)]
@@ -28,28 +28,21 @@ def judge(agreement):
 REFINED = json.dumps({"Refined Justification": "The evidence says the bridge was built in 1990."})
 
 
+def claim_of_system(system):
+    return int(system.split("Claim number ")[1][0])
+
+
+def claim_of(conv):
+    return claim_of_system(conv.system)
+
+
 @pytest.fixture
 def scripted(monkeypatch):
-    """Replace the engine: replies come from `script(role, claim_id, turn)`; every call's rows are logged."""
-    calls = []
+    """Replace the engine: replies come from `script(role, claim_id, turn)`; every call is logged."""
     state = {"script": None}
-
-    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None):
-        replies = []
-        for conv, prompt in zip(convs, prompts):
-            conv.messages.append({"role": "user", "content": prompt})
-            turn = 1 + sum(m["role"] == "assistant" for m in conv.messages)  # 1-based
-            reply = state["script"](model, int(conv.system.split("Claim number ")[1][0]), turn)
-            conv.messages.append({"role": "assistant", "content": reply})
-            conv.prompt_tokens += 10
-            conv.encoded_tokens += 7
-            conv.completion_tokens += 5
-            replies.append(reply)
-        calls.append((model, [int(c.system.split("Claim number ")[1][0]) for c in convs]))
-        return replies
-
-    monkeypatch.setattr(engine, "generate", fake_generate)
-    agents = {role: SimpleNamespace(model=role, tokenizer=None, adapter=None) for role in madr.MODEL_OF}
+    calls = engine_script.install(monkeypatch, lambda model, conv, prompt: state["script"](
+        model, claim_of(conv), 1 + sum(m["role"] == "assistant" for m in conv.messages)))
+    agents = engine_script.agents(madr.MODEL_OF)
     return agents, calls, state
 
 
@@ -75,7 +68,7 @@ def test_stops_on_agreement_and_records_the_iteration(scripted):
     state["script"] = script(agree_at=lambda cid: 2)
     pred = refine(agents, [record_of(CLAIMS[0])])[0]["prediction"]
     assert pred["madr"] == {"iterations": 2, "stop_reason": "agreement", "refine_status": "field"}
-    assert [model for model, _ in calls] == ["madr_typology", "madr_free", "madr_judge"] * 2 + ["madr_refiner"]
+    assert [c.model for c in calls] == ["madr_typology", "madr_free", "madr_judge"] * 2 + ["madr_refiner"]
 
 
 def test_stops_at_the_cap_when_the_judge_never_agrees(scripted):
@@ -83,7 +76,7 @@ def test_stops_at_the_cap_when_the_judge_never_agrees(scripted):
     state["script"] = script()
     pred = refine(agents, [record_of(CLAIMS[0])], iterations=3)[0]["prediction"]
     assert pred["madr"]["iterations"] == 3 and pred["madr"]["stop_reason"] == "max_iterations"
-    assert sum(model == "madr_judge" for model, _ in calls) == 3
+    assert sum(c.model == "madr_judge" for c in calls) == 3
 
 
 def test_unreadable_judge_reply_continues_and_template_copy_is_not_agreement(scripted):
@@ -185,7 +178,7 @@ def test_empty_justification_is_left_alone(scripted):
     # A justification without a readable verdict is still checked against the evidence.
     assert no_label["prediction"]["madr"]["stop_reason"] == "agreement"
     assert no_label["prediction"]["label"] is None
-    assert all(ids == [1] for _, ids in calls)
+    assert all([claim_of_system(s) for s in c.systems] == [1] for c in calls)
 
 
 def test_batched_calls_drop_claims_that_agreed(scripted):
@@ -195,7 +188,7 @@ def test_batched_calls_drop_claims_that_agreed(scripted):
     records = refine(agents, [record_of(CLAIMS[i]) for i in (2, 0, 1)], iterations=3)
     assert [r["prediction"]["claim_id"] for r in records] == [2, 0, 1]
     assert [r["prediction"]["madr"]["iterations"] for r in records] == [3, 1, 2]
-    rows = [(model, len(ids)) for model, ids in calls]
+    rows = [(c.model, len(c.prompts)) for c in calls]
     assert rows == [(role, n) for n in (3, 2, 1) for role in ("madr_typology", "madr_free", "madr_judge")] + [
         ("madr_refiner", 3)]
     # The conversations really belong to the right claims.
