@@ -244,12 +244,16 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
                                           f"Discovery need: {need}" if need else "") if x)
             items.append((case, f"{tag}-{round_no}", "court", _court(case),
                           render("court_query", side=SIDE_NAMES[side], draft=draft)))
-    replies = iter(_ask(agents["court"], items, settings, generator))
+    replies = _ask(agents["court"], items, settings, generator)
+    queries = [_text(_fields(reply, ("Query",)).get("Query")) or gaps[(id(item[0]), side)] or item[0].claim["claim"]
+               for item, reply, side in zip(items, replies, SIDES * len(active))]
+    vectors = iter(retrieval.embed(library.embedder, queries))  # one encoder call for the whole round
+    queries = iter(queries)
     for case, hearing in active:
         novelties = []
         for side in SIDES:
-            query = _text(_fields(next(replies), ("Query",)).get("Query")) or gaps[(id(case), side)] or case.claim["claim"]
-            hits = retrieval.search(case.index, retrieval.embed(library.embedder, [query]), opts.top_k)[0]
+            query = next(queries)
+            hits = retrieval.search(case.index, next(vectors)[None], opts.top_k)[0]
             positions = [p for p, _ in hits]
             admitted, scores = retrieval.admit_novel(hearing.vectors, case.index.vectors[positions],
                                                      opts.novelty_threshold)

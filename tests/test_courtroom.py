@@ -291,3 +291,15 @@ def test_claims_without_a_corpus_search_their_own_evidence(monkeypatch, embedder
     # Both claims went through every phase together: one batched call per turn type.
     assert all(len(c.prompts) == 2 for c in calls if c.model == "plaintiff")
     assert panel.vote([p["prediction"]["votes"][0] for p in records])[2] == SUPPORTED
+
+
+def test_a_claim_with_no_evidence_and_no_corpus_still_goes_to_the_panel(monkeypatch, embedder):
+    calls = scripted.install(monkeypatch, Court(ready=lambda r: "Yes" if r == 2 else "No"))
+    agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
+    record = courtroom.run_batch(agents, [dict(CLAIM, evidence=[])], engine.Settings(),
+                                 courtroom.Options(role_switch=False), courtroom.Library(embedder))[0]
+    pred = record["prediction"]
+    assert pred["evidence"] == [] and pred["negotiation"] == {"admitted": 0, "disputed": 0, "dropped": 0, "unscored": 0}
+    # Nothing to retrieve is no evidence of exhaustion: the hearing ends by another rule.
+    assert (pred["rounds"], pred["stop_reason"]) == (2, "court_ready")
+    assert pred["hearings"][0]["novelty_means"] == [None, None] and pred["label"] == SUPPORTED
