@@ -31,7 +31,7 @@ from debate.prompts import load_prompt, render
 SIDES = ("plaintiff", "defense")
 SIDE_NAMES = {"plaintiff": "Plaintiff Counsel", "defense": "Defense Counsel"}
 WITNESS = re.compile(r"^\W*witness\W*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
-SHOWN = ("admitted", "discovered", "disputed", "unscored")  # pool statuses the counsels see, in this order
+SHOWN = ("admitted", "discovered", "disputed", "unscored")  # pool statuses the counsels and the panel see
 
 
 def model_of(n_judges):
@@ -87,10 +87,9 @@ class Hearing:
     convs: dict  # plaintiff, defense, critic, court -> engine.Conversation
     pool: list  # evidence entries {"passage", "status", "weight", "round"}
     vectors: object  # embeddings of the pool's passages, in pool order
-    seen: dict = field(default_factory=lambda: {s: 0 for s in SIDES})  # pool entries each counsel has been shown
+    seen: dict  # side -> how many pool entries that counsel has been shown
     messages: list = field(default_factory=list)  # (speaker, text) in order, for the discovery queries
     rounds: list = field(default_factory=list)  # per round {"round", "plaintiff", "defense", "testimony"}
-    testimony: list = field(default_factory=list)
     totals: list = field(default_factory=list)  # reflection total per round (mean of both counsels)
     reflections: dict = field(default_factory=dict)  # side -> its last reflection
     novelty_means: list = field(default_factory=list)
@@ -220,8 +219,9 @@ def _open_hearing(case, counsels):
     convs["critic"] = engine.Conversation(system=render("critic_meta", claim=case.claim["claim"],
                                                         premises="; ".join(case.premises)))
     convs["court"] = _court(case)
-    hearing = Hearing(counsels=counsels, convs=convs, pool=list(case.pool), vectors=case.vectors)
-    hearing.seen = {side: len(hearing.pool) for side in SIDES}  # the negotiated pool is in their system prompt
+    # The negotiated pool is in the counsels' system prompts: they have seen all of it.
+    hearing = Hearing(counsels=counsels, convs=convs, pool=list(case.pool), vectors=case.vectors,
+                      seen={side: len(case.pool) for side in SIDES})
     case.hearings.append(hearing)
     return hearing
 
@@ -281,10 +281,12 @@ def _argue(active, round_no, opts, agents, settings, generator, tag):
     for side in SIDES:
         items = []
         for case, hearing in active:
-            answering = _answering(hearing, side)
-            testimony = "\n".join(f"Q: {t['question']}\nA: {t['answer']}" for t in hearing.testimony)
-            prompt = render("counsel_argument", round=round_no, new_evidence=format_pool(hearing.pool, hearing.seen[side]),
-                            opponent_argument=answering.strip() or "(none yet)", testimony=testimony or "(none)")
+            testimony = "\n".join(f"Q: {t['question']}\nA: {t['answer']}"
+                                  for r in hearing.rounds for t in r["testimony"])
+            prompt = render("counsel_argument", round=round_no,
+                            new_evidence=format_pool(hearing.pool, hearing.seen[side]),
+                            opponent_argument=_answering(hearing, side).strip() or "(none yet)",
+                            testimony=testimony or "(none)")
             hearing.seen[side] = len(hearing.pool)
             items.append((case, f"{tag}-{round_no}", side, hearing.convs[side], prompt))
         counsel = active[0][1].counsels[side]
@@ -303,9 +305,7 @@ def _argue(active, round_no, opts, agents, settings, generator, tag):
                 items.append((case, f"{tag}-{round_no}", "witness", conv, requests[-1].strip()))
                 asked.append((hearing, side))
     for (hearing, side), item, reply in zip(asked, items, _ask(agents["witness"], items, settings, generator)):
-        testimony = {"side": side, "question": item[4], "answer": reply.strip()}
-        hearing.testimony.append(testimony)
-        hearing.rounds[-1]["testimony"].append(testimony)
+        hearing.rounds[-1]["testimony"].append({"side": side, "question": item[4], "answer": reply.strip()})
 
 
 def _reflect_and_review(active, round_no, opts, agents, settings, generator, tag):
@@ -372,7 +372,8 @@ def _switch_needed(agents, settings, opts):
         return False, "off"
     a, b = agents["plaintiff"], agents["defense"]
     if a.path == b.path and a.adapter == b.adapter and settings.temperature <= 0:
-        return False, "skipped: both counsels run on one model under greedy decoding, so the rerun would repeat the first hearing"
+        return False, ("skipped: both counsels run on one model under greedy decoding, "
+                       "so the rerun would repeat the first hearing")
     return True, "rerun"
 
 

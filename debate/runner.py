@@ -9,8 +9,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from debate import baselines, courtroom, data, debatecv, engine, madr, models, records, turns
-from debate.retrieval import RetrievalError
 from debate.prompts import PromptError
+from debate.retrieval import RetrievalError
 from eval import averitec, report
 from eval.averitec import InputError
 from eval.wordnet import WordNetMissingError
@@ -87,8 +87,8 @@ def load_agents(args, roles):
 def run(args, log=print):
     """Debate every claim not yet done in `args.output_dir`; write outputs; return the metrics."""
     models.set_offline()
-    named = [args.model, args.debater_model, args.moderator_model]
-    resolve_models(args, None if args.model or all(named[1:]) else models.default_model_path())
+    named = args.model or (args.debater_model and args.moderator_model)
+    resolve_models(args, None if named else models.default_model_path())
     if args.split == data.DEMO_SPLIT and args.evidence == "retrieved":
         log("the demo set has no retrieved evidence: using its golden evidence")
         args.evidence = "golden"
