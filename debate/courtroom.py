@@ -32,6 +32,7 @@ SIDES = ("plaintiff", "defense")
 SIDE_NAMES = {"plaintiff": "Plaintiff Counsel", "defense": "Defense Counsel"}
 WITNESS = re.compile(r"^\W*witness\W*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 SHOWN = ("admitted", "discovered", "disputed", "unscored")  # pool statuses the counsels and the panel see
+POOL_ORDER = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "dropped"))}
 
 
 def model_of(n_judges):
@@ -209,8 +210,7 @@ def _negotiate(agents, cases, opts, library, settings, generator):
         case.pool.append(entry)
     for case in cases:
         # Admitted first, strongest first; the counsels and the panel read the pool in this order.
-        order = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "dropped"))}
-        case.pool.sort(key=lambda e: (order[e["status"]], -(e["weight"] or 0)))
+        case.pool.sort(key=lambda e: (POOL_ORDER[e["status"]], -(e["weight"] or 0)))
         case.vectors = case.index.vectors[[e["position"] for e in case.pool]]
 
 
@@ -351,10 +351,10 @@ def _hold_hearings(agents, cases, counsels, opts, library, settings, generator, 
                 opts.plateau_delta, opts.novelty_stop)
             if hearing.stop_reason is None:
                 still.append((case, hearing))
+            else:
+                for conv in hearing.convs.values():
+                    conv.drop_cache()  # the memory goes to the hearings still running, then to the panel
         active = still
-    for case in cases:
-        for conv in case.hearings[-1].convs.values():
-            conv.drop_cache()  # the memory goes to the next hearing and the panel
 
 
 def _hearing_text(hearing, title):
@@ -398,15 +398,16 @@ def _seats(agents, settings):
 
 def _judge(agents, cases, settings, streams):
     seats = _seats(agents, settings)
-    ballots = {}  # (case id, seat) -> (fields, status)
+    ballots = {}  # (case id, seat) -> (fields, status, reply)
+    prompts = []  # every judge reads the same case file
+    for case in cases:
+        hearings = "\n\n".join(_hearing_text(h, t) for h, t in
+                               zip(case.hearings, ("First hearing", "Second hearing, counsels' models swapped")))
+        prompts.append(render("judge_case", claim=case.claim["claim"], evidence=format_pool(case.hearings[0].pool),
+                              hearings=hearings))
     for k, seat in enumerate(sorted(set(seats.values()))):
-        items = []
-        for case in cases:
-            hearings = "\n\n".join(_hearing_text(h, t) for h, t in
-                                   zip(case.hearings, ("First hearing", "Second hearing, counsels' models swapped")))
-            prompt = render("judge_case", claim=case.claim["claim"], evidence=format_pool(case.hearings[0].pool),
-                            hearings=hearings)
-            items.append((case, "panel", seat, engine.Conversation(system=load_prompt("judge_meta")), prompt))
+        items = [(case, "panel", seat, engine.Conversation(system=load_prompt("judge_meta")), prompt)
+                 for case, prompt in zip(cases, prompts)]
         # Each seat samples from its own stream, so seats on one model can disagree when sampling.
         generator = turns.stream(agents, streams, settings.seed + 1 + k, settings)
         for case, reply in zip(cases, _ask(agents[seat], items, settings, generator)):
@@ -426,7 +427,7 @@ def _panel_note(agents, seats):
     return {"judges": paths, "distinct_models": distinct, "note": note}
 
 
-def _verdict(case, seats, ballots, agents, opts):
+def _verdict(case, seats, ballots, opts):
     votes, qualities, reasons = [], [], []
     for seat, source in seats.items():
         fields, status, reply = ballots[(id(case), source)]
@@ -475,7 +476,7 @@ def run_batch(agents, claims, settings, options=None, library=None, streams=None
     seats, ballots = _judge(agents, cases, settings, streams)
     records = []
     for case in cases:
-        outcome, reply, decision = _verdict(case, seats, ballots, agents, opts)
+        outcome, reply, decision = _verdict(case, seats, ballots, opts)
         first = case.hearings[0]
         counts = {s: sum(e["status"] == s for e in case.pool) for s in ("admitted", "disputed", "dropped", "unscored")}
         records.append(turns.record(

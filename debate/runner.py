@@ -112,7 +112,7 @@ def run(args, log=print):
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache)
         # One random stream per seed for the whole run, not one per batch.
-        streams = turns.Streams(next(next(iter(agents.values())).model.parameters()).device)
+        streams = turns.Streams(turns.device_of(agents))
         writer = records.Writer(args.output_dir)
         bar = tqdm(total=len(claims), initial=len(claims) - len(todo), unit="claim", desc=args.method,
                    dynamic_ncols=True)

@@ -26,14 +26,16 @@ class Streams:
         return self._by_seed[seed]
 
 
+def device_of(agents):
+    """The device the agents' models run on (the first agent's; all roles share one placement)."""
+    return next(next(iter(agents.values())).model.parameters()).device
+
+
 def stream(agents, streams, seed, settings):
     """The random stream of `seed` (from `streams`, else a fresh one on the agents' device); None when greedy."""
     if settings.temperature <= 0:
         return None
-    if streams is None:
-        agent = next(iter(agents.values()))
-        streams = Streams(next(agent.model.parameters()).device)
-    return streams(seed)
+    return (streams or Streams(device_of(agents)))(seed)
 
 
 def speak(agent, convs, prompts, settings, generator=None):
