@@ -252,7 +252,7 @@ def _disclose(agents, cases, pools, opts, settings, generator):
     """Negotiation injection: each counsel reviews the shared pool and both sides' pools and names what it
     discloses and what it challenges. The paper gives no rule that acts on the answers; they are kept in
     the record."""
-    def listing(case, positions):
+    def listing(case, positions, numbers):
         return "\n".join(_passage_text({"passage": case.index.passages[p], "status": "admitted"}, numbers[p])
                          for p in positions) or "(none)"
 
@@ -262,8 +262,8 @@ def _disclose(agents, cases, pools, opts, settings, generator):
         for case in cases:
             found = pools[id(case)]
             numbers = {p: k + 1 for k, p in enumerate(found["all"])}
-            prompt = render("counsel_disclosure", shared=listing(case, found["shared"]),
-                            own=listing(case, found[side]), other=listing(case, found[other]))
+            prompt = render("counsel_disclosure", shared=listing(case, found["shared"], numbers),
+                            own=listing(case, found[side], numbers), other=listing(case, found[other], numbers))
             items.append((case, "negotiation", side, engine.Conversation(system=_counsel_system(case, side)), prompt))
         for case, reply in zip(cases, _ask(agents[side], items, _tuned(settings, opts, side), generator)):
             fields = _fields(reply, ("Disclose", "Challenge"))
@@ -436,10 +436,14 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
         hearing.messages.append((f"Expert witness ({expert})", reply.strip()))
 
 
+def _testimony(t, round_no):
+    return render("courtroom_testimony", expert=t["expert"], round=round_no, side=SIDE_NAMES[t["side"]],
+                  answer=t["answer"])
+
+
 def _round_record(hearing):
     r = hearing.rounds[-1]
-    testimony = "".join(f"\nExpert witness ({t['expert']}, called by the {SIDE_NAMES[t['side']]}): {t['answer']}"
-                        for t in r["testimony"])
+    testimony = "".join("\n" + _testimony(t, r["round"]) for t in r["testimony"])
     return render("courtroom_round", round=r["round"], plaintiff=r.get("plaintiff", "").strip(),
                   defense=r.get("defense", "").strip(), testimony=testimony)
 
@@ -524,8 +528,7 @@ def _hold_hearings(agents, cases, counsels, opts, max_rounds, library, settings,
 def _hearing_text(hearing, title):
     rounds = []
     for r in hearing.rounds:
-        testimony = "".join(f"\nExpert witness ({t['expert']}, called by the {SIDE_NAMES[t['side']]}): {t['answer']}"
-                            for t in r["testimony"])
+        testimony = "".join("\n" + _testimony(t, r["round"]) for t in r["testimony"])
         rounds.append(render("courtroom_round", round=r["round"], plaintiff=r.get("plaintiff", "").strip(),
                              defense=r.get("defense", "").strip(), testimony=testimony))
     return render("courtroom_hearing", title=title, rounds="\n\n".join(rounds))
@@ -573,11 +576,11 @@ def _case_file(case, switch_note):
     first = case.hearings[0]
     arguments = {side: "\n\n".join(render("courtroom_argument", round=r["round"], text=r.get(side, "").strip())
                                    for r in first.rounds) or "(none)" for side in SIDES}
-    testimony = [f"Expert witness ({t['expert']}, round {r['round']}, called by the {SIDE_NAMES[t['side']]}): "
-                 f"{t['answer']}" for r in first.rounds for t in r["testimony"]]
+    testimony = [_testimony(t, r["round"]) for r in first.rounds for t in r["testimony"]]
     evidence = "\n".join([format_pool(first.pool)] + testimony)
     if len(case.hearings) > 1:
-        role_switch = render("courtroom_switch", hearing=_hearing_text(case.hearings[1], "Second hearing, roles swapped"),
+        second = _hearing_text(case.hearings[1], "Second hearing, roles swapped")
+        role_switch = render("courtroom_switch", hearing=second,
                              consistency="?" if case.consistency is None else f"{case.consistency:g}")
     else:
         role_switch = render("courtroom_no_switch", note=switch_note)

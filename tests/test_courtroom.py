@@ -454,7 +454,8 @@ def test_a_three_way_split_goes_to_the_chief_justice(monkeypatch, embedder):
                      "Verdict": votes[model], "Justification": f"{model}: {votes[model]}"})
 
     pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder))
-    assert (pred["label"], pred["decided_by"], pred["justification"]) == ("Refuted", "chief_justice", "j1: Not Supported")
+    assert (pred["label"], pred["decided_by"]) == ("Refuted", "chief_justice")
+    assert pred["justification"] == "j1: Not Supported"
     pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder), chief_justice=3)
     assert (pred["label"], pred["panel_verdict"]) == ("Not Enough Evidence", "Inconclusive")
     pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder), chief_justice=3,

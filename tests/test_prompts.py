@@ -76,6 +76,7 @@ PLACEHOLDERS = {
     "courtroom_prag": {"round", "side", "query", "admitted", "retrieved", "novelty", "stop"},
     "courtroom_critic": {"round", "plaintiff", "defense", "unresolved", "resolved"},
     "courtroom_reflection": {"round", "side", "logic", "novelty", "rebuttal", "total"},
+    "courtroom_testimony": {"expert", "round", "side", "answer"},
 }
 
 
