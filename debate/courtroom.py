@@ -1,8 +1,8 @@
 """PROClaim (Chowdhury et al. 2026): a courtroom debate with progressive retrieval, batched over claims.
 
 1. Premises: the argument miner (on the critic's model) breaks the claim into premises.
-2. Evidence negotiation: seed retrieval with the claim itself, shared retrieval per premise, and one
-   stance-conditioned query per counsel (its own pool); each counsel then sees the shared pool and
+2. Evidence negotiation: seed retrieval with the claim itself, shared retrieval per premise, and a
+   supporting and a challenging query (the miner writes them) for each counsel's pool; each counsel then sees the shared pool and
    both sides' pools and names what it discloses and what it challenges (negotiation injection); the
    court rates every candidate's relevance and credibility; weight = product, admitted / disputed /
    dropped by the two thresholds (panel.admissibility).
@@ -222,13 +222,19 @@ def _counsel_system(case, side):
 
 
 def _stance_queries(agents, cases, opts, settings, generator):
-    """Each counsel's search query for its own side of each case (the claim itself when unreadable)."""
-    for side in SIDES:
-        direction = "supporting" if side == "plaintiff" else "challenging"
-        items = [(c, "negotiation", side, engine.Conversation(system=_counsel_system(c, side)),
-                  render("counsel_search", direction=direction)) for c in cases]
-        for case, reply in zip(cases, _ask(agents[side], items, _tuned(settings, opts, side), generator)):
-            case.stance_queries[side] = _text(_fields(reply, ("Query",)).get("Query")) or case.claim["claim"]
+    """The stance-conditioned query of each side of each case (the claim itself when unreadable). The
+    paper has one LLM write both; its code asks the argument miner's (the critic's model)."""
+    items, sides = [], []
+    for case in cases:
+        for side in SIDES:
+            direction = "supporting" if side == "plaintiff" else "challenging"
+            items.append((case, "negotiation", "critic", engine.Conversation(system=""),
+                          render("counsel_search", direction=direction, side=SIDE_NAMES[side],
+                                 claim=case.claim["claim"])))
+            sides.append(side)
+    for (case, *_), side, reply in zip(items, sides, _ask(agents["critic"], items, _tuned(settings, opts, "critic"),
+                                                          generator)):
+        case.stance_queries[side] = _text(_fields(reply, ("Query",)).get("Query")) or case.claim["claim"]
 
 
 def negotiation_queries(agents, claims, settings, options=None, streams=None):

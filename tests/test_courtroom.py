@@ -353,7 +353,7 @@ def test_negotiation_injection_shows_each_counsel_both_pools(monkeypatch, embedd
 
     def reply(model, conv, prompt):
         if "Before the hearing each side searches" in prompt:
-            side = "plaintiff" if "Plaintiff Counsel" in conv.system else "defense"
+            side = "plaintiff" if "for the Plaintiff Counsel" in prompt else "defense"
             return js(Query=searches[side])
         return base(model, conv, prompt)
 

@@ -46,7 +46,7 @@ PLACEHOLDERS = {
     "counsel_stance_defense": set(),
     "counsel_instruction_plaintiff": set(),
     "counsel_instruction_defense": set(),
-    "counsel_search": {"direction"},
+    "counsel_search": {"direction", "side", "claim"},
     "counsel_disclosure": {"shared", "own", "other"},
     "counsel_gap": {"round", "side", "context"},
     "counsel_argument": {"round", "new_evidence", "history"},
