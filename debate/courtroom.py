@@ -42,6 +42,9 @@ SIDES = ("plaintiff", "defense")
 SIDE_NAMES = {"plaintiff": "Plaintiff Counsel", "defense": "Defense Counsel"}
 SHOWN = ("admitted", "discovered", "disputed", "unscored")  # pool statuses the counsels and the panel see
 POOL_ORDER = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "dropped"))}
+SCHEMAS = ("critic_premises", "counsel_search", "counsel_disclosure", "court_admissibility", "counsel_gap",
+           "courtroom_query", "court_query", "counsel_expert", "court_witness", "counsel_reflection", "critic_round",
+           "court_ready", "critic_consistency", "judge_case")  # the JSON answers it asks for (debate.schema)
 
 
 def model_of(n_judges):
@@ -171,15 +174,16 @@ def _word(value, words):
     return named[0] if len(set(named)) == 1 else None
 
 
-def _ask(agent, items, settings, generator, one_shot=True):
+def _ask(agent, items, settings, generator, one_shot=True, schema_name=None):
     """One batched turn over (case, stage, role, conversation, prompt) items; returns the replies.
 
     A one-shot conversation (a single question) gives its cache back at once; a hearing's conversations
-    keep theirs for their next turn.
+    keep theirs for their next turn. `schema_name`: the prompt whose JSON answer is asked for.
     """
-    replies = turns.speak(agent, [i[3] for i in items], [i[4] for i in items], settings, generator)
+    replies = turns.speak(agent, [i[3] for i in items], [i[4] for i in items], settings, generator, schema_name)
     for (case, stage, role, conv, prompt), reply in zip(items, replies):
-        case.said.append({"round": stage, "role": role, "prompt": prompt, "response": reply})
+        case.said.append({"round": stage, "role": role, "prompt": prompt, "response": reply,
+                          **turns.structured_note(conv)})
         if not any(c is conv for c in case.convs):  # identity: two conversations may hold equal text
             case.convs.append(conv)
         if one_shot:
@@ -208,7 +212,8 @@ def _premises(agents, cases, opts, settings, generator):
     """The argument miner's premises (the paper runs it on the critic's model)."""
     items = [(c, "premises", "critic", engine.Conversation(system=""),
               render("critic_premises", claim=c.claim["claim"])) for c in cases]
-    for case, reply in zip(cases, _ask(agents["critic"], items, _tuned(settings, opts, "critic"), generator)):
+    for case, reply in zip(cases, _ask(agents["critic"], items, _tuned(settings, opts, "critic"), generator,
+                                       schema_name="critic_premises")):
         value = _fields(reply, ("Premises",)).get("Premises")
         lines = value if isinstance(value, list) else _text(value).splitlines()
         premises = [re.sub(r"^\W*\d*[.)]?\s*", "", str(p)).strip() for p in lines]
@@ -233,7 +238,7 @@ def _stance_queries(agents, cases, opts, settings, generator):
                                  claim=case.claim["claim"])))
             sides.append(side)
     for (case, *_), side, reply in zip(items, sides, _ask(agents["critic"], items, _tuned(settings, opts, "critic"),
-                                                          generator)):
+                                                          generator, schema_name="counsel_search")):
         case.stance_queries[side] = _text(_fields(reply, ("Query",)).get("Query")) or case.claim["claim"]
 
 
@@ -271,7 +276,8 @@ def _disclose(agents, cases, pools, opts, settings, generator):
             prompt = render("counsel_disclosure", shared=listing(case, found["shared"], numbers),
                             own=listing(case, found[side], numbers), other=listing(case, found[other], numbers))
             items.append((case, "negotiation", side, engine.Conversation(system=_counsel_system(case, side)), prompt))
-        for case, reply in zip(cases, _ask(agents[side], items, _tuned(settings, opts, side), generator)):
+        for case, reply in zip(cases, _ask(agents[side], items, _tuned(settings, opts, side), generator,
+                                           schema_name="counsel_disclosure")):
             fields = _fields(reply, ("Disclose", "Challenge"))
             case.disclosures[side] = {k: _numbers(fields.get(k)) for k in ("Disclose", "Challenge")}
 
@@ -304,7 +310,8 @@ def _negotiate(agents, cases, opts, library, settings, generator):
             prompt = render("court_admissibility", claim=case.claim["claim"],
                             passage=_passage_text(dict(entry, status="admitted"), 1))
             scoring.append((case, entry, (case, "negotiation", "court", _court(case), prompt)))
-    replies = _ask(agents["court"], [s[2] for s in scoring], _tuned(settings, opts, "court"), generator)
+    replies = _ask(agents["court"], [s[2] for s in scoring], _tuned(settings, opts, "court"), generator,
+                   schema_name="court_admissibility")
     for (case, entry, _), reply in zip(scoring, replies):
         fields = _fields(reply, ("Relevance", "Credibility"))
         entry["weight"], entry["status"] = panel.admissibility(
@@ -347,7 +354,7 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
                                                         context=_recent(h))) for c, h in active]
         counsel = active[0][1].counsels[side]
         for (case, hearing), reply in zip(active, _ask(counsel, items, _tuned(settings, opts, side), generator,
-                                                       one_shot=False)):
+                                                       one_shot=False, schema_name="counsel_gap")):
             gap = _text(_fields(reply, ("Gap",)).get("Gap")) or reply.strip()
             need = _text(hearing.reflections.get(side, {}).get("Discovery Need"))
             requests[(id(case), side)] = render("courtroom_request", gap=gap, need=need) if need else gap
@@ -357,11 +364,12 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
     items = [(c, stage, "court", engine.Conversation(system=""),
               render("courtroom_query", context=_recent(h), request=requests[(id(c), side)])) for c, h, side in pairs]
     drafts = [_text(_fields(r, ("Query",)).get("Query")) or requests[(id(c), side)]
-              for (c, h, side), r in zip(pairs, _ask(agents["court"], items, court, generator))]
+              for (c, h, side), r in zip(pairs, _ask(agents["court"], items, court, generator,
+                                                     schema_name="courtroom_query"))]
     items = [(c, stage, "court", _court(c), render("court_query", side=SIDE_NAMES[side], query=draft,
                                                   context=_recent(h))) for (c, h, side), draft in zip(pairs, drafts)]
     queries = [_text(_fields(r, ("Query",)).get("Query")) or draft
-               for draft, r in zip(drafts, _ask(agents["court"], items, court, generator))]
+               for draft, r in zip(drafts, _ask(agents["court"], items, court, generator, schema_name="court_query"))]
     vectors = iter(retrieval.embed(library.embedder, queries))  # one encoder call for the whole round
     queries = iter(queries)
     for case, hearing in active:
@@ -417,7 +425,7 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
         items = [(c, stage, side, h.convs[side], render("counsel_expert", history=_recent(h))) for c, h in active]
         counsel = active[0][1].counsels[side]
         for (case, hearing), reply in zip(active, _ask(counsel, items, _tuned(settings, opts, side), generator,
-                                                       one_shot=False)):
+                                                       one_shot=False, schema_name="counsel_expert")):
             fields = _fields(reply, ("Expert Type", "Reasoning"))
             expert = _text(fields.get("Expert Type"))
             if expert and expert.lower().strip(".") != "none":
@@ -426,7 +434,8 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
                                                   reasoning=reasoning or "(none given)"))
              for c, h, side, expert, reasoning in requests]
     granted = []
-    for request, reply in zip(requests, _ask(agents["court"], items, _tuned(settings, opts, "court"), generator)):
+    for request, reply in zip(requests, _ask(agents["court"], items, _tuned(settings, opts, "court"), generator,
+                                             schema_name="court_witness")):
         ruling = _word(_fields(reply, ("Ruling", "Reason")).get("Ruling") or reply, ("granted", "denied"))
         request[1].rounds[-1].setdefault("witness_requests", []).append(
             {"side": request[2], "expert": request[3], "ruling": ruling or "unreadable"})
@@ -454,14 +463,19 @@ def _round_record(hearing):
                   defense=r.get("defense", "").strip(), testimony=testimony)
 
 
-def _side_scores(value):
+def _side_scores(fields, side):
     """The critic's sub-scores of one side: {"Logic", "Evidence", "Rebuttal"} as 0-1 (None unreadable),
     and its reasoning."""
-    value = value if isinstance(value, dict) else {}
-    fields = {k.lower(): v for k, v in value.items()}
-    scores = {k: number_in(fields.get(k.lower()), 1) for k in ("Logic", "Evidence", "Rebuttal")}
-    scores["Reasoning"] = _text(fields.get("reasoning"))
+    scores = {k: number_in(fields.get(f"{side} {k}"), 1) for k in ("Logic", "Evidence", "Rebuttal")}
+    scores["Reasoning"] = _text(fields.get(f"{side} Reasoning"))
     return scores
+
+
+def _items(value):
+    """A list field as a list of strings (a lone text as one item)."""
+    if isinstance(value, list):
+        return [str(v).strip() for v in value if str(v).strip()]
+    return [value.strip()] if isinstance(value, str) and value.strip() else []
 
 
 def _reflect_and_review(active, round_no, opts, agents, settings, generator, tag):
@@ -473,7 +487,7 @@ def _reflect_and_review(active, round_no, opts, agents, settings, generator, tag
                  for c, h in active]
         counsel = active[0][1].counsels[side]
         for (case, hearing), reply in zip(active, _ask(counsel, items, _tuned(settings, opts, side), generator,
-                                                       one_shot=False)):
+                                                       one_shot=False, schema_name="counsel_reflection")):
             fields = _fields(reply, ("Logic", "Novelty", "Rebuttal", "Flaws Identified", "Discovery Need",
                                      "Refined Stance"))
             parts = [number_in(fields.get(k), 1) for k in ("Logic", "Novelty", "Rebuttal")]
@@ -487,20 +501,24 @@ def _reflect_and_review(active, round_no, opts, agents, settings, generator, tag
     decisions = {}
     items = [(c, stage, "critic", h.convs["critic"], render("critic_round", round=round_no, record=_round_record(h)))
              for c, h in active]
+    keys = tuple(f"{side} {part}" for side in ("Plaintiff", "Defense") for part in ("Logic", "Evidence", "Rebuttal",
+                                                                                    "Reasoning"))
+    keys += ("Unresolved Premises", "Plaintiff Recommendations", "Defense Recommendations", "Suggested Queries",
+             "Resolved")
     for (case, hearing), reply in zip(active, _ask(agents["critic"], items, _tuned(settings, opts, "critic"),
-                                                   generator, one_shot=False)):
-        fields = _fields(reply, ("Plaintiff", "Defense", "Unresolved Premises", "Recommendations", "Resolved"))
-        unresolved = fields.get("Unresolved Premises")
+                                                   generator, one_shot=False, schema_name="critic_round")):
+        fields = _fields(reply, keys)
         hearing.rounds[-1]["critic"] = {
-            "plaintiff": _side_scores(fields.get("Plaintiff")), "defense": _side_scores(fields.get("Defense")),
-            "unresolved": [str(u) for u in unresolved] if isinstance(unresolved, list) else _text(unresolved),
-            "recommendations": fields.get("Recommendations") if isinstance(fields.get("Recommendations"), dict) else {},
+            "plaintiff": _side_scores(fields, "Plaintiff"), "defense": _side_scores(fields, "Defense"),
+            "unresolved": _items(fields.get("Unresolved Premises")),
+            "recommendations": {k: _items(fields.get(f"{k} Recommendations")) for k in ("Plaintiff", "Defense")},
+            "queries": _items(fields.get("Suggested Queries")),
             "resolved": yes_no(fields.get("Resolved"))}
         decisions[id(hearing)] = {"critic": yes_no(fields.get("Resolved")) is True}
     items = [(c, stage, "court", h.convs["court"], render("court_ready", round=round_no, record=_round_record(h)))
              for c, h in active]
     for (case, hearing), reply in zip(active, _ask(agents["court"], items, _tuned(settings, opts, "court"),
-                                                   generator, one_shot=False)):
+                                                   generator, one_shot=False, schema_name="court_ready")):
         decision = _word(_fields(reply, ("Decision",)).get("Decision") or reply, ("wait", "close"))
         hearing.rounds[-1]["court"] = decision or "unreadable"
         decisions[id(hearing)]["court"] = decision == "close"
@@ -555,7 +573,8 @@ def _consistency(agents, cases, opts, settings, generator):
     items = [(c, "role-switch", "critic", engine.Conversation(system=""),
               render("critic_consistency", first=_hearing_text(c.hearings[0], "First hearing"),
                      second=_hearing_text(c.hearings[1], "Second hearing"))) for c in cases]
-    for case, reply in zip(cases, _ask(agents["critic"], items, _tuned(settings, opts, "critic"), generator)):
+    for case, reply in zip(cases, _ask(agents["critic"], items, _tuned(settings, opts, "critic"), generator,
+                                       schema_name="critic_consistency")):
         fields = _fields(reply, ("Model A", "Model B", "Contradictions", "Consistency"))
         score = number_in(fields.get("Consistency"), 10)
         case.consistency = None if score is None else 10 * score
@@ -601,8 +620,7 @@ def _case_file(case, switch_note):
 
     critic = "\n".join(render("courtroom_critic", round=r["round"], plaintiff=side_text(c["plaintiff"]),
                               defense=side_text(c["defense"]),
-                              unresolved="; ".join(c["unresolved"]) if isinstance(c["unresolved"], list)
-                              else c["unresolved"] or "-",
+                              unresolved="; ".join(c["unresolved"]) or "-",
                               resolved={True: "yes", False: "no"}.get(c["resolved"], "?"))
                        for r in first.rounds for c in [r.get("critic")] if c) or "(none)"
     reflection = "\n".join(render("courtroom_reflection", round=x["round"], side=SIDE_NAMES[x["side"]],
@@ -628,9 +646,11 @@ def _judge(agents, cases, opts, settings, streams, switch_note):
         # Each seat samples from its own stream, so seats on one model can disagree when sampling.
         judge = _tuned(settings, opts, seat)
         generator = turns.stream(agents, streams, settings.seed + 1 + k, judge)
-        for case, reply in zip(cases, _ask(agents[seat], items, judge, generator)):
+        for item, reply in zip(items, _ask(agents[seat], items, judge, generator, schema_name="judge_case")):
             fields, status = read_fields(reply, JUDGE_KEYS)
-            ballots[(id(case), seat)] = (fields, status, reply)
+            structured = item[3].structured
+            probs = structured["probs"].get("Verdict") if structured else None
+            ballots[(id(item[0]), seat)] = (fields, "structured" if structured else status, reply, probs)
     return seats, ballots
 
 
@@ -647,7 +667,7 @@ def _panel_note(agents, seats):
 def _verdict(case, seats, ballots, opts):
     votes, qualities, reasons = [], [], []
     for seat, source in seats.items():
-        fields, status, reply = ballots[(id(case), source)]
+        fields, status, reply, _ = ballots[(id(case), source)]
         label = panel.panel_label(fields.get("Verdict"))
         votes.append(label)
         scores = [number_in(fields.get(k), 10) for k in ("Evidence Strength", "Argument Validity",
@@ -669,8 +689,17 @@ def _verdict(case, seats, ballots, opts):
     chosen = next((r for r in reasons if winner and r[0] == winner), None) or next(
         (r for r in reasons if r[0] is not None), reasons[0])
     status = chosen[2] or "unparsed"
-    return {"verdict": label, "justification": chosen[1], "status": status}, chosen[3], {
-        "votes": votes, "panel_verdict": winner, "decided_by": decided_by, "confidence": round(conf, 4),
+    # The label distribution of the panel: each distinct judge votes from its own probabilities, a seat
+    # that shares its model's vote (greedy) votes alike, and the label rule maps the votes.
+    sources = sorted(set(seats.values()))
+    vote_probs = {s: ballots[(id(case), s)][3] for s in sources}
+    label_probs = turns.outcome_probs(
+        [vote_probs[s] for s in sources],
+        lambda said: panel.vote([dict(zip(sources, said))[seats[seat]] for seat in seats], opts.split_decision,
+                                opts.chief_justice - 1, opts.inconclusive)[2])
+    return {"verdict": label, "justification": chosen[1], "status": status, "label_probs": label_probs}, chosen[3], {
+        "votes": votes, "vote_probs": {seat: vote_probs[seats[seat]] for seat in seats}, "panel_verdict": winner,
+        "decided_by": decided_by, "confidence": round(conf, 4),
         "confidence_parts": {k: round(v, 4) for k, v in parts.items()}}
 
 

@@ -108,9 +108,10 @@ class Court:
             self.reflections[(id(conv))] = self.reflections.get(id(conv), 0) + 1
             return self.reflection(side, self.reflections[id(conv)])
         if "Score each side from 0.0 to 1.0" in prompt:
-            return js(Plaintiff=self.critic("plaintiff", round_no), Defense=self.critic("defense", round_no),
-                      **{"Unresolved Premises": ["premise one"], "Recommendations": {"Queries": ["more"]},
-                         "Resolved": self.resolved(round_no) == "Yes"})
+            scores = {f"{side.title()} {k}": v for side in ("plaintiff", "defense")
+                      for k, v in self.critic(side, round_no).items()}
+            return js(**scores, **{"Unresolved Premises": ["premise one"], "Suggested Queries": ["more"],
+                                   "Resolved": self.resolved(round_no)})
         if 'Answer "Wait" to go on' in prompt:
             return js(Decision="Close" if self.ready(round_no) == "Yes" else "Wait")
         raise AssertionError(f"unscripted prompt: {prompt[:80]}")
