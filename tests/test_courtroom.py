@@ -429,9 +429,9 @@ def test_each_role_samples_at_its_own_temperature(monkeypatch, embedder):
     calls = scripted.install(monkeypatch, court)
     fake = engine.generate
 
-    def logged(model, tokenizer, convs, prompts, settings, generator=None):
+    def logged(model, tokenizer, convs, prompts, settings, generator=None, **kwargs):
         seen.append((model, settings.temperature, generator is not None))
-        return fake(model, tokenizer, convs, prompts, settings, generator)
+        return fake(model, tokenizer, convs, prompts, settings, generator, **kwargs)
 
     monkeypatch.setattr(engine, "generate", logged)
     agents = scripted.agents(ROLES, {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2",
