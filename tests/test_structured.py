@@ -247,7 +247,9 @@ def test_free_generation_is_plain_greedy_decoding_token_for_token(tiny):
 def test_every_method_gives_readable_structured_replies_and_a_label_for_every_claim(tiny_path, tmp_path, method):
     out = tmp_path / method
     extra = ["--refine", "madr", "--madr-iterations", "1"] if method == "rag-cot" else []
-    run_debate.main(["--split", "demo", "--method", method, "--model", tiny_path, "--max-new-tokens", "120",
+    # The courtroom critic's seven scores need 144 tokens of keys with the tiny model's tokenizer (82 with Gemma's).
+    tokens = "160" if method == "courtroom" else "120"
+    run_debate.main(["--split", "demo", "--method", method, "--model", tiny_path, "--max-new-tokens", tokens,
                      "--max-rounds", "1", "--limit", "2", "--batch-size", "2", "--output-dir", str(out), *extra])
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 2
@@ -266,8 +268,9 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
                 pytest.fail(f"a JSON answer was asked for without a schema: {turn['prompt'][:80]}")
     expected = {"debatecv": {"moderator_round"}, "rag-cot": {"ragcot", "madr_judge", "madr_refine"},
                 "majority": {"ragcot"}, "cooperation": {"cooperation_final"},
-                "courtroom": {"court_premises", "counsel_search", "court_admissibility", "counsel_gap", "court_query",
-                              "counsel_reflection", "critic_round", "court_ready", "judge_case"}}[method]
+                "courtroom": {"critic_premises", "counsel_search", "counsel_disclosure", "court_admissibility",
+                              "counsel_gap", "courtroom_query", "court_query", "counsel_expert", "counsel_reflection",
+                              "critic_round", "court_ready", "judge_case"}}[method]
     assert expected <= seen
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["calibration"]["n"] == 2
