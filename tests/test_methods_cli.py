@@ -6,6 +6,7 @@ import pytest
 
 import run_debate
 from debate import records
+from debate.labels import LABELS
 from tests.tiny_models import build_tiny_llama
 
 
@@ -145,13 +146,18 @@ def test_embedded_gemma_smoke(tmp_path, method, extra):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / method
+    # 96 tokens: the demo's turn, enough for the keys of every JSON answer with Gemma's tokenizer.
     proc = subprocess.run([sys.executable, str(root / "run_debate.py"), "--split", "demo", "--method", method,
-                           "--limit", "1", "--max-rounds", "1", "--max-new-tokens", "16", "--output-dir", str(out),
-                           *extra], capture_output=True, text=True, timeout=900, cwd=root)
+                           "--limit", "1", "--max-rounds", "1", "--max-new-tokens", "96", "--output-dir", str(out),
+                           *extra], capture_output=True, text=True, timeout=1500, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pred = read(out, records.PREDICTIONS)[0]
     assert pred["completion_tokens"] > 0 and "accuracy" in proc.stdout
+    # A readable verdict from the base model: one of the four labels, with its probabilities.
+    assert pred["label"] in LABELS and pred["parse_status"] == "structured"
+    assert sum(pred["label_probs"].values()) == pytest.approx(1, abs=1e-4)
     turns = read(out, records.TRANSCRIPTS)[0]["turns"]
     assert turns and all(t["response"].strip() for t in turns)
+    assert all(t["parse_status"] == "structured" for t in turns if "schema" in t)
     if "--refine" in extra:
         assert "justification_unrefined" in pred and any(t["role"] == "madr_refiner" for t in turns)
