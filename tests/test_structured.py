@@ -72,7 +72,7 @@ def test_a_bad_schema_file_is_refused_with_its_file_and_field(tmp_path, monkeypa
 
 def test_numbers_are_choices_over_their_range():
     assert schema.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
-    assert schema.load("judge_case").fields[0].values == tuple(str(i) for i in range(11))
+    assert schema.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
 
 
 def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
