@@ -38,13 +38,21 @@ def stream(agents, streams, seed, settings):
     return (streams or Streams(device_of(agents)))(seed)
 
 
+# Called as on_turn(n) after every batched turn, n = the conversations that spoke; the run's progress
+# bar sets it (debate/progress.py), so no protocol has to report its own turns.
+on_turn = None
+
+
 def speak(agent, convs, prompts, settings, generator=None):
     """One batched turn of `agent` (a models.RoleModel) in each conversation; returns the replies."""
     if not convs:
         return []
     with adapter_scope(agent):
-        return engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
-                               generator=generator if settings.temperature > 0 else None)
+        replies = engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
+                                  generator=generator if settings.temperature > 0 else None)
+    if on_turn is not None:
+        on_turn(len(replies))
+    return replies
 
 
 def token_counts(convs):
