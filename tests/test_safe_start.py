@@ -1,0 +1,201 @@
+"""A run checks everything before it touches its output directory or loads a weight, and never loses a finished run.
+
+`--overwrite` with a bad path must leave the earlier run byte-identical; a start that fails must leave
+nothing that blocks the corrected rerun; checks that need no weights must refuse before any is loaded.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import run_debate
+from debate import models, progress, prompts, records
+from eval import wordnet
+from tests.tiny_models import build_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def argv(model, out, *extra):
+    return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "4",
+            "--max-rounds", "1", "--batch-size", "2", "--limit", "2", "--output-dir", str(out), *extra]
+
+
+def snapshot(directory):
+    """Every file under `directory`, hidden ones included, with its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(Path(directory).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run_debate.main(argv(tiny, out))
+    return out
+
+
+@pytest.fixture
+def copy(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """A model loader that fails the test if anything tries to load weights."""
+    def refuse(*args, **kwargs):
+        pytest.fail("model weights were loaded before the run's checks had refused it")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "load_roles", refuse)
+
+
+def refused(args, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_debate.main(args)
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_overwrite_with_a_bad_model_path_leaves_the_finished_run_byte_identical(tiny, copy, tmp_path, capsys,
+                                                                                 no_weights):
+    before = snapshot(copy)
+    missing = tmp_path / "nonexistent" / "path"
+    err = refused(argv(str(missing), copy, "--overwrite"), capsys)
+    assert str(missing) in err and "no such file" in err
+    assert snapshot(copy) == before
+    # Without --overwrite the same typo names the path too, not a settings conflict.
+    err = refused(argv(str(missing), copy), capsys)
+    assert "no such file" in err and "other settings" not in err
+    assert snapshot(copy) == before
+
+
+def test_overwrite_with_an_empty_adapter_dir_is_refused_before_weights_load(tiny, copy, tmp_path, capsys,
+                                                                            no_weights):
+    before = snapshot(copy)
+    empty = tmp_path / "adapter"
+    empty.mkdir()
+    err = refused(argv(tiny, copy, "--overwrite", "--moderator-adapter", str(empty)), capsys)
+    assert str(empty) in err and "adapter_config.json" in err
+    assert snapshot(copy) == before
+
+
+def test_overwrite_with_a_broken_prompt_or_bad_data_leaves_the_run(tiny, copy, tmp_path, capsys, monkeypatch,
+                                                                   no_weights):
+    before = snapshot(copy)
+    broken = tmp_path / "prompts"
+    shutil.copytree(prompts.PROMPT_DIR, broken)
+    (broken / "moderator_round.txt").unlink()
+    monkeypatch.setattr(prompts, "PROMPT_DIR", broken)
+    err = refused(argv(tiny, copy, "--overwrite"), capsys)
+    assert "moderator_round" in err
+    assert snapshot(copy) == before
+    monkeypatch.undo()
+    monkeypatch.setattr(models, "load_roles", lambda *a, **k: pytest.fail("weights loaded"))
+    err = refused(argv(tiny, copy, "--overwrite", "--split", "dev", "--data-dir", str(tmp_path / "nodata")), capsys)
+    assert "nodata" in err
+    assert snapshot(copy) == before
+
+
+def test_missing_wordnet_is_refused_before_weights_load(tiny, tmp_path, capsys, monkeypatch, no_weights):
+    monkeypatch.setenv("DEBATECV_WORDNET_DIR", str(tmp_path / "no-wordnet"))
+    wordnet.load_wordnet.cache_clear()
+    try:
+        err = refused(argv(tiny, tmp_path / "run"), capsys)
+    finally:
+        monkeypatch.undo()
+        wordnet.load_wordnet.cache_clear()
+    assert "WordNet" in err and not (tmp_path / "run").exists()
+
+
+def test_overwrite_that_fails_before_its_first_claim_puts_the_old_run_back(tiny, copy, capsys, monkeypatch):
+    before = snapshot(copy)
+
+    def dies(self, record):
+        raise KeyboardInterrupt("killed during the first claim")
+
+    monkeypatch.setattr(records.Writer, "write", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_debate.main(argv(tiny, copy, "--overwrite", "--max-new-tokens", "3"))
+    assert snapshot(copy) == before
+    monkeypatch.undo()
+    # Once the new run has written a claim the old one is gone, aside copy included.
+    run_debate.main(argv(tiny, copy, "--overwrite", "--max-new-tokens", "3", "--limit", "1"))
+    assert len(records.read_predictions(copy)) == 1 and not (copy / records.ASIDE).exists()
+    assert json.loads((copy / records.CONFIG).read_text())["max_new_tokens"] == 3
+
+
+def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_rerun(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+
+    def fails(*args, **kwargs):
+        raise models.ModelLoadError("out of memory while loading")
+
+    monkeypatch.setattr(models, "load_roles", fails)
+    with pytest.raises(SystemExit):
+        run_debate.main(argv(tiny, out, "--max-new-tokens", "3"))
+    assert not out.exists()
+    monkeypatch.undo()
+    run_debate.main(argv(tiny, out))
+    assert len(records.read_predictions(out)) == 2
+
+    # What an older version left after a failed start: a config and empty outputs. No claim was done, so
+    # it is no run with other settings.
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / records.CONFIG).write_text(json.dumps({"method": "debatecv", "max_new_tokens": 99}))
+    (stale / records.PREDICTIONS).write_text("")
+    (stale / records.TRANSCRIPTS).write_text("")
+    run_debate.main(argv(tiny, stale))
+    assert len(records.read_predictions(stale)) == 2
+
+
+def test_a_resume_with_nothing_to_do_keeps_config_json(finished, tiny, capsys, no_weights):
+    config = (finished / records.CONFIG).read_bytes()
+    assert json.loads(config)["models"]
+    run_debate.main(argv(tiny, finished))
+    assert (finished / records.CONFIG).read_bytes() == config
+
+
+def test_config_names_only_the_roles_used_and_the_precision_in_effect(finished):
+    config = json.loads((finished / records.CONFIG).read_text())
+    assert config["debater_model"] and config["moderator_model"]
+    for unused in ("judge_models", "defense_model", "refine_model"):
+        assert unused not in config
+    assert set(config["models"]) == {"affirmative", "negative", "moderator"}
+    assert config["use_4bit"] is False and config["precision"] == "float32"  # a CPU run
+
+
+def test_an_older_config_that_asked_for_4bit_on_cpu_still_resumes(finished, tiny, tmp_path):
+    out = tmp_path / "old"
+    shutil.copytree(finished, out)
+    config = json.loads((out / records.CONFIG).read_text())
+    config["use_4bit"] = True  # what configs said before they recorded the precision really used
+    config["judge_models"] = [tiny] * 3
+    (out / records.CONFIG).write_text(json.dumps(config))
+    run_debate.main(argv(tiny, out, "--limit", "3"))
+    assert len(records.read_predictions(out)) == 3
+
+
+def test_progress_estimates_time_left_from_turns():
+    now = [0.0]
+    with progress.ClaimBar(total=4, desc="t", turns_hint=4, clock=lambda: now[0]) as bar:
+        assert bar.eta() is None
+        bar.batch(2)
+        now[0] = 10.0
+        bar.turn(2)  # both claims of the batch spoke once: 2 claim-turns in 10 s
+        # At most 4 turns a claim: 6 left in this batch and 8 in the next, at 0.2 turn/s.
+        assert bar.eta() == pytest.approx(70.0)
+        now[0] = 30.0
+        bar.turn(2)
+        bar.claim_done()
+        bar.claim_done()
+        bar.batch(2)
+        # Measured: 2 turns a claim, 4 turns left at 4 turns / 30 s.
+        assert bar.turns_per_claim() == 2 and bar.eta() == pytest.approx(30.0)
