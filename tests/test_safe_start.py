@@ -56,9 +56,9 @@ def no_weights(monkeypatch):
     monkeypatch.setattr(models, "load_roles", refuse)
 
 
-def refused(args, capsys):
+def refused(args, capsys, main=None):
     with pytest.raises(SystemExit) as stop:
-        run_debate.main(args)
+        (main or run_debate.main)(args)
     assert stop.value.code == 2
     return capsys.readouterr().err
 
@@ -199,3 +199,80 @@ def test_progress_estimates_time_left_from_turns():
         bar.batch(2)
         # Measured: 2 turns a claim, 4 turns left at 4 turns / 30 s.
         assert bar.turns_per_claim() == 2 and bar.eta() == pytest.approx(30.0)
+
+
+# --- train_moderator.py: the same rules for its stages --------------------------------------------
+
+@pytest.fixture
+def finished_training(tiny, tmp_path):
+    """An OUT whose synth, correct and sft stages are done: SynDeC files and a D-SFT adapter."""
+    from tests import syndec_task
+    from tests.tiny_models import build_random_lora
+    from train import stages, syndec
+
+    out = tmp_path / "syndec"
+    p = stages.paths(out)
+    out.mkdir()
+    rows = syndec_task.records(4) + syndec_task.records(2, start=4, wrong=True)
+    syndec.write(p["syndec"], rows)
+    syndec.write(p["corrected"], rows)
+    p["corrections"].write_text("")
+    build_random_lora(tiny, str(p["sft"] / "adapter"))
+    return out
+
+
+def train_argv(tiny, out, *extra):
+    return ["--model", tiny, "--out", str(out), "--max-new-tokens", "4", "--lora-r", "4", "--lora-alpha", "8",
+            "--epochs", "1", *extra]
+
+
+def test_train_overwrite_with_a_bad_path_leaves_finished_stages_byte_identical(tiny, finished_training, tmp_path,
+                                                                               capsys, no_weights):
+    import train_moderator
+
+    before = snapshot(finished_training)
+    empty = tmp_path / "empty-adapter"
+    empty.mkdir()
+    for extra in (["--stage", "sft", "--init-adapter", str(empty)],
+                  ["--stage", "dpo", "--sft-adapter", str(empty)],
+                  ["--stage", "all", "--debater-model", str(tmp_path / "typo")],
+                  ["--stage", "correct", "--corrector-model", str(tmp_path / "typo")]):
+        err = refused(train_argv(tiny, finished_training, "--overwrite", *extra), capsys, train_moderator.main)
+        assert str(tmp_path) in err, extra
+        assert snapshot(finished_training) == before, extra
+    # Nothing is created for a run that cannot start.
+    refused(train_argv(str(tmp_path / "typo"), tmp_path / "new", "--stage", "sft"), capsys, train_moderator.main)
+    assert not (tmp_path / "new").exists()
+
+
+def test_train_overwrite_that_fails_puts_the_finished_stage_back(tiny, finished_training, capsys, monkeypatch):
+    import train_moderator
+    from train import lora
+
+    before = snapshot(finished_training)
+
+    def dies(*args, **kwargs):
+        raise models.ModelLoadError("out of memory")
+
+    monkeypatch.setattr(lora, "load_trainable", dies)
+    refused(train_argv(tiny, finished_training, "--overwrite", "--stage", "sft"), capsys, train_moderator.main)
+    assert snapshot(finished_training) == before
+
+
+def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path):
+    import train_moderator
+    from tests import syndec_task
+    from train import stages, syndec
+
+    out = tmp_path / "syndec"
+    out.mkdir()
+    syndec.write(stages.paths(out)["syndec"], syndec_task.records(3))  # all right: no Corrector turn to load
+    train_moderator.main(train_argv(tiny, out, "--stage", "correct"))
+    path = out / "train_config.json"
+    config = json.loads(path.read_text())
+    assert config["use_4bit"] is False and config["precision"] == "float32"
+    assert config["models"]["correct"]["corrector"]["path"] == str(Path(tiny).resolve())
+    assert config["stages_run"] == ["correct"]
+    kept = path.read_bytes()
+    train_moderator.main(train_argv(tiny, out, "--stage", "correct"))  # done already: skipped
+    assert path.read_bytes() == kept
