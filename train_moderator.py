@@ -19,8 +19,8 @@ TRAIN_SOURCES = {"batch_size": cli.OURS, "max_rounds": cli.PAPER, "lora_r": cli.
                  "max_length": cli.OURS, "save_every": cli.OURS, "seed": cli.OURS}
 
 
-def parse_args(argv=None):
-    p = cli.Parser(description=__doc__)
+def build_parser():
+    p = cli.Parser(prog="train_moderator.py", description=__doc__)
     p.add_argument("--stage", choices=(*stages.STAGES, "all"), default="all", help="the stage to run, or all in order")
     p.add_argument("--out", default="runs/syndec", help="directory of every stage's outputs")
     p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them; a stage's old output "
@@ -41,10 +41,11 @@ def parse_args(argv=None):
     m.add_argument("--corrector-model", help="the Corrector (default: --model)")
     m.add_argument("--no-4bit", dest="use_4bit", action="store_false", help="on CUDA, a bf16 base instead of 4-bit")
     t = p.add_argument_group("training")
-    t.add_argument("--syndec", help="train on this SynDeC file instead of OUT's")
+    t.add_argument("--syndec", help="train on this SynDeC file (default: OUT's corrected one, else "
+                   "OUT/syndec.jsonl)")
     t.add_argument("--sft-include-corrected", action="store_true",
                    help="D-SFT also on wrong records, with the gold verdict and corrected justification as target")
-    t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter instead of a new one")
+    t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter (default: a new one)")
     t.add_argument("--sft-adapter", help="D-DPO's starting point and reference (default: OUT/sft/adapter)")
     t.add_argument("--lora-r", type=int, default=128, help="LoRA rank")
     t.add_argument("--lora-alpha", type=int, default=256, help="LoRA scaling numerator")
@@ -65,6 +66,11 @@ def parse_args(argv=None):
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
     t.add_argument("--seed", type=int, default=0, help="seed of shuffling, dropout and sampled turns")
     cli.label_sources(p, TRAIN_SOURCES)
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     cli.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs",
                                "micro_batch", "grad_accum", "max_length", "save_every"))

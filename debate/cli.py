@@ -53,7 +53,7 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
 
 
 def run_parser(description=None):
-    p = Parser(description=description)
+    p = Parser(prog="run_debate.py", description=description)
     d = p.add_argument_group("data")
     d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded)")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
@@ -108,7 +108,8 @@ def run_parser(description=None):
                    help=f"courtroom: the judges' panel, up to {MAX_JUDGES} paths (default: --moderator-model, "
                    "three times)")
     o.add_argument("--refine-model", help="MADR's debaters, judge and refiner (default: --moderator-model)")
-    o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model")
+    o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
+                   "(default: none, the base model)")
     o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
                    help="on CUDA, load in bf16 instead of 4-bit NF4")
 

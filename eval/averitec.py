@@ -375,14 +375,20 @@ def _jsonable(value):
     return value
 
 
-def main(argv=None):
+def build_parser():
     from debate.cli import Parser
 
     parser = Parser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
     parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")
     parser.add_argument("--references", required=True, help="AVeriTeC dev.json-shaped file")
-    parser.add_argument("--evidence", help="evidence for predictions that carry none (JSONL/JSON)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (scores as fractions; the table shows percentages)")
+    parser.add_argument("--evidence", help="evidence for predictions that carry none (JSONL/JSON; default: none)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (scores as fractions; the table shows percentages)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     from eval.wordnet import WordNetMissingError
 

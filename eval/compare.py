@@ -91,17 +91,22 @@ def format_comparison(result, name_a="A", name_b="B"):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def build_parser():
     parser = Parser(prog="python -m eval.compare", description=__doc__.split("\n")[0])
     parser.add_argument("a", help="predictions of system A (a run's submission.json, or JSONL)")
     parser.add_argument("b", help="predictions of system B, on the same claims")
     parser.add_argument("--references", required=True,
                         help="AVeriTeC dev.json-shaped file with the gold labels, evidence and justifications")
-    parser.add_argument("--evidence", help="evidence for predictions that carry none")
+    parser.add_argument("--evidence", help="evidence for predictions that carry none (default: none)")
     parser.add_argument("--samples", type=int, default=10_000, help="paired bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
     parser.add_argument("--level", type=float, default=0.25, help="AVeriTeC evidence-score level")
     parser.add_argument("--json", action="store_true", help="print one JSON object (fractions, not percentages)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.samples < 1:
         parser.error("--samples must be positive")

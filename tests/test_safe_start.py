@@ -276,3 +276,67 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
     kept = path.read_bytes()
     train_moderator.main(train_argv(tiny, out, "--stage", "correct"))  # done already: skipped
     assert path.read_bytes() == kept
+
+
+# --- help and errors ------------------------------------------------------------------------------
+
+def parsers():
+    import train_moderator
+    from debate import cli
+    from eval import averitec, compare
+
+    return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),
+            "eval.compare": compare.build_parser(), "eval.averitec": averitec.build_parser()}
+
+
+@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec"])
+def test_help_shows_every_default(name):
+    from debate.cli import HelpFormatter
+
+    parser = parsers()[name]
+    formatter = HelpFormatter(parser.prog)
+    for action in parser._actions:
+        if action.nargs == 0 or action.required or not action.option_strings:
+            continue  # switches, required flags and positionals have no default to show
+        text = formatter._get_help_string(action) or ""
+        assert "default" in text, f"{name} {action.option_strings[0]}: {text!r}"
+        if action.default is not None and "default:" in text and "%(default)" not in text:
+            assert str(action.default).split(".")[0] in text or isinstance(action.default, (list, tuple))
+    shown = parser.format_help()
+    if name == "run_debate.py":
+        assert "(default: 8, ours)" in shown and "(default: 3, PROClaim's)" in shown
+    if name == "train_moderator.py":
+        assert "(default: 128, the paper's)" in shown and "(default: 2e-05, the paper's)" in shown
+
+
+def test_a_bad_flag_prints_one_line_and_a_pointer_to_help(capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_debate.parse_args(["--split", "demo", "--batch-size", "0"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.splitlines() == ["error: --batch-size must be at least 1",
+                                "(see `run_debate.py --help` for every flag and its default)"]
+
+
+def test_every_prompt_the_code_names_is_checked_up_front():
+    import re
+
+    named = set()
+    for path in [*ROOT.glob("debate/*.py"), *ROOT.glob("train/*.py")]:
+        named |= set(re.findall(r'(?:render|load_prompt|raw_prompt)\("([a-z_]+)"', path.read_text()))
+    named |= {f"{prefix}_{side}" for prefix, sides in (("debater_stance", ("affirmative", "negative")),
+                                                       ("counsel_stance", ("plaintiff", "defense")))
+              for side in sides}
+    assert named <= set(prompts.NAMES)
+    assert {p.stem for p in prompts.PROMPT_DIR.glob("*.txt")} == set(prompts.NAMES)
+
+
+def test_json_errors_read_as_english():
+    from debate import data
+
+    with pytest.raises(json.JSONDecodeError) as bad:
+        json.loads('{"a": "x')
+    assert data.json_problem(bad.value) == "Unterminated string starting at column 7"
+    with pytest.raises(json.JSONDecodeError) as bad:
+        json.loads('{"a": ')
+    assert data.json_problem(bad.value) == "Expecting value at column 7"
