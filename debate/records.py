@@ -86,6 +86,9 @@ def check(output_dir, config, overwrite=False):
     if overwrite:
         return {}
     done = _by_claim(read_jsonl(out / PREDICTIONS, repair=False))
+    if not done and (out / ASIDE).is_dir():
+        out = out / ASIDE  # an --overwrite killed before its first claim: the run aside is the directory's run
+        done = _by_claim(read_jsonl(out / PREDICTIONS, repair=False))
     old = out / CONFIG
     if done and old.exists():
         try:
@@ -99,6 +102,23 @@ def check(output_dir, config, overwrite=False):
                 f"({'; '.join(f'{k}: {_short(before[k])} -> {_short(config[k])}' for k in changed)}); "
                 "use --overwrite to start over or choose another --output-dir")
     return done
+
+
+def recover(output_dir):
+    """Settle what an --overwrite killed without a chance to clean up (SIGKILL) left: the earlier run in
+    ASIDE comes back when the new one wrote no claim; ASIDE goes when it did. Call once the checks pass."""
+    out = Path(output_dir)
+    aside = out / ASIDE
+    if not aside.is_dir():
+        return
+    if _by_claim(read_jsonl(out / PREDICTIONS, repair=False)):
+        shutil.rmtree(aside)
+        return
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for path in aside.iterdir():
+        os.replace(path, out / path.name)
+    aside.rmdir()
 
 
 class RunDir:
@@ -131,6 +151,7 @@ class RunDir:
                     if (out / name).exists():
                         os.replace(out / name, aside / name)
         else:
+            recover(out)
             self.done = _by_claim(read_jsonl(out / PREDICTIONS))
             kept, seen = [], set()
             for row in read_jsonl(out / TRANSCRIPTS):

@@ -1,7 +1,9 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -147,6 +149,8 @@ def run(args, log=print):
     config = run_config(args, roles, models.precision(args.use_4bit))
     done = records.check(args.output_dir, config, overwrite=args.overwrite)
     kwargs = options(args)  # once per run; the courtroom loads its encoder and checks its corpus here
+    if not args.overwrite:
+        records.recover(args.output_dir)  # every check has passed: what a killed --overwrite left can be settled
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
     todo = sorted((c for c in claims if c["claim_id"] not in done),
                   key=lambda c: sum(len(e["question"]) + len(e["answer"]) for e in c["evidence"]))
@@ -202,11 +206,24 @@ def finish(args, claims, log=print):
     return metrics
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main_guard(fn):
-    """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there."""
+    """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there.
+
+    SIGTERM (`timeout`, a batch scheduler) becomes SystemExit, so a run stopped before its first claim
+    still puts its directory back as it was (records.RunDir) instead of dying mid-way.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         return fn()
     except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
             WordNetMissingError, RetrievalError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)

@@ -340,3 +340,19 @@ def test_json_errors_read_as_english():
     with pytest.raises(json.JSONDecodeError) as bad:
         json.loads('{"a": ')
     assert data.json_problem(bad.value) == "Expecting value at column 7"
+
+
+def test_an_overwrite_killed_before_its_first_claim_leaves_the_run_to_a_plain_rerun(tiny, copy, no_weights):
+    """SIGKILL leaves no chance to clean up: the earlier run is aside and the new start's empty files on top."""
+    before = snapshot(copy)
+    aside = copy / records.ASIDE
+    aside.mkdir()
+    for name in records.RUN_FILES:
+        if (copy / name).exists():
+            (copy / name).rename(aside / name)
+    (copy / records.CONFIG).write_text(json.dumps({"method": "debatecv", "max_new_tokens": 3}))
+    (copy / records.PREDICTIONS).write_text("")
+    run_debate.main(argv(tiny, copy))  # every claim is done in the run aside: nothing to load
+    after = snapshot(copy)
+    assert records.ASIDE not in "".join(after) and after[records.PREDICTIONS] == before[records.PREDICTIONS]
+    assert after[records.CONFIG] == before[records.CONFIG]
