@@ -141,7 +141,7 @@ def run(args, log=print):
     suffix = "-madr" if args.refine == "madr" else ""
     args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}{suffix}"
 
-    # Validate, then write: nothing below may fail once the output directory is touched, but the models.
+    # Validate, then write: every check runs before the output directory is touched or a weight loads.
     claims = load_claims(args)
     check_run(args, claims)
     method, _, options = METHODS[args.method]
