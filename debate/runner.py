@@ -44,12 +44,26 @@ FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defens
              "refine": "refine_model"}
 
 
+COURTROOM_OPTIONS = ("corpus", "embedder", "top_k", "novelty_threshold", "novelty_stop", "plateau_delta",
+                     "admit_threshold", "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight",
+                     "role_switch", "witness")
+
+
+def _unused_options(args):
+    """The method flags this run's method and refinement never read: they are left out of config.json."""
+    unused = [] if args.method == "courtroom" else list(COURTROOM_OPTIONS)
+    unused += [] if args.method == "majority" else ["voters"]
+    unused += [] if args.refine == "madr" else ["madr_iterations"]
+    return unused
+
+
 def run_config(args, roles=None, precision=None):
     """Every setting of the run, with what identifies the software it ran on.
 
-    With `roles`, only the model flags those roles use are kept (a DebateCV run names no judges), and
-    the adapter only when the Moderator's model is used; with `precision` (models.precision), `use_4bit`
-    says whether 4-bit was really used and `precision` how the weights are held.
+    With `roles`, only the model flags those roles use are kept (a DebateCV run names no judges), the
+    adapter only when the Moderator's model is used, and only the options of the method and refinement
+    run; with `precision` (models.precision), `use_4bit` says whether 4-bit was really used and
+    `precision` how the weights are held.
     """
     config = dict(vars(args))
     if roles is not None:
@@ -59,6 +73,8 @@ def run_config(args, roles=None, precision=None):
                 config.pop(key, None)
         if "moderator_model" not in used:
             config.pop("moderator_adapter", None)
+        for key in _unused_options(args):
+            config.pop(key, None)
     if precision is not None:
         config["use_4bit"] = precision["quantized"]
         config["precision"] = "nf4" if precision["quantized"] else precision["dtype"]

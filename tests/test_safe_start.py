@@ -166,7 +166,7 @@ def test_a_resume_with_nothing_to_do_keeps_config_json(finished, tiny, capsys, n
 def test_config_names_only_the_roles_used_and_the_precision_in_effect(finished):
     config = json.loads((finished / records.CONFIG).read_text())
     assert config["debater_model"] and config["moderator_model"]
-    for unused in ("judge_models", "defense_model", "refine_model"):
+    for unused in ("judge_models", "defense_model", "refine_model", "top_k", "corpus", "voters", "madr_iterations"):
         assert unused not in config
     assert set(config["models"]) == {"affirmative", "negative", "moderator"}
     assert config["use_4bit"] is False and config["precision"] == "float32"  # a CPU run
