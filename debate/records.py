@@ -83,6 +83,9 @@ def check(output_dir, config, overwrite=False):
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise RunConflict(f"--output-dir {out} is a file, not a directory")
+    existing = next(d for d in (out, *out.absolute().parents) if d.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunConflict(f"--output-dir {out}: cannot write in {existing} (permission denied)")
     if overwrite:
         return {}
     done = _by_claim(read_jsonl(out / PREDICTIONS, repair=False))
