@@ -79,7 +79,7 @@ class ClaimBar:
         if self.bar is None:
             return
         elapsed = self.clock() - self.start
-        parts = [f"{self.turns} turns"]
+        parts = [f"{self.turns} turn{'' if self.turns == 1 else 's'}"]
         if self.turns and elapsed > 0:
             rate = self.turns / elapsed
             parts.append(f"{rate:.2f} turn/s" if rate >= 1 else f"{1 / rate:.1f} s/turn")
