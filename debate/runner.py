@@ -8,7 +8,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from debate import baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, turns
+from debate import (baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, retrieval,
+                    turns)
 from debate.prompts import PromptError
 from debate.retrieval import RetrievalError
 from eval import averitec, report
@@ -134,7 +135,8 @@ def load_agents(args, roles):
 
 
 def check_run(args, claims):
-    """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet.
+    """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet,
+    the courtroom's encoder directory and corpus.
 
     Runs before the output directory is touched and before any weight is loaded, so a typo costs
     seconds and never an earlier run. Raises the toolkit's own errors (main_guard prints them).
@@ -144,6 +146,12 @@ def check_run(args, claims):
     models.check_roles(role_paths, adapters)
     if any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
+    if args.method == "courtroom":
+        encoder = Path(args.embedder or retrieval.default_embedder_path())
+        if not (encoder / "config.json").is_file():
+            raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
+        if args.corpus:
+            retrieval.load_corpus(args.corpus)  # a bad line is named now, not after the encoder has loaded
 
 
 def run(args, log=print):

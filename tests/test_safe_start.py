@@ -356,3 +356,13 @@ def test_an_overwrite_killed_before_its_first_claim_leaves_the_run_to_a_plain_re
     after = snapshot(copy)
     assert records.ASIDE not in "".join(after) and after[records.PREDICTIONS] == before[records.PREDICTIONS]
     assert after[records.CONFIG] == before[records.CONFIG]
+
+
+def test_a_bad_courtroom_corpus_is_refused_before_any_model_loads(tiny, tmp_path, capsys, monkeypatch, no_weights):
+    from debate import retrieval
+
+    monkeypatch.setattr(retrieval, "load_embedder", lambda *a, **k: pytest.fail("the encoder was loaded"))
+    corpus = tmp_path / "passages.jsonl"
+    corpus.write_text(json.dumps({"id": "p1"}) + "\n")
+    err = refused(argv(tiny, tmp_path / "run", "--method", "courtroom", "--corpus", str(corpus)), capsys)
+    assert f"{corpus}: line 1: missing field 'text'" in err and not (tmp_path / "run").exists()
