@@ -7,6 +7,7 @@
 
 Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/dpo/adapter ...
 """
+import argparse
 import sys
 
 from debate import cli, runner
@@ -35,6 +36,8 @@ def build_parser():
     d.add_argument("--max-rounds", type=int, default=3, help="debate rounds at most")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode the Moderator's and the Corrector's JSON answers under their schemas (ours)")
     m = p.add_argument_group("models")
     m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
     m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")

@@ -18,6 +18,7 @@ from debate.prompts import format_evidence, load_prompt, render
 
 RAG_COT_MODELS = {"verifier": "moderator"}  # role -> its model flag
 COOPERATION_MODELS = {"user": "debater", "assistant": "moderator"}
+SCHEMAS = {"rag-cot": ("ragcot",), "majority": ("ragcot",), "cooperation": ("cooperation_final",)}
 DONE = re.compile(r"\bTASK[_ ]DONE\b", re.IGNORECASE)
 
 
@@ -30,7 +31,7 @@ def _verify(agent, claims, settings, generator):
     """One RAG-CoT pass over `claims`: (conversations, prompt, replies)."""
     convs = [engine.Conversation(system=_meta("ragcot_meta", c)) for c in claims]
     prompt = render("ragcot", answer=render("verdict_answer"))
-    replies = turns.speak(agent, convs, [prompt] * len(claims), settings, generator)
+    replies = turns.speak(agent, convs, [prompt] * len(claims), settings, generator, "ragcot")
     return convs, prompt, replies
 
 
@@ -39,9 +40,9 @@ def rag_cot(agents, claims, settings, streams=None, on_finish=None):
     convs, prompt, replies = _verify(agents["verifier"], claims, settings, generator)
     records = []
     for claim, conv, reply in zip(claims, convs, replies):
-        outcome = parse_moderator(reply)
+        outcome = parse_moderator(reply, conv.structured)
         said = [{"round": 1, "role": "verifier", "prompt": prompt, "response": reply,
-                 "parse_status": outcome["status"]}]
+                 "parse_status": outcome["status"], **turns.structured_note(conv)}]
         records.append(turns.record(claim, outcome, said, [conv], reply=reply, rounds=1, stop_reason="answered"))
         if on_finish:
             on_finish(records[-1])
@@ -67,14 +68,17 @@ def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
                                turns.stream(agents, streams, settings.seed + v, settings)))
     records = []
     for i, claim in enumerate(claims):
-        outcomes = [parse_moderator(replies[i]) for _, _, replies in ballots]
+        outcomes = [parse_moderator(replies[i], convs[i].structured) for convs, _, replies in ballots]
         label, counts, tie = majority_vote([o["verdict"] for o in outcomes])
         # The justification and parse status are the first winning voter's; with no readable vote,
         # the first voter's reply, so its status says why.
         chosen = next((v for v, o in enumerate(outcomes) if o["verdict"] == label), 0)
-        outcome = outcomes[chosen]
+        # The label distribution of the vote itself: each voter independent, the same tie rule.
+        outcome = dict(outcomes[chosen], label_probs=turns.outcome_probs(
+            [o.get("label_probs") for o in outcomes], lambda votes: majority_vote(votes)[0]))
         said = [{"round": 1, "role": f"voter_{v + 1}", "prompt": prompt, "response": replies[i],
-                 "parse_status": o["status"]} for v, ((_, prompt, replies), o) in enumerate(zip(ballots, outcomes))]
+                 "parse_status": o["status"], **turns.structured_note(convs[i])}
+                for v, ((convs, prompt, replies), o) in enumerate(zip(ballots, outcomes))]
         records.append(turns.record(
             claim, outcome, said, [convs[i] for convs, _, _ in ballots], reply=ballots[chosen][2][i],
             rounds=1, stop_reason="vote",
@@ -116,12 +120,13 @@ def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=
         active = going
 
     final = render("cooperation_final", answer=render("verdict_answer"))
-    replies = turns.speak(agents["assistant"], assistants, [final] * len(claims), settings, generator)
+    replies = turns.speak(agents["assistant"], assistants, [final] * len(claims), settings, generator,
+                          "cooperation_final")
     records = []
     for i, (claim, reply) in enumerate(zip(claims, replies)):
-        outcome = parse_moderator(reply)
+        outcome = parse_moderator(reply, assistants[i].structured)
         said[i].append({"round": "final", "role": "assistant", "prompt": final, "response": reply,
-                        "parse_status": outcome["status"]})
+                        "parse_status": outcome["status"], **turns.structured_note(assistants[i])})
         records.append(turns.record(claim, outcome, said[i], [users[i], assistants[i]], reply=reply,
                                     rounds=rounds[i], stop_reason=stop[i]))
         if on_finish:
