@@ -24,7 +24,8 @@ def tiny(tmp_path_factory):
 
 def argv(model, out, *extra):
     return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "4",
-            "--max-rounds", "1", "--batch-size", "2", "--limit", "2", "--output-dir", str(out), *extra]
+            "--max-rounds", "1", "--batch-size", "2", "--limit", "2", "--output-dir", str(out), "--no-structured",
+            *extra]
 
 
 def snapshot(directory):
@@ -223,7 +224,7 @@ def finished_training(tiny, tmp_path):
 
 def train_argv(tiny, out, *extra):
     return ["--model", tiny, "--out", str(out), "--max-new-tokens", "4", "--lora-r", "4", "--lora-alpha", "8",
-            "--epochs", "1", *extra]
+            "--epochs", "1", "--no-structured", *extra]
 
 
 def test_train_overwrite_with_a_bad_path_leaves_finished_stages_byte_identical(tiny, finished_training, tmp_path,
