@@ -45,11 +45,10 @@ from debate import courtroom, data, engine, models, retrieval  # noqa: E402
 from debate.prompts import raw_prompt  # noqa: E402
 
 KS = (1, 3, 5, 10, 20)
-ROLES = ("court", "plaintiff", "defense")
-# the prompts behind negotiation_queries' turns (courtroom_passage shows the evidence pool, empty there);
+ROLES = ("critic",)  # the argument miner's model writes the premises and the stance queries
+# the prompts behind negotiation_queries' turns;
 # an edited prompt makes the cached queries stale
-PROMPTS = ("court_meta", "court_premises", "counsel_meta", "counsel_search", "counsel_stance_plaintiff",
-           "counsel_stance_defense", "courtroom_passage")
+PROMPTS = ("critic_premises", "counsel_search")
 
 
 def claim_positions(passages, prefixes=("gold-",)):

@@ -9,6 +9,10 @@ METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom")
 ROUNDS = {"courtroom": 10}  # default --max-rounds per method; 3 for the others
 SAMPLED = {"majority": 0.7}  # default --temperature per method; greedy for the others
 MAX_JUDGES = 3
+# The courtroom roles' sampling temperatures in PROClaim (Appendix B.3): counsels and the expert witness
+# 0.5, the presiding court 0.2, the judges 0.3, the critic 0.3 (its model also mines the premises and
+# scores the role-switch consistency).
+COURTROOM_TEMPERATURES = {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -91,7 +95,29 @@ def run_parser(description=None):
     c.add_argument("--no-role-switch", dest="role_switch", action="store_false",
                    help="skip the rerun with the counsels' models swapped")
     c.add_argument("--no-witness", dest="witness", action="store_false",
-                   help="never call the expert witness a counsel asks for")
+                   help="never call an expert witness, even one a counsel requests and the court grants")
+    c.add_argument("--switch-rounds", type=int, default=2, help="rounds at most of the rerun after the role switch")
+    c.add_argument("--seed-k", type=int, default=5,
+                   help="passages retrieved with the claim itself for the seed pool (0: none)")
+    c.add_argument("--redundancy-limit", type=float, default=0.70,
+                   help="P-RAG stops retrieving when more than this share of a round's passages are near-duplicates")
+    c.add_argument("--relevance-gain", type=float, default=0.05,
+                   help="P-RAG stops retrieving when a round's admitted passages gain less relevance than this "
+                   "over the previous round's")
+    c.add_argument("--confidence-floor", type=float, default=0.10,
+                   help="confidence at least this when two thirds of the judges agree")
+    c.add_argument("--split-decision", choices=("chief-justice", "conflicting"), default="chief-justice",
+                   help="a panel with no majority: the Chief Justice's vote decides (the paper), or ours: "
+                   "Conflicting Evidence when both sides got votes, else Not Enough Evidence")
+    c.add_argument("--chief-justice", type=int, default=1, metavar="SEAT",
+                   help="the judge seat (1 = the first --judge-models path) whose vote breaks a split")
+    c.add_argument("--inconclusive", choices=("nee", "supported"), default="nee",
+                   help="the label of an Inconclusive panel: Not Enough Evidence (ours, for AVeriTeC's four "
+                   "labels), or Supported (the paper's burden of refutation on two labels)")
+    for role, paper in COURTROOM_TEMPERATURES.items():
+        c.add_argument(f"--{role}-temperature", type=float,
+                       help=f"the {role}'s sampling temperature (default {paper}, the paper's; "
+                       "--temperature given sets every courtroom role's)")
 
     r = p.add_argument_group("MADR refinement")
     r.add_argument("--madr-iterations", type=int, default=3, help="rounds of mutual feedback revision at most")
@@ -143,6 +169,7 @@ def run_parser(description=None):
 def parse_run_args(argv=None, description=None):
     p = run_parser(description)
     args = p.parse_args(argv)
+    temperature_given = args.temperature is not None  # the courtroom roles' temperatures follow it then
     check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations"))
     if args.method == "majority" and args.temperature == 0:
         p.error("--method majority needs sampling (--temperature > 0): greedy voters would all give the same answer")
@@ -157,6 +184,18 @@ def parse_run_args(argv=None, description=None):
     if any(w < 0 for w in (*args.reflection_weights, args.vote_weight, args.quality_weight)):
         p.error("--reflection-weights, --vote-weight and --quality-weight must not be negative")
     args.reflection_weights = list(args.reflection_weights)
+    if args.switch_rounds < 1 or args.seed_k < 0:
+        p.error("--switch-rounds must be at least 1 and --seed-k at least 0")
+    if not 0 <= args.redundancy_limit <= 1 or args.confidence_floor < 0 or args.confidence_floor > 1:
+        p.error("--redundancy-limit and --confidence-floor must be in [0, 1]")
+    if args.method == "courtroom" and not 1 <= args.chief_justice <= len(args.judge_models or [None] * MAX_JUDGES):
+        p.error("--chief-justice must name one of the judge seats (1 to the number of --judge-models)")
+    for role, paper in COURTROOM_TEMPERATURES.items():
+        name = f"{role}_temperature"
+        if getattr(args, name) is None:
+            setattr(args, name, args.temperature if temperature_given else paper)
+        if getattr(args, name) < 0:
+            p.error(f"--{role}-temperature must be >= 0")
     return args
 
 

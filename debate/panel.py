@@ -1,12 +1,16 @@
 """The courtroom's (PROClaim's) arithmetic, apart from any model: admissibility, reflection scores, the
-stopping rules, the judges' vote, its mapping onto the AVeriTeC labels and the confidence formula.
+stopping rules, P-RAG's early exits, the judges' vote, its mapping onto the AVeriTeC labels and the
+confidence formula.
 
 Label rule (the panel votes Supported / Not Supported / Inconclusive):
 - a strict majority of the readable votes decides: Supported -> Supported, Not Supported -> Refuted,
-  Inconclusive -> Not Enough Evidence;
-- no strict majority: if some judges found the claim supported and others not supported, the evidence
-  pulls both ways -> Conflicting Evidence/Cherrypicking; otherwise (a tie with Inconclusive) -> Not
-  Enough Evidence;
+  Inconclusive -> Not Enough Evidence (ours, the default) or Supported (the paper's burden of
+  refutation, `inconclusive="supported"`): PROClaim's data had two labels, AVeriTeC has four;
+- no strict majority (a three-way split): the Chief Justice's vote decides, as in the paper
+  (`split="chief-justice"`, the first judge's seat unless told otherwise). With `split="conflicting"`,
+  or when the Chief Justice's vote is unreadable: if some judges found the claim supported and others
+  not supported, the evidence pulls both ways -> Conflicting Evidence/Cherrypicking; otherwise (a tie
+  with Inconclusive) -> Not Enough Evidence;
 - no readable vote: no verdict.
 """
 import re
@@ -23,6 +27,8 @@ _PANEL_ALIASES = {
     "inconclusive": PANEL_INCONCLUSIVE, "notenoughevidence": PANEL_INCONCLUSIVE, "undetermined": PANEL_INCONCLUSIVE,
 }
 TO_AVERITEC = {PANEL_SUPPORTED: SUPPORTED, PANEL_NOT_SUPPORTED: REFUTED, PANEL_INCONCLUSIVE: NEE}
+INCONCLUSIVE_AS = {"nee": NEE, "supported": SUPPORTED}  # --inconclusive: ours (default), the paper's
+SPLIT_RULES = ("chief-justice", "conflicting")  # --split-decision: the paper's (default), ours
 
 
 def panel_label(value):
@@ -83,25 +89,50 @@ def stop_reason(round_no, max_rounds, critic_resolved, court_ready, totals, nove
     return None
 
 
-def vote(votes):
-    """(panel label or None, its vote count, AVeriTeC label or None) for the judges' PANEL_LABELS/None."""
+def prag_exit(retrieved_novelty, relevance, previous_relevance, round_no, redundancy_limit=0.70,
+              gain_floor=0.05, duplicate_novelty=0.15):
+    """Why P-RAG stops retrieving after this round's retrievals, or None (the paper's Appendix I).
+
+    `retrieved_novelty`: the novelty of every passage retrieved this round; a passage is redundant when
+    its novelty is below `duplicate_novelty` (cosine above 0.85 to the pool, the authors' code). Exits:
+    the redundant share is above `redundancy_limit`; or, from round 2 on, the mean relevance (query
+    cosine) of the passages admitted this round gained less than `gain_floor` over the previous round's
+    (a round that admitted nothing has relevance 0).
+    """
+    if retrieved_novelty:
+        redundant = sum(n < duplicate_novelty for n in retrieved_novelty) / len(retrieved_novelty)
+        if redundant > redundancy_limit:
+            return "redundancy"
+    if round_no > 1 and previous_relevance is not None and relevance - previous_relevance < gain_floor:
+        return "relevance_gain"
+    return None
+
+
+def vote(votes, split="chief-justice", chief=0, inconclusive="nee"):
+    """(panel label or None, its vote count, AVeriTeC label or None) for the judges' PANEL_LABELS/None
+    in seat order; `chief` is the Chief Justice's seat index; see the module doc for the rules."""
+    mapping = dict(TO_AVERITEC, **{PANEL_INCONCLUSIVE: INCONCLUSIVE_AS[inconclusive]})
     counts = Counter(v for v in votes if v is not None)
     if not counts:
         return None, 0, None
     top = max(counts.values())
     leaders = [label for label, n in counts.items() if n == top]
     if len(leaders) == 1 and top > sum(counts.values()) / 2:
-        return leaders[0], top, TO_AVERITEC[leaders[0]]
+        return leaders[0], top, mapping[leaders[0]]
+    head = votes[chief] if split == "chief-justice" and chief < len(votes) else None
+    if head is not None:
+        return head, counts[head], mapping[head]
     if counts[PANEL_SUPPORTED] and counts[PANEL_NOT_SUPPORTED]:
         return None, top, CEC
     return None, top, NEE
 
 
 def role_switch_delta(consistency):
-    """Consistency 0-10 of the counsels across the role switch, mapped linearly onto [-0.05, +0.10]."""
+    """The paper's step function of the 0-10 role-switch consistency: +0.10 at 7 or above, 0 from 5 to
+    below 7, -0.05 below 5; 0 when there was no role switch or its score is unreadable."""
     if consistency is None:
         return 0.0
-    return -0.05 + 0.15 * consistency / 10
+    return 0.10 if consistency >= 7 else 0.0 if consistency >= 5 else -0.05
 
 
 def reflection_delta(winner_total):
@@ -111,12 +142,16 @@ def reflection_delta(winner_total):
     return min(0.30, max(-0.15, (winner_total - 0.5) * 0.6))
 
 
-def confidence(vote_share, mean_quality, consistency, winner_total, vote_weight=0.8, quality_weight=0.3):
+def confidence(vote_share, mean_quality, consistency, winner_total, vote_weight=0.8, quality_weight=0.3,
+               floor=0.10):
     """c = clamp(vote_weight * vote_share + quality_weight * mean_quality / 10 + role-switch delta
-    + reflection delta, 0, 1); mean_quality is the judges' mean 0-10 score (None counts as 0).
-    Returns (c, its parts)."""
+    + reflection delta, 0, 1), then at least `floor` when at least two thirds of the judges agree;
+    mean_quality is the judges' mean 0-10 score (None counts as 0). Returns (c, its parts)."""
     parts = {"votes": vote_weight * vote_share,
              "quality": quality_weight * (mean_quality or 0.0) / 10,
              "role_switch": role_switch_delta(consistency),
              "reflection": reflection_delta(winner_total)}
-    return min(1.0, max(0.0, sum(parts.values()))), parts
+    c = min(1.0, max(0.0, sum(parts.values())))
+    if vote_share >= 2 / 3 - 1e-9:  # 2 of 3 judges, given as the float 0.666...
+        c = max(c, floor)
+    return c, parts

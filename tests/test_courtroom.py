@@ -38,12 +38,16 @@ def js(**fields):
     return json.dumps(fields)
 
 
+NO_SAMPLING = {role: 0.0 for role in courtroom.COURTROOM_TEMPERATURES}
+
+
 class Court:
     """Scripted replies for every courtroom prompt; tests override what they exercise.
 
     Defaults: premises and search queries name the claim, every passage is admitted (0.9 x 0.9), each
     counsel's round-r query names a topic no one has asked for yet (so novelty stays high), no one stops
-    the hearing, reflections are unreadable (no plateau), and every judge votes Supported.
+    the hearing, no counsel asks for an expert, reflections are unreadable (no plateau), the critic
+    gives each side 0.5 throughout, and every judge votes Supported.
     """
 
     def __init__(self, **override):
@@ -52,49 +56,64 @@ class Court:
         self.scores = lambda passage: (0.9, 0.9)
         self.query = lambda side, round_no: TOPICS[2 * round_no - (side == "plaintiff")]
         self.argument = lambda side, round_no, model: f"{side} argues round {round_no}"
+        self.expert = lambda side, round_no: "None"
+        self.ruling = lambda expert: "Granted"
         self.reflection = lambda side, round_no: "no idea"
+        self.critic = lambda side, round_no: {"Logic": 0.5, "Evidence": 0.5, "Rebuttal": 0.5, "Reasoning": "-"}
         self.resolved = lambda round_no: "No"
         self.ready = lambda round_no: "No"
         self.consistency = 8
-        self.judge = lambda model: js(**{"Evidence Strength": 6, "Argument Validity": 6, "Scientific Reliability": 6,
-                                         "Justification": f"{model} finds it supported", "Verdict": "Supported"})
+        self.judge = lambda model: js(**{"Claim Summary": "-", "Evidence Strength": 6, "Argument Validity": 6,
+                                         "Scientific Reliability": 6, "Verdict": "Supported",
+                                         "Justification": f"{model} finds it supported"})
         self.__dict__.update(override)
-        self.reflections = {}
+        self.reflections, self.arguments = {}, {}
 
     def __call__(self, model, conv, prompt):
-        side = "plaintiff" if "Plaintiff Counsel in a court" in conv.system else \
-            "defense" if "Defense Counsel in a court" in conv.system else None
-        found = re.search(r"Round (\d+)", prompt)
+        side = "plaintiff" if "Plaintiff Counsel in a legal proceeding" in conv.system else \
+            "defense" if "Defense Counsel in a legal proceeding" in conv.system else None
+        found = re.search(r"Round (\d+)", prompt, re.IGNORECASE)
         round_no = int(found.group(1)) if found else None
-        if "atomic premises" in prompt:
+        if "Evaluate the case in six stages" in prompt:
+            return self.judge(model)
+        if "argued twice" in prompt:
+            return js(**{"Model A": 8, "Model B": 8, "Contradictions": "-", "Consistency": self.consistency})
+        if conv.system.startswith("You are a scientific expert witness"):
+            return "Expert testimony on " + re.search(r"Your role: Expert Witness \((.+?)\)", prompt).group(1)
+        if "core logical premises" in prompt:
             return js(Premises=self.premises)
-        if "Before the hearing" in prompt:
+        if "Before the hearing each side searches" in prompt:
             return js(Query=self.search)
-        if "offers this item as evidence" in prompt:
+        if "disclose what their evidence searches found" in prompt:
+            return js(Disclose=[1], Challenge=[2])
+        if "Weigh the scientific relevance" in prompt:
             relevance, credibility = self.scores(prompt)
             return js(Relevance=relevance, Credibility=credibility)
-        if "evidential gap" in prompt:
+        if "critical gap in the exhibits" in prompt:
             return js(Gap=f"{side} gap {round_no}")
-        if "seeks more evidence" in prompt:
-            asker = "plaintiff" if "Plaintiff Counsel seeks" in prompt else "defense"
-            n = int(re.search(r"(plaintiff|defense) gap (\d+)", prompt).group(2))
-            return js(Query=self.query(asker, n))
-        if "Present your argument" in prompt:
+        if "write a precise search query" in prompt:
+            return js(Query="draft: " + prompt.split("Counsel's request:")[1].split("Give a concise")[0].strip())
+        if "proposes this search query" in prompt:
+            asker, n = re.search(r"(plaintiff|defense) gap (\d+)", prompt).groups()
+            return js(Query=self.query(asker, int(n)))
+        if "Give your statement for this round" in prompt:
+            self.arguments[id(conv)] = round_no
             return self.argument(side, round_no, model)
-        if conv.system.startswith("You are an independent expert witness"):
-            return f"Expert answer to: {prompt}"
-        if "Reflect on your argument" in prompt:
+        if "call an expert witness to clarify" in prompt:
+            return self.expert(side, self.arguments[id(conv)])
+        if "asks to call an expert witness" in prompt:
+            expert = re.search(r"expert witness: (.+)", prompt).group(1)
+            return js(Ruling=self.ruling(expert), Reason="-")
+        if "Audit your own performance" in prompt:
             self.reflections[(id(conv))] = self.reflections.get(id(conv), 0) + 1
             return self.reflection(side, self.reflections[id(conv)])
-        if "Score each side" in prompt:
-            return js(**{"Plaintiff Score": 5, "Defense Score": 5, "Unresolved Premises": "-",
-                         "Resolved": self.resolved(round_no)})
-        if "ready for deliberation" in prompt:
-            return js(Ready=self.ready(round_no), Reason="-")
-        if "argued twice" in prompt:
-            return js(Consistency=self.consistency, Reason="-")
-        if "Score the case" in prompt:
-            return self.judge(model)
+        if "Score each side from 0.0 to 1.0" in prompt:
+            scores = {f"{side.title()} {k}": v for side in ("plaintiff", "defense")
+                      for k, v in self.critic(side, round_no).items()}
+            return js(**scores, **{"Unresolved Premises": ["premise one"], "Suggested Queries": ["more"],
+                                   "Resolved": self.resolved(round_no)})
+        if 'Answer "Wait" to go on' in prompt:
+            return js(Decision="Close" if self.ready(round_no) == "Yes" else "Wait")
         raise AssertionError(f"unscripted prompt: {prompt[:80]}")
 
 
@@ -104,7 +123,7 @@ ROLES = courtroom.model_of(3)
 def run(monkeypatch, court, lib, models=None, settings=None, **options):
     calls = scripted.install(monkeypatch, court)
     agents = scripted.agents(ROLES, models or {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
-    opts = courtroom.Options(**dict({"max_rounds": 10, "role_switch": False}, **options))
+    opts = courtroom.Options(**dict({"max_rounds": 10, "role_switch": False, "temperatures": NO_SAMPLING}, **options))
     record = courtroom.run_batch(agents, [CLAIM], settings or engine.Settings(), opts, lib,
                                  streams=turns.Streams("cpu"))[0]
     return record["prediction"], record["transcript"]["turns"], calls
@@ -112,8 +131,8 @@ def run(monkeypatch, court, lib, models=None, settings=None, **options):
 
 def hearing_system(calls):
     """The plaintiff counsel's system prompt in the hearing (after the negotiation)."""
-    return next(c.systems[0] for c in calls if "Plaintiff Counsel in a court" in c.systems[0]
-                and "evidential gap" in c.prompts[0])
+    return next(c.systems[0] for c in calls if "Plaintiff Counsel in a legal proceeding" in c.systems[0]
+                and "critical gap" in c.prompts[0])
 
 
 def prompts_of(said, role, stage=None):
@@ -147,14 +166,14 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
     court = Court(search=TOPICS[0],
                   query=lambda side, r: near_duplicate if side == "plaintiff" else "potassium in bananas",
                   resolved=lambda r: "Yes")
-    pred, said, _ = run(monkeypatch, court, library(embedder, texts), top_k=1)
+    pred, said, _ = run(monkeypatch, court, library(embedder, texts), top_k=1, seed_k=0)
     assert pred["negotiation"]["admitted"] == 1  # only the tower passage was found before the hearing
     plaintiff_q, defense_q = pred["hearings"][0]["queries"]
     assert plaintiff_q["admitted"] == 0 and plaintiff_q["novelty"][0] < 0.20  # the near-duplicate is refused
     assert defense_q["admitted"] == 1 and defense_q["novelty"][0] >= 0.20
     assert pred["hearings"][0]["discovered"] == 1
     arguments = prompts_of(said, "plaintiff", "first-1")
-    argument = next(p for p in arguments if "Present your argument" in p)
+    argument = next(p for p in arguments if "Give your statement" in p)
     assert "potassium" in argument and "stands 330" not in argument  # the new passage is put before the court
     assert TOPICS[1] in [e["answer"] for e in pred["evidence"]]
 
@@ -169,7 +188,9 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
 ])
 def test_each_stopping_rule_ends_the_hearing(monkeypatch, embedder, override, rounds, reason):
     # Top-1 retrieval: each round's queries find exactly the passage they name.
-    pred, said, _ = run(monkeypatch, Court(**override), library(embedder), max_rounds=4, top_k=1)
+    # P-RAG's early exits are off, so that retrieval goes on until a stopping rule of the debate holds.
+    pred, said, _ = run(monkeypatch, Court(**override), library(embedder), max_rounds=4, top_k=1, seed_k=0,
+                        relevance_gain=float("-inf"), redundancy_limit=1.0)
     assert (pred["rounds"], pred["stop_reason"]) == (rounds, reason)
     assert {t["round"] for t in said if t["round"].startswith("first-")} == {f"first-{r}" for r in
                                                                              range(1, rounds + 1)}
@@ -187,8 +208,9 @@ def test_reflection_feeds_the_next_discovery_query_and_the_confidence(monkeypatc
                                                 **{"Discovery Need": f"{side} needs proof {r}"}),
                   ready=lambda r: "Yes" if r == 2 else "No")
     pred, said, _ = run(monkeypatch, court, library(embedder))
-    round2_queries = [p for p in prompts_of(said, "court", "first-2") if "seeks more evidence" in p]
-    assert "plaintiff needs proof 1" in round2_queries[0] and "defense needs proof 1" in round2_queries[1]
+    round2_queries = [p for p in prompts_of(said, "court", "first-2") if "write a precise search query" in p]
+    assert "plaintiff gap 2 Focus also on: plaintiff needs proof 1" in round2_queries[0]
+    assert "defense gap 2 Focus also on: defense needs proof 1" in round2_queries[1]
     # Supported wins, so the plaintiff's last reflection counts: total 0.4 + 0.15 = 0.55 -> +0.03.
     assert pred["confidence_parts"]["reflection"] == pytest.approx((0.55 - 0.5) * 0.6, abs=1e-4)
 
@@ -198,14 +220,14 @@ def test_role_switch_reruns_with_the_counsels_models_swapped(monkeypatch, embedd
     models = {"plaintiff": "model-A", "defense": "model-B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
     pred, said, calls = run(monkeypatch, court, library(embedder), models=models, role_switch=True)
     assert pred["role_switch"] == "rerun" and len(pred["hearings"]) == 2
-    argued = {(t["round"], t["role"]): t["response"] for t in said if "Present your argument" in t["prompt"]}
+    argued = {(t["round"], t["role"]): t["response"] for t in said if "Give your statement" in t["prompt"]}
     assert argued[("first-1", "plaintiff")] == "plaintiff argued by model-A"
     assert argued[("switched-1", "plaintiff")] == "plaintiff argued by model-B"
     assert argued[("switched-1", "defense")] == "defense argued by model-A"
     consistency = next(t["prompt"] for t in said if t["round"] == "role-switch")
     assert "plaintiff argued by model-A" in consistency and "plaintiff argued by model-B" in consistency
     assert pred["consistency"] == 8.0
-    assert pred["confidence_parts"]["role_switch"] == pytest.approx(-0.05 + 0.15 * 0.8)
+    assert pred["confidence_parts"]["role_switch"] == pytest.approx(0.10)  # consistency 8 >= 7
     judge_prompt = prompts_of(said, "judge_1")[0]
     assert "Second hearing" in judge_prompt and "plaintiff argued by model-B" in judge_prompt
 
@@ -221,21 +243,26 @@ def test_role_switch_is_skipped_with_one_model_under_greedy_decoding_and_can_be_
     assert pred["role_switch"] == "off" and len(pred["hearings"]) == 1
 
 
-def test_witness_answers_a_counsels_question_and_both_sides_hear_it(monkeypatch, embedder):
-    def argument(side, r, model):
-        return f"{side} argues.\nWitness: How tall is the tower?" if (side, r) == ("plaintiff", 1) else f"{side} argues."
+def test_witness_is_requested_by_a_counsel_and_granted_or_denied_by_the_court(monkeypatch, embedder):
+    def expert(side, r):
+        asked = {("plaintiff", 1): "cardiologist", ("defense", 1): "astrologer"}.get((side, r))
+        return js(**{"Expert Type": asked, "Reasoning": "to settle it"}) if asked else "None"
 
-    court = Court(argument=argument, ready=lambda r: "Yes" if r == 2 else "No")
+    court = Court(expert=expert, ruling=lambda e: "Granted" if e == "cardiologist" else "Denied, not needed",
+                  ready=lambda r: "Yes" if r == 2 else "No")
     pred, said, _ = run(monkeypatch, court, library(embedder))
+    rulings = [t["prompt"] for t in said if "asks to call an expert witness" in t["prompt"]]
+    assert len(rulings) == 2 and "Plaintiff Counsel asks" in rulings[0] and "astrologer" in rulings[1]
     witness = [t for t in said if t["role"] == "witness"]
-    assert [(t["round"], t["prompt"]) for t in witness] == [("first-1", "How tall is the tower?")]
-    for side in ("plaintiff", "defense"):
-        argument_prompt = next(p for p in prompts_of(said, side, "first-2") if "Present your argument" in p)
-        assert "Expert answer to: How tall is the tower?" in argument_prompt
-    assert "Expert witness (asked by the Plaintiff Counsel)" in prompts_of(said, "judge_1")[0]
-    pred, said, _ = run(monkeypatch, Court(argument=argument, ready=lambda r: "Yes"), library(embedder),
-                         witness=False)
-    assert not any(t["role"] == "witness" for t in said)
+    assert [(t["round"], t["response"]) for t in witness] == [("first-1", "Expert testimony on cardiologist")]
+    for side in ("plaintiff", "defense"):  # both counsels hear the testimony in the next round
+        argument_prompt = next(p for p in prompts_of(said, side, "first-2") if "Give your statement" in p)
+        assert "Expert testimony on cardiologist" in argument_prompt
+    judge_prompt = prompts_of(said, "judge_1")[0]
+    assert "Expert witness (cardiologist, round 1, called by the Plaintiff Counsel)" in judge_prompt
+    assert "astrologer" not in judge_prompt.split("ADMITTED EVIDENCE")[1]
+    pred, said, _ = run(monkeypatch, Court(expert=expert, ready=lambda r: "Yes"), library(embedder), witness=False)
+    assert not any(t["role"] == "witness" or "expert witness" in t["prompt"] for t in said)
 
 
 def test_panel_majority_verdict_and_confidence(monkeypatch, embedder):
@@ -244,28 +271,28 @@ def test_panel_majority_verdict_and_confidence(monkeypatch, embedder):
     def judge(model):
         verdict, score = votes[model]
         return js(**{"Evidence Strength": score, "Argument Validity": score, "Scientific Reliability": score,
-                     "Justification": f"{model}: {verdict}", "Verdict": verdict})
+                     "Verdict": verdict, "Justification": f"{model}: {verdict}"})
 
     pred, said, calls = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder))
     assert pred["votes"] == ["Supported", "Not Supported", "Supported"]
     assert (pred["label"], pred["panel_verdict"], pred["justification"]) == (SUPPORTED, "Supported", "j1: Supported")
     # 0.8 * 2/3 + 0.3 * 6/10 (mean of 6, 8, 4); no role switch, no readable reflection.
     assert pred["confidence"] == pytest.approx(0.8 * 2 / 3 + 0.18, abs=1e-4)
-    assert [c.model for c in calls if any("Score the case" in p for p in c.prompts)] == ["j1", "j2", "j3"]
+    assert [c.model for c in calls if any("six stages" in p for p in c.prompts)] == ["j1", "j2", "j3"]
+    assert pred["decided_by"] == "majority"
     assert pred["panel"]["distinct_models"] == 3
 
 
 def test_the_same_judge_model_three_times_votes_once_under_greedy_and_says_so(monkeypatch, embedder):
     models = {f"judge_{i}": "J" for i in (1, 2, 3)}
     pred, _, calls = run(monkeypatch, Court(ready=lambda r: "Yes"), library(embedder), models=models)
-    assert [c.model for c in calls if any("Score the case" in p for p in c.prompts)] == ["J"]
+    assert [c.model for c in calls if any("six stages" in p for p in c.prompts)] == ["J"]
     assert pred["votes"] == ["Supported"] * 3 and pred["panel"]["distinct_models"] == 1
     assert "repeat one vote" in pred["panel"]["note"]
     # Sampling: each seat draws its own vote from its own stream.
-    settings = engine.Settings(temperature=0.7)
     pred, _, calls = run(monkeypatch, Court(ready=lambda r: "Yes"), library(embedder), models=models,
-                         settings=settings)
-    judge_calls = [c for c in calls if any("Score the case" in p for p in c.prompts)]
+                         temperatures=dict(NO_SAMPLING, judge=0.3))
+    judge_calls = [c for c in calls if any("six stages" in p for p in c.prompts)]
     assert len(judge_calls) == 3 and len({c.generator.initial_seed() for c in judge_calls}) == 3
     assert "sample independently" in pred["panel"]["note"]
 
@@ -283,7 +310,8 @@ def test_claims_without_a_corpus_search_their_own_evidence(monkeypatch, embedder
     calls = scripted.install(monkeypatch, court)
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     other = dict(CLAIM, claim_id=8, evidence=[{"question": "What is in bananas?", "answer": TOPICS[1], "url": ""}])
-    records = courtroom.run_batch(agents, [CLAIM, other], engine.Settings(), courtroom.Options(role_switch=False),
+    records = courtroom.run_batch(agents, [CLAIM, other], engine.Settings(),
+                                  courtroom.Options(role_switch=False, temperatures=NO_SAMPLING),
                                   courtroom.Library(embedder))
     evidence = {r["prediction"]["claim_id"]: [e["answer"] for e in r["prediction"]["evidence"]] for r in records}
     assert evidence == {7: [TOPICS[0]], 8: [TOPICS[1]]}  # each claim only ever sees its own items
@@ -297,9 +325,171 @@ def test_a_claim_with_no_evidence_and_no_corpus_still_goes_to_the_panel(monkeypa
     calls = scripted.install(monkeypatch, Court(ready=lambda r: "Yes" if r == 2 else "No"))
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     record = courtroom.run_batch(agents, [dict(CLAIM, evidence=[])], engine.Settings(),
-                                 courtroom.Options(role_switch=False), courtroom.Library(embedder))[0]
+                                 courtroom.Options(role_switch=False, temperatures=NO_SAMPLING),
+                                 courtroom.Library(embedder))[0]
     pred = record["prediction"]
     assert pred["evidence"] == [] and pred["negotiation"] == {"admitted": 0, "disputed": 0, "dropped": 0, "unscored": 0}
     # Nothing to retrieve is no evidence of exhaustion: the hearing ends by another rule.
     assert (pred["rounds"], pred["stop_reason"]) == (2, "court_ready")
     assert pred["hearings"][0]["novelty_means"] == [None, None] and pred["label"] == SUPPORTED
+
+
+def test_seed_retrieval_searches_with_the_claim_itself(monkeypatch, embedder):
+    # Premises and stance queries point elsewhere: only the claim itself finds the tower passage.
+    court = Court(premises=["Bananas are rich in potassium."], search="river water volume",
+                  ready=lambda r: "Yes")
+    scored = lambda said: " ".join(p for p in prompts_of(said, "court", "negotiation"))  # noqa: E731
+    _, said, _ = run(monkeypatch, court, library(embedder), top_k=1, seed_k=1)
+    assert "Eiffel Tower in Paris" in scored(said)
+    _, said, _ = run(monkeypatch, court, library(embedder), top_k=1, seed_k=0)
+    assert "Eiffel Tower in Paris" not in scored(said) and "potassium" in scored(said)
+
+
+def test_negotiation_injection_shows_each_counsel_both_pools(monkeypatch, embedder):
+    court = Court(premises=["Bananas are rich in potassium."],
+                  ready=lambda r: "Yes")
+    court.search = "placeholder"
+    searches = {"plaintiff": "river water volume", "defense": "highest mountain"}
+    base = court.__call__
+
+    def reply(model, conv, prompt):
+        if "Before the hearing each side searches" in prompt:
+            side = "plaintiff" if "for the Plaintiff Counsel" in prompt else "defense"
+            return js(Query=searches[side])
+        return base(model, conv, prompt)
+
+    pred, said, _ = run(monkeypatch, reply, library(embedder), top_k=1, seed_k=0)
+    plaintiff = next(p for p in prompts_of(said, "plaintiff", "negotiation") if "discovery pools" in p)
+    own, other = plaintiff.split("Your pool:")[1].split("The other side's pool:")
+    assert "Amazon" in own and "Everest" in other and "potassium" in plaintiff.split("Your pool:")[0]
+    assert pred["disclosures"] == {"plaintiff": {"Disclose": [1], "Challenge": [2]},
+                                   "defense": {"Disclose": [1], "Challenge": [2]}}
+
+
+def test_rerun_after_the_role_switch_is_capped_at_two_rounds(monkeypatch, embedder):
+    models = {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
+    big = library(embedder, TOPICS + [f"Fact number {i}." for i in range(30)])
+    pred, said, _ = run(monkeypatch, Court(), big, models=models, role_switch=True, max_rounds=4, novelty_stop=0.0)
+    assert [h["rounds"] for h in pred["hearings"]] == [4, 2]
+    assert [h["stop_reason"] for h in pred["hearings"]] == ["max_rounds", "max_rounds"]
+    pred, _, _ = run(monkeypatch, Court(), big, models=models, role_switch=True, max_rounds=4, novelty_stop=0.0,
+                     switch_rounds=1)
+    assert [h["rounds"] for h in pred["hearings"]] == [4, 1]
+
+
+def test_one_counsel_model_reruns_the_role_switch_when_counsels_sample(monkeypatch, embedder):
+    pred, said, _ = run(monkeypatch, Court(ready=lambda r: "Yes"), library(embedder),
+                        models={"plaintiff": "M", "defense": "M"}, role_switch=True,
+                        temperatures=dict(NO_SAMPLING, counsel=0.5))
+    assert pred["role_switch"] == "rerun" and len(pred["hearings"]) == 2
+
+
+def test_prag_stops_retrieving_on_redundancy(monkeypatch, embedder):
+    # Both counsels ask for what the pool already holds: every retrieved passage is a duplicate.
+    court = Court(query=lambda side, r: TOPICS[0], ready=lambda r: "Yes" if r == 3 else "No")
+    pred, said, _ = run(monkeypatch, court, library(embedder, TOPICS[:3]), top_k=1, seed_k=1)
+    hearing = pred["hearings"][0]
+    assert hearing["prag_stop"] == "redundancy" and [q["round"] for q in hearing["queries"]] == [1, 1]
+    assert not [p for p in prompts_of(said, "plaintiff", "first-2") if "critical gap in the exhibits" in p]
+    assert pred["rounds"] == 3  # the debate itself goes on
+
+
+def test_prag_stops_retrieving_when_relevance_gains_too_little(monkeypatch, embedder):
+    # Each round's queries name a new passage exactly (cosine 1.0 every round): no gain from round 2.
+    pred, said, _ = run(monkeypatch, Court(ready=lambda r: "Yes" if r == 4 else "No"), library(embedder), top_k=1)
+    hearing = pred["hearings"][0]
+    assert hearing["prag_stop"] == "relevance_gain" and {q["round"] for q in hearing["queries"]} == {1, 2}
+    assert [p for p in prompts_of(said, "plaintiff", "first-2") if "critical gap in the exhibits" in p]
+    assert not [p for p in prompts_of(said, "plaintiff", "first-3") if "critical gap in the exhibits" in p]
+    pred, _, _ = run(monkeypatch, Court(ready=lambda r: "Yes" if r == 4 else "No"), library(embedder), top_k=1,
+                     relevance_gain=float("-inf"))
+    assert pred["hearings"][0]["prag_stop"] is None
+
+
+def test_judges_read_the_critic_the_prag_record_and_the_reflections(monkeypatch, embedder):
+    court = Court(critic=lambda side, r: {"Logic": 0.7 if side == "plaintiff" else 0.2, "Evidence": 0.6,
+                                          "Rebuttal": 0.4, "Reasoning": "-"},
+                  reflection=lambda side, r: js(Logic=1.0, Novelty=0.5, Rebuttal=0.0, **{"Discovery Need": "x"}),
+                  ready=lambda r: "Yes")
+    pred, said, _ = run(monkeypatch, court, library(embedder), top_k=1)
+    case_file = prompts_of(said, "judge_1")[0]
+    critic = case_file.split("CRITIC'S EVALUATIONS")[1]
+    assert "Plaintiff logic 0.70, evidence 0.60, rebuttal 0.40; Defense logic 0.20" in critic
+    assert "unresolved: premise one" in critic
+    prag = case_file.split("EVIDENCE DISCOVERY METRICS")[1]
+    assert f'Round 1, Plaintiff Counsel: query "{TOPICS[1]}"; 1 of 1 passages admitted' in prag
+    assert "logic 1.00, novelty 0.50, rebuttal 0.00, total 0.55" in case_file.split("SELF-REFLECTION TRENDS")[1]
+    assert "(no role switch: off)" in case_file
+
+
+def test_each_role_samples_at_its_own_temperature(monkeypatch, embedder):
+    court = Court(expert=lambda side, r: js(**{"Expert Type": "geologist", "Reasoning": "-"}) if side == "plaintiff"
+                  else "None", ready=lambda r: "Yes")
+    seen = []
+    calls = scripted.install(monkeypatch, court)
+    fake = engine.generate
+
+    def logged(model, tokenizer, convs, prompts, settings, generator=None, **kwargs):
+        seen.append((model, settings.temperature, generator is not None))
+        return fake(model, tokenizer, convs, prompts, settings, generator, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", logged)
+    agents = scripted.agents(ROLES, {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2",
+                                     "judge_3": "j3"})
+    courtroom.run_batch(agents, [CLAIM], engine.Settings(), courtroom.Options(), library(embedder),
+                        streams=turns.Streams("cpu"))
+    temperatures = {}
+    for model, temperature, sampled in seen:
+        temperatures.setdefault(model, set()).add(temperature)
+        assert sampled
+    assert temperatures == {"A": {0.5}, "B": {0.5}, "court": {0.2}, "critic": {0.3}, "witness": {0.5},
+                            "j1": {0.3}, "j2": {0.3}, "j3": {0.3}}
+    assert calls
+
+
+def test_a_three_way_split_goes_to_the_chief_justice(monkeypatch, embedder):
+    votes = {"j1": "Not Supported", "j2": "Supported", "j3": "Inconclusive"}
+
+    def judge(model):
+        return js(**{"Evidence Strength": 6, "Argument Validity": 6, "Scientific Reliability": 6,
+                     "Verdict": votes[model], "Justification": f"{model}: {votes[model]}"})
+
+    pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder))
+    assert (pred["label"], pred["decided_by"]) == ("Refuted", "chief_justice")
+    assert pred["justification"] == "j1: Not Supported"
+    pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder), chief_justice=3)
+    assert (pred["label"], pred["panel_verdict"]) == ("Not Enough Evidence", "Inconclusive")
+    pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder), chief_justice=3,
+                     inconclusive="supported")
+    assert pred["label"] == SUPPORTED
+    pred, _, _ = run(monkeypatch, Court(judge=judge, ready=lambda r: "Yes"), library(embedder),
+                     split_decision="conflicting")
+    assert (pred["label"], pred["decided_by"]) == ("Conflicting Evidence/Cherrypicking", "rule")
+
+
+def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
+    from debate import cli
+
+    opts = courtroom.options_from(cli.parse_run_args(["--method", "courtroom"]))
+    assert opts.temperatures == {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
+    assert (opts.switch_rounds, opts.seed_k, opts.redundancy_limit, opts.relevance_gain, opts.confidence_floor) == \
+        (2, 5, 0.70, 0.05, 0.10)
+    assert (opts.split_decision, opts.chief_justice, opts.inconclusive) == ("chief-justice", 1, "nee")
+    greedy = courtroom.options_from(cli.parse_run_args(["--method", "courtroom", "--temperature", "0",
+                                                        "--judge-temperature", "0.7"]))
+    assert greedy.temperatures == {"counsel": 0.0, "court": 0.0, "judge": 0.7, "witness": 0.0, "critic": 0.0}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--switch-rounds", "0"], "--switch-rounds must be at least 1"),
+    (["--redundancy-limit", "1.5"], "--redundancy-limit and --confidence-floor must be in"),
+    (["--chief-justice", "4"], "--chief-justice must name one of the judge seats"),
+    (["--judge-models", "a", "b", "--chief-justice", "3"], "--chief-justice must name one of the judge seats"),
+    (["--court-temperature", "-1"], "--court-temperature must be >= 0"),
+])
+def test_bad_courtroom_flags_are_refused(flags, message, capsys):
+    from debate import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_run_args(["--method", "courtroom", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

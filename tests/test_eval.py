@@ -136,11 +136,40 @@ def test_wordnet_missing_is_a_clear_error(tmp_path):
         wordnet.reader_for_directory(tmp_path)
 
 
-def test_sentence_split_keeps_abbreviations():
-    text = "Mr. Smith met U.S. officials. They agreed! Did John F. Kennedy say so? Yes."
-    assert meteor.split_sentences(text) == [
-        "Mr. Smith met U.S. officials.", "They agreed!", "Did John F. Kennedy say so?", "Yes."
-    ]
+# nltk.word_tokenize's output on sentences where the sentence split matters (what Punkt's English
+# model decides: a period after a known abbreviation or an initial is no break, a period after an
+# unknown word such as "e.g" or a sentence-final "U.S." is one, and the word tokenizer then splits a
+# sentence's final period off). The first case is word_tokenize's own docstring example.
+WORD_TOKENIZE = [
+    ("Good muffins cost $3.88\nin New York.  Please buy me\ntwo of them.\n\nThanks.",
+     ["Good", "muffins", "cost", "$", "3.88", "in", "New", "York", ".", "Please", "buy", "me", "two", "of",
+      "them", ".", "Thanks", "."]),
+    ("Mr. Smith met U.S. officials. They agreed! Did John F. Kennedy say so? Yes.",
+     ["Mr.", "Smith", "met", "U.S.", "officials", ".", "They", "agreed", "!", "Did", "John", "F.", "Kennedy",
+      "say", "so", "?", "Yes", "."]),
+    ("He was born in the U.S. He moved to the U.K. in 1990.",
+     ["He", "was", "born", "in", "the", "U.S", ".", "He", "moved", "to", "the", "U.K.", "in", "1990", "."]),
+    ("The rate rose 3.5% in Jan. 2020, said Dr. Jones. \"It's bad,\" she said.",
+     ["The", "rate", "rose", "3.5", "%", "in", "Jan.", "2020", ",", "said", "Dr.", "Jones", ".", "``", "It",
+      "'s", "bad", ",", "''", "she", "said", "."]),
+    ("Prof. J. R. R. Tolkien wrote it (see p. 5). It sold 150,000 copies.",
+     ["Prof.", "J.", "R.", "R.", "Tolkien", "wrote", "it", "(", "see", "p.", "5", ")", ".", "It", "sold",
+      "150,000", "copies", "."]),
+    ("They can't, e.g. see the list. Who said 'hello'? Nobody...",
+     ["They", "ca", "n't", ",", "e.g", ".", "see", "the", "list", ".", "Who", "said", "'", "hello", "'", "?",
+      "Nobody", "..."]),
+]
+
+
+@pytest.mark.parametrize("text, tokens", WORD_TOKENIZE)
+def test_tokenize_is_nltk_word_tokenize(text, tokens):
+    assert list(meteor.tokenize(text)) == tokens
+    try:  # where nltk's own Punkt model happens to be installed, the real thing must agree too
+        import nltk
+        expected = nltk.word_tokenize(text)
+    except LookupError:
+        return
+    assert list(meteor.tokenize(text)) == expected
 
 
 def _fixed_matrix(monkeypatch, matrix, seen):
@@ -411,5 +440,7 @@ def test_hero_8b_matches_paper():
           f"scored in {elapsed:.1f}s")
     assert m["n"] == 500 and m["n_missing"] == 0
     assert round(m["accuracy"], 3) == 0.702
-    assert abs(m["averitec"]["0.25"] - 0.526) <= 0.015
+    # nltk.word_tokenize's tokens (Punkt's English model): 0.524 here, 0.526 in the paper; the rule-based
+    # sentence split this replaced gave 0.528.
+    assert round(m["averitec"]["0.25"], 3) == 0.524
     assert m["averitec"]["0.1"] >= m["averitec"]["0.25"] >= m["averitec"]["0.5"]

@@ -6,6 +6,7 @@ import pytest
 
 import run_debate
 from debate import records
+from debate.labels import LABELS
 from tests.tiny_models import build_tiny_llama
 
 
@@ -32,7 +33,9 @@ def read(out, name):
 ])
 def test_each_method_runs_end_to_end(tiny, tmp_path, method, fields):
     out = tmp_path / method
-    metrics = run_debate.main(argv(tiny, out, method))
+    # The courtroom's roles sample by default (the paper's temperatures); greedy here, so seats share votes.
+    greedy = ("--temperature", "0") if method == "courtroom" else ()
+    metrics = run_debate.main(argv(tiny, out, method, *greedy))
     preds = read(out, records.PREDICTIONS)
     assert sorted(p["claim_id"] for p in preds) == [0, 1, 2] and metrics["n"] == 3
     for p in preds:
@@ -73,7 +76,7 @@ def test_refine_changes_the_default_output_dir(tiny, tmp_path, monkeypatch):
 
 def test_courtroom_resumes_after_a_crash_and_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch):
     full = tmp_path / "full"
-    run_debate.main(argv(tiny, full, "courtroom", "--batch-size", "2"))
+    run_debate.main(argv(tiny, full, "courtroom", "--batch-size", "2", "--temperature", "0"))
     out = tmp_path / "crashy"
     real_write, written = records.Writer.write, []
 
@@ -85,15 +88,16 @@ def test_courtroom_resumes_after_a_crash_and_matches_an_uninterrupted_run(tiny, 
 
     monkeypatch.setattr(records.Writer, "write", dies_after_one)
     with pytest.raises(KeyboardInterrupt):
-        run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2"))
+        run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2", "--temperature", "0"))
     monkeypatch.setattr(records.Writer, "write", real_write)
-    run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2"))
+    run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2", "--temperature", "0"))
     # Everything matches but how many cached tokens a row re-encoded, which depends on its batch-mates.
     by_id = lambda rows: {r["claim_id"]: dict(r, encoded_tokens=None) for r in rows}  # noqa: E731
     assert by_id(read(out, records.PREDICTIONS)) == by_id(read(full, records.PREDICTIONS))
     # A courtroom setting is part of the run's identity.
     with pytest.raises(SystemExit):
-        run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2", "--novelty-threshold", "0.3"))
+        run_debate.main(argv(tiny, out, "courtroom", "--batch-size", "2", "--temperature", "0",
+                             "--novelty-threshold", "0.3"))
 
 
 def test_courtroom_reads_a_corpus_and_names_a_bad_line(tiny, tmp_path, capsys):
@@ -142,13 +146,18 @@ def test_embedded_gemma_smoke(tmp_path, method, extra):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / method
+    # 96 tokens: the demo's turn, enough for the keys of every JSON answer with Gemma's tokenizer.
     proc = subprocess.run([sys.executable, str(root / "run_debate.py"), "--split", "demo", "--method", method,
-                           "--limit", "1", "--max-rounds", "1", "--max-new-tokens", "16", "--output-dir", str(out),
-                           *extra], capture_output=True, text=True, timeout=900, cwd=root)
+                           "--limit", "1", "--max-rounds", "1", "--max-new-tokens", "96", "--output-dir", str(out),
+                           *extra], capture_output=True, text=True, timeout=1500, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pred = read(out, records.PREDICTIONS)[0]
     assert pred["completion_tokens"] > 0 and "accuracy" in proc.stdout
+    # A readable verdict from the base model: one of the four labels, with its probabilities.
+    assert pred["label"] in LABELS and pred["parse_status"] == "structured"
+    assert sum(pred["label_probs"].values()) == pytest.approx(1, abs=1e-4)
     turns = read(out, records.TRANSCRIPTS)[0]["turns"]
     assert turns and all(t["response"].strip() for t in turns)
+    assert all(t["parse_status"] == "structured" for t in turns if "schema" in t)
     if "--refine" in extra:
         assert "justification_unrefined" in pred and any(t["role"] == "madr_refiner" for t in turns)

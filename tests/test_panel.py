@@ -68,21 +68,47 @@ def test_panel_labels_are_read_strictly():
     ([S, S, N], (S, 2, SUPPORTED)),
     ([N, N, N], (N, 3, REFUTED)),
     ([I, I, S], (I, 2, NEE)),
-    ([S, N, I], (None, 1, CEC)),  # supported and not supported both voted, no majority
-    ([S, I, None], (None, 1, NEE)),  # a tie without both sides
+    ([S, N, I], (S, 1, SUPPORTED)),  # a three-way split: the Chief Justice (first seat) decides
+    ([I, S, N], (I, 1, NEE)),
+    ([None, S, N], (None, 1, CEC)),  # the Chief Justice's vote is unreadable: our rule
     ([S, None, None], (S, 1, SUPPORTED)),  # the one readable vote is a strict majority of readable votes
-    ([S, N], (None, 1, CEC)),
+    ([N, S], (N, 1, REFUTED)),
     ([None, None, None], (None, 0, None)),
 ])
 def test_vote_and_its_mapping(votes, expected):
     assert panel.vote(votes) == expected
 
 
+@pytest.mark.parametrize("votes, expected", [
+    ([S, N, I], (None, 1, CEC)),  # supported and not supported both voted, no majority
+    ([S, I, None], (None, 1, NEE)),  # a tie without both sides
+    ([S, N], (None, 1, CEC)),
+    ([N, N, S], (N, 2, REFUTED)),  # a majority is a majority under either rule
+])
+def test_split_decided_by_our_rule_when_asked(votes, expected):
+    assert panel.vote(votes, split="conflicting") == expected
+
+
+def test_chief_justice_seat_and_the_inconclusive_mapping():
+    assert panel.vote([S, N, I], chief=2) == (I, 1, NEE)
+    assert panel.vote([S, N, I], chief=2, inconclusive="supported") == (I, 1, SUPPORTED)
+    # The paper's burden of refutation: an Inconclusive panel leaves the claim standing.
+    assert panel.vote([I, I, N], inconclusive="supported") == (I, 2, SUPPORTED)
+    assert panel.vote([I, I, N]) == (I, 2, NEE)
+    assert panel.vote([N, N, I], inconclusive="supported") == (N, 2, REFUTED)
+
+
+@pytest.mark.parametrize("consistency, delta", [
+    (10.0, 0.10), (7.0, 0.10), (6.99, 0.0), (5.0, 0.0), (4.99, -0.05), (0.0, -0.05), (None, 0.0)])
+def test_role_switch_delta_is_the_papers_step_function(consistency, delta):
+    assert panel.role_switch_delta(consistency) == delta
+
+
 def test_confidence_formula_hand_computed():
-    # 0.8 * 2/3 + 0.3 * 6/10 + (-0.05 + 0.15 * 8/10) + (0.7 - 0.5) * 0.6
+    # 0.8 * 2/3 + 0.3 * 6/10 + 0.10 (consistency 8 >= 7) + (0.7 - 0.5) * 0.6
     c, parts = panel.confidence(2 / 3, 6.0, 8.0, 0.7)
-    assert parts == pytest.approx({"votes": 0.8 * 2 / 3, "quality": 0.18, "role_switch": 0.07, "reflection": 0.12})
-    assert c == pytest.approx(0.8 * 2 / 3 + 0.18 + 0.07 + 0.12)
+    assert parts == pytest.approx({"votes": 0.8 * 2 / 3, "quality": 0.18, "role_switch": 0.10, "reflection": 0.12})
+    assert c == pytest.approx(0.8 * 2 / 3 + 0.18 + 0.10 + 0.12)
     # Everything at its best clamps to 1; the reflection delta is capped at +0.30.
     c, parts = panel.confidence(1.0, 10.0, 10.0, 1.0)
     assert c == 1.0 and parts["reflection"] == pytest.approx(0.30) and parts["role_switch"] == pytest.approx(0.10)
@@ -95,3 +121,27 @@ def test_confidence_formula_hand_computed():
     # The weights are flags.
     c, _ = panel.confidence(1.0, 10.0, None, None, vote_weight=0.5, quality_weight=0.1)
     assert c == pytest.approx(0.6)
+
+
+def test_confidence_floor_needs_two_thirds_of_the_judges():
+    # 0.8 * 2/3 - 0.05 - 0.15 = 0.333 is above the floor: unchanged.
+    assert panel.confidence(2 / 3, None, 0.0, 0.0)[0] == pytest.approx(0.8 * 2 / 3 - 0.2)
+    # Weights that would take a 2-of-3 majority to 0 are lifted to 0.10 ...
+    assert panel.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1)[0] == pytest.approx(0.10)
+    assert panel.confidence(1.0, None, 0.0, 0.0, vote_weight=0.0)[0] == pytest.approx(0.10)
+    # ... but a single vote (a Chief Justice's decision, 1 of 3) is not.
+    assert panel.confidence(1 / 3, None, 0.0, 0.0, vote_weight=0.1)[0] == 0.0
+    assert panel.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1, floor=0.0)[0] == 0.0
+
+
+def test_prag_early_exits():
+    # Redundancy: 3 of 4 retrieved passages (0.75 > 0.70) are near-duplicates (novelty < 0.15).
+    assert panel.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1) == "redundancy"
+    assert panel.prag_exit([0.05, 0.1, 0.5, 0.9], 0.6, None, 1) is None  # exactly half
+    # Relevance gain below 0.05 over the previous round, from round 2 on.
+    assert panel.prag_exit([0.5], 0.62, 0.60, 2) == "relevance_gain"
+    assert panel.prag_exit([0.5], 0.66, 0.60, 2) is None
+    assert panel.prag_exit([0.5], 0.0, 0.60, 1) is None  # round 1 has no previous round
+    assert panel.prag_exit([], 0.0, 0.5, 3) == "relevance_gain"  # nothing admitted: no gain
+    assert panel.prag_exit([0.5], 0.62, 0.60, 2, gain_floor=0.0) is None
+    assert panel.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1, redundancy_limit=0.8) is None

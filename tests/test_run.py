@@ -8,6 +8,7 @@ import pytest
 
 import run_debate
 from debate import records
+from debate.labels import LABELS
 from eval import averitec
 from tests.tiny_models import build_random_lora, build_tiny_llama
 
@@ -170,11 +171,14 @@ def test_embedded_gemma_smoke(tmp_path):
     """The README's main command, shortened: real Gemma 3 270M, 2 demo claims, 1 round, short turns."""
     out = tmp_path / "gemma"
     proc = subprocess.run([sys.executable, str(ROOT / "run_debate.py"), "--split", "demo", "--limit", "2",
-                           "--max-rounds", "1", "--max-new-tokens", "24", "--output-dir", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+                           "--max-rounds", "1", "--output-dir", str(out)],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     preds = read(out, records.PREDICTIONS)
     assert len(preds) == 2 and all(p["completion_tokens"] > 0 for p in preds)
+    # Readable verdicts from the base model: structured decoding gives every claim one of the four labels.
+    assert all(p["label"] in LABELS and p["parse_status"] == "structured" for p in preds)
+    assert all(sum(p["label_probs"].values()) == pytest.approx(1, abs=1e-4) for p in preds)
     assert "accuracy" in proc.stdout and "AVeriTeC" in proc.stdout
     transcripts = read(out, records.TRANSCRIPTS)
     assert all(turn["response"].strip() for t in transcripts for turn in t["turns"])

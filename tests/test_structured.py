@@ -29,7 +29,7 @@ def tiny(tiny_path):
 @pytest.fixture(scope="module")
 def soft(tmp_path_factory):
     """A tiny model with small weights, so its choice probabilities are spread rather than 0 or 1."""
-    path = build_tiny_llama(tmp_path_factory.mktemp("soft"), seed=3, initializer_range=0.02)
+    path = build_tiny_llama(tmp_path_factory.mktemp("soft"), seed=3, initializer_range=0.005)
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 
@@ -49,6 +49,7 @@ def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(
         text += raw_prompt("verdict_answer")  # rendered into it as {answer}
     if name == "cooperation_final":
         text += raw_prompt("verdict_answer")
+    text = text[text.rfind("{{"):]  # the JSON example the prompt shows
     positions = [text.find(f'"{k}"') for k in keys]
     assert all(p >= 0 for p in positions), (name, keys)
     assert positions == sorted(positions), (name, keys)
@@ -129,40 +130,58 @@ def test_a_no_round_reply_has_a_verdict_and_a_yes_leaves_it_empty(tiny):
             assert "Verdict" not in conv.structured["probs"]
 
 
-def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft):
-    model, tok = soft
-    compiled = schema.compile_for("ragcot", tok)
-    conv = engine.Conversation(system="You check claims. Claim: the minister said it.")
-    prompt = "Give the verdict."
+def independent_choice_probs(model, tok, conv, prompt, name, key, values):
+    """Decode `prompt` under schema `name`, then score `key`'s values again with plain forward passes over
+    the whole sequence (no cache, no batch): (the engine's probabilities, the independent ones)."""
+    compiled = schema.compile_for(name, tok)
     context = engine.context_ids(tok, engine.Conversation(system=conv.system, messages=[
         {"role": "user", "content": prompt}]))
-    engine.generate(model, tok, [conv], [prompt], engine.Settings(max_new_tokens=60), schemas=[compiled])
+    engine.generate(model, tok, [conv], [prompt], engine.Settings(max_new_tokens=compiled.fixed_cost + 30),
+                    schemas=[compiled])
     result = conv.structured
-    before = context + conv.generated[-1][:result["offsets"]["Verdict"]]
+    before = context + conv.generated[-1][:result["offsets"][key]]
     quote = tok('"', add_special_tokens=False)["input_ids"]
     scores = []
     with torch.no_grad():
-        for label in LABELS:
-            value = tok(label, add_special_tokens=False)["input_ids"] + quote[:1]
-            ids = torch.tensor([before + value])
-            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-            scores.append(sum(float(logp[len(before) + j - 1, t]) for j, t in enumerate(value)))
-    expected = torch.softmax(torch.tensor(scores), dim=0).tolist()
-    got = [result["probs"]["Verdict"][label] for label in LABELS]
-    assert got == pytest.approx(expected, abs=1e-4)
-    assert 0.01 < max(expected) < 0.99  # the test means something: the choice was not a foregone one
-    assert result["fields"]["Verdict"] == LABELS[max(range(4), key=lambda k: expected[k])]
+        for value in values:
+            ids = tok(value, add_special_tokens=False)["input_ids"] + quote[:1]
+            logp = torch.log_softmax(model(input_ids=torch.tensor([before + ids])).logits[0].float(), dim=-1)
+            scores.append(sum(float(logp[len(before) + j - 1, t]) for j, t in enumerate(ids)))
+    expected = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0).tolist()
+    return [result["probs"][key][v] for v in values], expected, result
 
 
-def test_sampled_choices_draw_from_the_label_probabilities(soft):
+def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, tmp_path, monkeypatch):
     model, tok = soft
-    compiled = schema.compile_for("ragcot", tok)
-    convs = [engine.Conversation(system="You check claims. Claim: the minister said it.") for _ in range(40)]
-    engine.generate(model, tok, convs, ["Give the verdict."] * 40,
-                    engine.Settings(max_new_tokens=40, temperature=1.0, seed=5), schemas=[compiled] * 40,
-                    generator=torch.Generator().manual_seed(5))
-    chosen = {c.structured["fields"]["Verdict"] for c in convs}
-    assert len(chosen) > 1  # greedy would give one label to identical rows; sampling spreads them
+    conv = engine.Conversation(system="You check claims. Claim: the minister said it.")
+    got, expected, result = independent_choice_probs(model, tok, conv, "Give the verdict.", "ragcot", "Verdict", LABELS)
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert result["fields"]["Verdict"] == LABELS[max(range(4), key=lambda k: expected[k])]
+    # Labels of many tokens are far less probable under a random model; a choice among values the tiny
+    # vocabulary spells in one token each shows the match where the probabilities are spread.
+    values = ("claim", "source", "evidence")
+    monkeypatch.setattr(schema, "PROMPT_DIR", tmp_path)
+    (tmp_path / "words.schema.json").write_text(json.dumps({"fields": [
+        {"key": "Word", "type": "choice", "values": list(values)}]}))
+    conv = engine.Conversation(system="You pick a word.")
+    got, expected, _ = independent_choice_probs(model, tok, conv, "Which word?", "words", "Word", values)
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert 0.01 < max(expected) < 0.99  # the test means something: the choice was not a foregone one
+
+
+def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch):
+    model, tok = soft
+    monkeypatch.setattr(schema, "PROMPT_DIR", tmp_path)
+    (tmp_path / "pick.schema.json").write_text(json.dumps({"fields": [
+        {"key": "Word", "type": "choice", "values": ["claim", "source", "evidence"]}]}))
+    compiled = schema.compile_for("pick", tok)
+    convs = [engine.Conversation(system="You pick a word.") for _ in range(30)]
+    engine.generate(model, tok, convs, ["Which word?"] * 30, engine.Settings(max_new_tokens=40, temperature=1.0),
+                    schemas=[compiled] * 30, generator=torch.Generator().manual_seed(5))
+    probs = convs[0].structured["probs"]["Word"]
+    counts = {v: sum(c.structured["fields"]["Word"] == v for c in convs) for v in probs}
+    # Identical rows, so one distribution; greedy would give all of them its top value.
+    assert max(probs.values()) < 0.9 and len([v for v in counts if counts[v]]) > 1
 
 
 def structured_turns(model, tok, reuse, batch_size, name="moderator_round", turns_=2, max_new_tokens=120):
@@ -228,7 +247,9 @@ def test_free_generation_is_plain_greedy_decoding_token_for_token(tiny):
 def test_every_method_gives_readable_structured_replies_and_a_label_for_every_claim(tiny_path, tmp_path, method):
     out = tmp_path / method
     extra = ["--refine", "madr", "--madr-iterations", "1"] if method == "rag-cot" else []
-    run_debate.main(["--split", "demo", "--method", method, "--model", tiny_path, "--max-new-tokens", "120",
+    # The courtroom critic's seven scores need 144 tokens of keys with the tiny model's tokenizer (82 with Gemma's).
+    tokens = "160" if method == "courtroom" else "120"
+    run_debate.main(["--split", "demo", "--method", method, "--model", tiny_path, "--max-new-tokens", tokens,
                      "--max-rounds", "1", "--limit", "2", "--batch-size", "2", "--output-dir", str(out), *extra])
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 2
@@ -247,8 +268,9 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
                 pytest.fail(f"a JSON answer was asked for without a schema: {turn['prompt'][:80]}")
     expected = {"debatecv": {"moderator_round"}, "rag-cot": {"ragcot", "madr_judge", "madr_refine"},
                 "majority": {"ragcot"}, "cooperation": {"cooperation_final"},
-                "courtroom": {"court_premises", "counsel_search", "court_admissibility", "counsel_gap", "court_query",
-                              "counsel_reflection", "critic_round", "court_ready", "judge_case"}}[method]
+                "courtroom": {"critic_premises", "counsel_search", "counsel_disclosure", "court_admissibility",
+                              "counsel_gap", "courtroom_query", "court_query", "counsel_expert", "counsel_reflection",
+                              "critic_round", "court_ready", "judge_case"}}[method]
     assert expected <= seen
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["calibration"]["n"] == 2
