@@ -14,21 +14,28 @@ from debate import cli, runner
 from train import loop, stages, syndec
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=(*stages.STAGES, "all"), default="all")
+# Where a default comes from; the others are shown without a source.
+TRAIN_SOURCES = {"batch_size": cli.OURS, "max_rounds": cli.PAPER, "lora_r": cli.PAPER, "lora_alpha": cli.PAPER,
+                 "lr": cli.PAPER, "epochs": cli.PAPER, "micro_batch": cli.OURS, "grad_accum": cli.OURS,
+                 "max_length": cli.OURS, "save_every": cli.OURS, "seed": cli.OURS}
+
+
+def build_parser():
+    p = cli.Parser(prog="train_moderator.py", description=__doc__)
+    p.add_argument("--stage", choices=(*stages.STAGES, "all"), default="all", help="the stage to run, or all in order")
     p.add_argument("--out", default="runs/syndec", help="directory of every stage's outputs")
-    p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them")
+    p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them; a stage's old output "
+                   "is removed only once every check has passed")
     d = p.add_argument_group("synthesis (golden evidence)")
     d.add_argument("--split", default="train", help="AVeriTeC split DIR/<split>.json, or 'demo' (embedded)")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
-    d.add_argument("--limit", type=int, help="only the first N claims")
+    d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
     d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together")
     d.add_argument("--max-new-tokens", type=int,
-                   help=f"per turn; default {cli.FULL_TURN} ({cli.DEMO_TURN} on the demo split)")
-    d.add_argument("--max-rounds", type=int, default=3)
+                   help=f"per turn (default: {cli.FULL_TURN}, the paper's; {cli.DEMO_TURN} on the demo split, ours)")
+    d.add_argument("--max-rounds", type=int, default=3, help="debate rounds at most")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
                    help="decode the Moderator's and the Corrector's JSON answers under their schemas (ours)")
     m = p.add_argument_group("models")
@@ -36,28 +43,37 @@ def parse_args(argv=None):
     m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")
     m.add_argument("--corrector-model", help="the Corrector (default: --model)")
     m.add_argument("--no-4bit", dest="use_4bit", action="store_false", help="on CUDA, a bf16 base instead of 4-bit")
-    t = p.add_argument_group("training (defaults: the paper's)")
-    t.add_argument("--syndec", help="train on this SynDeC file instead of OUT's")
+    t = p.add_argument_group("training")
+    t.add_argument("--syndec", help="train on this SynDeC file (default: OUT's corrected one, else "
+                   "OUT/syndec.jsonl)")
     t.add_argument("--sft-include-corrected", action="store_true",
                    help="D-SFT also on wrong records, with the gold verdict and corrected justification as target")
-    t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter instead of a new one")
+    t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter (default: a new one)")
     t.add_argument("--sft-adapter", help="D-DPO's starting point and reference (default: OUT/sft/adapter)")
-    t.add_argument("--lora-r", type=int, default=128)
-    t.add_argument("--lora-alpha", type=int, default=256)
-    t.add_argument("--lora-dropout", type=float, default=0.05)
-    t.add_argument("--lr", type=float, default=2e-5)
-    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--lora-r", type=int, default=128, help="LoRA rank")
+    t.add_argument("--lora-alpha", type=int, default=256, help="LoRA scaling numerator")
+    t.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
+    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate")
+    t.add_argument("--epochs", type=int, default=2, help="passes over the training records")
     t.add_argument("--micro-batch", type=int, default=1, help="examples (DPO: pairs) per forward pass")
     t.add_argument("--grad-accum", type=int, default=8, help="micro-batches per optimizer step")
-    t.add_argument("--warmup-ratio", type=float, default=0.03)
-    t.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine")
+    t.add_argument("--warmup-ratio", type=float, default=0.03, help="share of the steps spent warming up")
+    t.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine",
+                   help="learning-rate decay after the warm-up")
     t.add_argument("--max-length", type=int, default=4096,
                    help="longest sequence; longer debates lose their oldest rounds first, never the target")
     t.add_argument("--beta", type=float, default=0.1, help="DPO temperature")
-    t.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    t.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+                   help="keep activations instead of recomputing them (faster, more memory)")
     t.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints")
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of shuffling, dropout and sampled turns")
+    cli.label_sources(p, TRAIN_SOURCES)
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     cli.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs",
                                "micro_batch", "grad_accum", "max_length", "save_every"))

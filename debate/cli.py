@@ -1,4 +1,5 @@
-"""The flags of `run_debate.py` and the checks both CLIs share; every default is the paper's unless noted."""
+"""The flags of `run_debate.py` and the checks both CLIs share; every flag's help names its default and,
+where known, whose value it is (the paper's, PROClaim's, ours)."""
 import argparse
 
 from debate import data
@@ -14,18 +15,60 @@ MAX_JUDGES = 3
 COURTROOM_TEMPERATURES = {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default and, where it is known, where that value comes from.
+
+    The source is the `source` attribute `label_sources` puts on an action ("the paper's", "ours"); a
+    help text that already says its default is left as it is, and so is a switch (it has no value).
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default" in text:
+            return text
+        default = action.default
+        shown = " ".join(str(v) for v in default) if isinstance(default, (list, tuple)) else str(default)
+        source = getattr(action, "source", None)
+        return f"{text} (default: {shown.replace('%', '%%')}{', ' + source if source else ''})".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose error is the one line that matters and a pointer to --help, not the usage."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n(see `{self.prog} --help` for every flag and its default)\n")
+
+
+def label_sources(parser, sources):
+    """Say where a flag's default comes from: {dest: "the paper's" | "ours" | ...}."""
+    for action in parser._actions:
+        if action.dest in sources:
+            action.source = sources[action.dest]
+
+
+PAPER, PROCLAIM, OURS = "the paper's", "PROClaim's", "ours"
+RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM, "novelty_stop": PROCLAIM,
+               "plateau_delta": PROCLAIM, "admit_threshold": PROCLAIM, "dispute_threshold": PROCLAIM,
+               "reflection_weights": PROCLAIM, "vote_weight": PROCLAIM, "batch_size": OURS, "seed": OURS}
+
+
 def run_parser(description=None):
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="run_debate.py", description=description)
     d = p.add_argument_group("data")
     d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded)")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
-    d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved")
+    d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved",
+                   help="the evidence each claim is verified with")
     d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
                    "(default: DIR/<split>.retrieved.hero.jsonl)")
-    d.add_argument("--limit", type=int, help="only the first N claims")
+    d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
 
     m = p.add_argument_group("method")
-    m.add_argument("--method", choices=METHOD_NAMES, default="debatecv")
+    m.add_argument("--method", choices=METHOD_NAMES, default="debatecv", help="the verification system")
     m.add_argument("--refine", choices=("none", "madr"), default="none",
                    help="madr: refine every final justification by MADR's debate (any method)")
     m.add_argument("--voters", type=int, default=3, help="majority: independent RAG-CoT agents")
@@ -46,7 +89,7 @@ def run_parser(description=None):
     c.add_argument("--dispute-threshold", type=float, default=0.1,
                    help="weight above this (and not admitted): disputed; at or below: dropped")
     c.add_argument("--reflection-weights", type=float, nargs=3, default=(0.4, 0.3, 0.3),
-                   metavar=("LOGIC", "NOVELTY", "REBUTTAL"))
+                   metavar=("LOGIC", "NOVELTY", "REBUTTAL"), help="weights of the counsels' self-reflection score")
     c.add_argument("--vote-weight", type=float, default=0.8, help="confidence: weight of the winning vote share")
     c.add_argument("--quality-weight", type=float, default=0.3, help="confidence: weight of mean judge quality / 10")
     c.add_argument("--no-role-switch", dest="role_switch", action="store_false",
@@ -82,15 +125,17 @@ def run_parser(description=None):
     o = p.add_argument_group("models")
     o.add_argument("--model", help="HF directory or .gguf file for every agent not named below "
                    "(default: embedded Gemma 3 270M)")
-    o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom counsels and witness")
+    o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom counsels and witness "
+                   "(default: --model)")
     o.add_argument("--moderator-model", help="DebateCV Moderator, RAG-CoT and majority verifiers, cooperation's "
-                   "assistant, courtroom's presiding judge and critic")
+                   "assistant, courtroom's presiding judge and critic (default: --model)")
     o.add_argument("--defense-model", help="courtroom: the defense counsel (default: --debater-model)")
     o.add_argument("--judge-models", nargs="+", metavar="PATH",
                    help=f"courtroom: the judges' panel, up to {MAX_JUDGES} paths (default: --moderator-model, "
                    "three times)")
     o.add_argument("--refine-model", help="MADR's debaters, judge and refiner (default: --moderator-model)")
-    o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model")
+    o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
+                   "(default: none, the base model)")
     o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
                    help="on CUDA, load in bf16 instead of 4-bit NF4")
 
@@ -98,11 +143,13 @@ def run_parser(description=None):
     g.add_argument("--batch-size", type=int, default=8, help="claims verified together")
     g.add_argument("--temperature", type=float,
                    help="0 = greedy (default; majority samples at 0.7, as the paper did)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampled turns")
     g.add_argument("--max-new-tokens", type=int,
-                   help=f"default {FULL_TURN} ({DEMO_TURN} on the demo split, so the CPU demo ends in minutes)")
-    g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV, cooperation turns), 10 (courtroom)")
+                   help=f"tokens per turn at most (default: {FULL_TURN}, the paper's; {DEMO_TURN} on the demo "
+                   "split, ours, so the CPU demo ends in minutes)")
+    g.add_argument("--max-rounds", type=int, help="default: 3 (DebateCV, the paper's; cooperation turns), "
+                   "10 (courtroom)")
     g.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
                    help="decode every JSON answer under its prompt's schema (keys forced, verdicts chosen among "
                    "the labels by probability; ours, default on); --no-structured: free generation and "
@@ -112,7 +159,10 @@ def run_parser(description=None):
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr]")
-    out.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    out.add_argument("--overwrite", action="store_true",
+                     help="start over instead of resuming; the earlier run is deleted only once the new one has "
+                     "written its first claim")
+    label_sources(p, RUN_SOURCES)
     return p
 
 

@@ -31,6 +31,11 @@ class DataError(ValueError):
     """A split or evidence file that cannot be used as it is."""
 
 
+def json_problem(error):
+    """A json.JSONDecodeError as words: "Expecting value at column 3", "Unterminated string starting at column 7"."""
+    return f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} column {error.colno}"
+
+
 def resolve_data_dir(arg=None):
     """The data folder: `arg` if given, else $DEBATECV_DATA, else data/averitec."""
     return Path(arg or os.environ.get("DEBATECV_DATA") or DEFAULT_DATA_DIR)
@@ -110,7 +115,7 @@ def load_retrieved(path):
                 try:
                     rows.append((f"line {n}", json.loads(line)))
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+                    raise DataError(f"{path}: line {n}: not valid JSON ({json_problem(e)})") from None
 
     by_id, seen_at = {}, {}
     for where, row in rows:
@@ -203,7 +208,7 @@ def _read_json(path, text=None):
     try:
         return json.loads(path.read_text(encoding="utf-8") if text is None else text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e)})") from None
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 

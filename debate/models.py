@@ -218,7 +218,9 @@ def _convert_gguf(gguf_path):
             f"cannot write the GGUF conversion cache under {parent} ({_one_line(e)}); "
             "set DEBATECV_CACHE to a writable directory"
         ) from e
-    log.info("converting %s to a Hugging Face checkpoint in %s (once; takes a while)", gguf_path, final)
+    # Printed, not logged: the conversion bars that follow need a word of why they are there.
+    print(f"converting {gguf_path} to a Hugging Face checkpoint in {final}: done once, then cached "
+          "(about a minute for the 270M default, longer for larger models)", file=sys.stderr, flush=True)
     gguf_dir, gguf_name = os.path.split(gguf_path)
     kwargs = {"gguf_file": gguf_name, "local_files_only": True}
     try:
@@ -248,6 +250,77 @@ def _convert_gguf(gguf_path):
         if os.path.exists(staging):
             shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def check_model(path):
+    """Check that `path` can be loaded, without reading weights; return its config (None for a GGUF not yet converted).
+
+    Runs before a run writes anything, so a typo costs a second, not a destroyed run or minutes of
+    loading: the path exists, a directory has a readable config.json of a known architecture and a
+    tokenizer, a file is a GGUF. Raises ModelLoadError naming the path.
+    """
+    given = str(path)
+    path = _resolve(path)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"cannot load model {given!r}: no such file or directory (hub ids are not downloaded)")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelLoadError(f"cannot load model {path}: not a model directory (no config.json)")
+        load_dir = path
+    else:
+        try:
+            is_gguf = _is_gguf_file(path)
+        except OSError as e:
+            raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
+        if not is_gguf:
+            raise ModelLoadError(f"cannot load model {path}: not a GGUF file or a model directory")
+        load_dir = _gguf_cache_dir(path)
+        if not os.path.isfile(os.path.join(load_dir, "config.json")):
+            return None  # its config and tokenizer come out of the one-time conversion
+    try:
+        config = transformers.AutoConfig.from_pretrained(load_dir, local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load model {path}: bad config.json ({_one_line(e)})") from e
+    try:
+        AutoTokenizer.from_pretrained(load_dir, local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load model {path}: no usable tokenizer ({_one_line(e)})") from e
+    return config
+
+
+def check_adapter(adapter, base_config=None, base_path=None):
+    """Check a LoRA adapter directory without loading it: its config, its weights file, and (when
+    `base_config` is known) that it was trained on this base. Raises ModelLoadError."""
+    adapter_path = _resolve(adapter)
+    _check_adapter_dir(adapter_path, str(adapter))
+    if not any(os.path.isfile(os.path.join(adapter_path, name)) for name in ADAPTER_WEIGHTS):
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: no weights ({' or '.join(ADAPTER_WEIGHTS)})")
+    if base_config is not None:
+        check_adapter_base(adapter_path, base_config, base_path)
+
+
+def check_roles(role_paths, role_adapters=None):
+    """What `load_roles` would refuse, found without loading a single weight: every base and adapter."""
+    configs = {}
+    for path in role_paths.values():
+        key = _resolve(path)
+        if key not in configs:
+            configs[key] = check_model(path)
+    for role, adapter in (role_adapters or {}).items():
+        if adapter is not None:
+            key = _resolve(role_paths[role])
+            check_adapter(adapter, configs[key], key)
+
+
+def precision(use_4bit=True, device=None):
+    """How `load_model` will load on this machine, without loading: {"device", "dtype", "quantized"}."""
+    device = _pick_device(device)
+    quantized = device.type == "cuda" and bool(use_4bit) and _bitsandbytes_available()
+    if device.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = torch.float32
+    return {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantized": quantized}
 
 
 def _set_chat_template(tokenizer, model):
@@ -361,6 +434,7 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
 
 
 BASE_FILE = "debatecv_base.json"  # written beside an adapter we train: which base it belongs to
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft saves, by format
 
 
 def base_fingerprint(config):
@@ -390,6 +464,9 @@ def _check_adapter_dir(adapter_path, given):
     config_path = os.path.join(adapter_path, "adapter_config.json")
     if not os.path.isdir(adapter_path):
         raise ModelLoadError(f"cannot load adapter {given!r}: not a directory")
+    if not os.path.isfile(config_path):
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: no adapter_config.json (not a PEFT adapter "
+                             "directory, or the training that writes it has not finished)")
     try:
         with open(config_path) as f:
             config = json.load(f)

@@ -5,6 +5,7 @@ crash between the two, resuming drops the orphan transcript and debates that cla
 """
 import json
 import os
+import shutil
 from pathlib import Path
 
 PREDICTIONS = "predictions.jsonl"
@@ -12,6 +13,8 @@ TRANSCRIPTS = "transcripts.jsonl"
 CONFIG = "config.json"
 METRICS = "metrics.json"
 SUBMISSION = "submission.json"
+RUN_FILES = (PREDICTIONS, TRANSCRIPTS, CONFIG, METRICS, SUBMISSION)
+ASIDE = ".replaced-run"  # where --overwrite keeps the earlier run until the new one has written a claim
 
 # Settings that change what a run predicts; resuming under different ones would mix two experiments.
 IDENTITY_KEYS = ("method", "refine", "split", "data_dir", "evidence", "retrieved_file", "debater_model",
@@ -26,13 +29,14 @@ class RunConflict(RuntimeError):
     pass
 
 
-def read_jsonl(path):
-    """Complete JSON lines of `path`; a torn last line (the process died mid-write) is cut off the file."""
+def read_jsonl(path, repair=True):
+    """Complete JSON lines of `path`; a torn last line (the process died mid-write) is cut off the file,
+    or with `repair=False` only skipped, so that looking never changes a byte."""
     if not path.exists():
         return []
     raw = path.read_bytes()
     keep = raw[: raw.rfind(b"\n") + 1]
-    if len(keep) != len(raw):
+    if len(keep) != len(raw) and repair:
         with open(path, "r+b") as f:
             f.truncate(len(keep))
     rows = []
@@ -46,34 +50,146 @@ def read_jsonl(path):
     return rows
 
 
-def prepare(output_dir, config, overwrite=False):
-    """Create or reopen a run directory; return the predictions already made (claim_id -> row)."""
+def _by_claim(rows):
+    done = {}
+    for row in rows:
+        done.setdefault(row["claim_id"], row)
+    return done
+
+
+def _short(value, width=60):
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _identity(config):
+    """The identity settings of a saved config; `use_4bit` as it was really used when the config says so
+    (configs written before it recorded the precision in effect say what was asked for)."""
+    config = dict(config)
+    loaded = config.get("models")
+    if isinstance(loaded, dict) and loaded and "use_4bit" in config:
+        config["use_4bit"] = any(m.get("quantized") for m in loaded.values() if isinstance(m, dict))
+    return config
+
+
+def check(output_dir, config, overwrite=False):
+    """What a run in `output_dir` would resume from (claim_id -> prediction), read without changing a byte.
+
+    Raises RunConflict when the directory holds claims done under other identity settings. A directory
+    with no claim done holds no run: whatever config it has (a start that failed) is no conflict.
+    A setting that either config does not name is not compared: the earlier run's config did not name it
+    (it ran with today's default), or this run does not use it (a model flag of another method's role).
+    """
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise RunConflict(f"--output-dir {out} is a file, not a directory")
+    existing = next(d for d in (out, *out.absolute().parents) if d.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunConflict(f"--output-dir {out}: cannot write in {existing} (permission denied)")
     if overwrite:
-        for name in (PREDICTIONS, TRANSCRIPTS, METRICS, SUBMISSION):
-            (out / name).unlink(missing_ok=True)
+        return {}
+    done = _by_claim(read_jsonl(out / PREDICTIONS, repair=False))
+    if not done and (out / ASIDE).is_dir():
+        out = out / ASIDE  # an --overwrite killed before its first claim: the run aside is the directory's run
+        done = _by_claim(read_jsonl(out / PREDICTIONS, repair=False))
     old = out / CONFIG
-    if old.exists() and (out / PREDICTIONS).exists():
-        before = json.loads(old.read_text())
-        # A setting the earlier run's config does not name did not exist then: it ran with today's default.
-        changed = [k for k in IDENTITY_KEYS if k in before and before[k] != config.get(k)]
+    if done and old.exists():
+        try:
+            before = _identity(json.loads(old.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as err:
+            raise RunConflict(f"{old}: unreadable ({err}); fix it or start over with --overwrite") from None
+        changed = [k for k in IDENTITY_KEYS if k in before and k in config and before[k] != config[k]]
         if changed:
             raise RunConflict(
-                f"{out} holds a run with other settings ({', '.join(f'{k}: {before.get(k)!r} -> {config.get(k)!r}' for k in changed)}); "
+                f"{out} holds {len(done)} claims done with other settings "
+                f"({'; '.join(f'{k}: {_short(before[k])} -> {_short(config[k])}' for k in changed)}); "
                 "use --overwrite to start over or choose another --output-dir")
-    done = {}
-    for row in read_jsonl(out / PREDICTIONS):
-        done.setdefault(row["claim_id"], row)
-    kept, seen = [], set()
-    for row in read_jsonl(out / TRANSCRIPTS):
-        if row["claim_id"] in done and row["claim_id"] not in seen:
-            kept.append(row)
-            seen.add(row["claim_id"])
-    _rewrite(out / TRANSCRIPTS, kept)
-    _rewrite(out / PREDICTIONS, list(done.values()))
-    write_json(out / CONFIG, config)
     return done
+
+
+def recover(output_dir):
+    """Settle what an --overwrite killed without a chance to clean up (SIGKILL) left: the earlier run in
+    ASIDE comes back when the new one wrote no claim; ASIDE goes when it did. Call once the checks pass."""
+    out = Path(output_dir)
+    aside = out / ASIDE
+    if not aside.is_dir():
+        return
+    if _by_claim(read_jsonl(out / PREDICTIONS, repair=False)):
+        shutil.rmtree(aside)
+        return
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for path in aside.iterdir():
+        os.replace(path, out / path.name)
+    aside.rmdir()
+
+
+class RunDir:
+    """The output directory while a run writes to it; a context manager opened once the models are loaded.
+
+    Resuming: torn lines and orphan transcripts are dropped, and claims are appended. With
+    `overwrite`, the earlier run's files are moved into ASIDE, and deleted only once the new run has
+    written its first claim. Leaving the block before any claim is written (an error, ^C) puts the
+    directory back as it was found: the earlier run restored, the files of this start removed, a
+    directory this run created removed, so a corrected rerun needs no --overwrite.
+    """
+
+    def __init__(self, output_dir, config, overwrite=False):
+        self.out, self.config, self.overwrite = Path(output_dir), config, overwrite
+        self.done, self.written, self._created, self._writer = {}, 0, False, None
+
+    def __enter__(self):
+        out = self.out
+        self._created = not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
+        if self.overwrite:
+            aside = out / ASIDE
+            if aside.exists():
+                # An earlier --overwrite stopped before its first claim: the run aside is still the one to keep.
+                for name in RUN_FILES:
+                    (out / name).unlink(missing_ok=True)
+            else:
+                aside.mkdir()
+                for name in RUN_FILES:
+                    if (out / name).exists():
+                        os.replace(out / name, aside / name)
+        else:
+            recover(out)
+            self.done = _by_claim(read_jsonl(out / PREDICTIONS))
+            kept, seen = [], set()
+            for row in read_jsonl(out / TRANSCRIPTS):
+                if row["claim_id"] in self.done and row["claim_id"] not in seen:
+                    kept.append(row)
+                    seen.add(row["claim_id"])
+            _rewrite(out / TRANSCRIPTS, kept)
+            _rewrite(out / PREDICTIONS, list(self.done.values()))
+        write_json(out / CONFIG, self.config)
+        self._writer = Writer(out)
+        return self
+
+    def write(self, record):
+        self._writer.write(record)
+        self.written += 1
+        if self.written == 1:
+            shutil.rmtree(self.out / ASIDE, ignore_errors=True)
+
+    def __exit__(self, exc_type, exc, tb):
+        self._writer.close()
+        if self.written or self.done:
+            return False
+        for name in RUN_FILES:
+            (self.out / name).unlink(missing_ok=True)
+        aside = self.out / ASIDE
+        if aside.exists():
+            for path in aside.iterdir():
+                os.replace(path, self.out / path.name)
+            aside.rmdir()
+        if self._created:
+            try:
+                self.out.rmdir()
+            except OSError:
+                pass  # something else was put there meanwhile; leave it
+        return False
 
 
 def _rewrite(path, rows):

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from debate import models
+from debate.data import json_problem
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def load_corpus(path):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise RetrievalError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                raise RetrievalError(f"{where}: not valid JSON ({json_problem(e)})") from None
             if not isinstance(row, dict):
                 raise RetrievalError(f"{where}: expected a JSON object")
             for field in ("id", "text"):

@@ -1,19 +1,21 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
 
-from tqdm import tqdm
-
-from debate import baselines, courtroom, data, debatecv, engine, madr, models, records, turns
+from debate import (baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, retrieval,
+                    turns)
 from debate.prompts import PromptError
 from debate.retrieval import RetrievalError
 from debate.schema import SchemaBudgetError
 from eval import averitec, report
 from eval.averitec import InputError
+from eval import wordnet
 from eval.wordnet import WordNetMissingError
 
 
@@ -36,9 +38,51 @@ METHODS = {
 }
 
 
-def run_config(args):
-    """Every setting of the run, with what identifies the software it ran on."""
+# The most turns one claim can take, per method, for the time left before a batch has finished (an
+# upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
+TURNS_AT_MOST = {"debatecv": lambda a: 3 * a.max_rounds + 1, "rag-cot": lambda a: 1, "majority": lambda a: a.voters,
+                 "cooperation": lambda a: 2 * a.max_rounds + 1}
+
+
+# Model flag of a role (as model_roles names it) -> the argument holding its path.
+FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defense": "defense_model",
+             "refine": "refine_model"}
+
+
+COURTROOM_OPTIONS = ("corpus", "embedder", "top_k", "novelty_threshold", "novelty_stop", "plateau_delta",
+                     "admit_threshold", "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight",
+                     "role_switch", "witness")
+
+
+def _unused_options(args):
+    """The method flags this run's method and refinement never read: they are left out of config.json."""
+    unused = [] if args.method == "courtroom" else list(COURTROOM_OPTIONS)
+    unused += [] if args.method == "majority" else ["voters"]
+    unused += [] if args.refine == "madr" else ["madr_iterations"]
+    return unused
+
+
+def run_config(args, roles=None, precision=None):
+    """Every setting of the run, with what identifies the software it ran on.
+
+    With `roles`, only the model flags those roles use are kept (a DebateCV run names no judges), the
+    adapter only when the Moderator's model is used, and only the options of the method and refinement
+    run; with `precision` (models.precision), `use_4bit` says whether 4-bit was really used and
+    `precision` how the weights are held.
+    """
     config = dict(vars(args))
+    if roles is not None:
+        used = {FLAG_ARGS.get(flag, "judge_models") for flag in roles.values()}
+        for key in (*FLAG_ARGS.values(), "judge_models"):
+            if key not in used:
+                config.pop(key, None)
+        if "moderator_model" not in used:
+            config.pop("moderator_adapter", None)
+        for key in _unused_options(args):
+            config.pop(key, None)
+    if precision is not None:
+        config["use_4bit"] = precision["quantized"]
+        config["precision"] = "nf4" if precision["quantized"] else precision["dtype"]
     config["versions"] = {"python": platform.python_version()}
     for package in ("debatecv", "torch", "transformers", "peft", "bitsandbytes", "accelerate"):
         try:
@@ -80,12 +124,38 @@ def model_roles(args):
     return roles
 
 
-def load_agents(args, roles):
+def role_models(args, roles):
+    """({role: model path}, {role: adapter}) of `roles` ({role: model flag}) under the CLI's flags."""
     paths = {"debater": args.debater_model, "moderator": args.moderator_model, "defense": args.defense_model,
              "refine": args.refine_model, **{f"judge_{i + 1}": p for i, p in enumerate(args.judge_models)}}
     role_paths = {role: paths[flag] for role, flag in roles.items()}
     adapters = {role: args.moderator_adapter for role, flag in roles.items() if flag == "moderator"}
+    return role_paths, adapters
+
+
+def load_agents(args, roles):
+    role_paths, adapters = role_models(args, roles)
     return models.load_roles(role_paths, adapters, use_4bit=args.use_4bit)
+
+
+def check_run(args, claims):
+    """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet,
+    the courtroom's encoder directory and corpus.
+
+    Runs before the output directory is touched and before any weight is loaded, so a typo costs
+    seconds and never an earlier run. Raises the toolkit's own errors (main_guard prints them).
+    """
+    prompts.check_files()
+    role_paths, adapters = role_models(args, model_roles(args))
+    models.check_roles(role_paths, adapters)
+    if any(c.get("label") for c in claims):
+        wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
+    if args.method == "courtroom":
+        encoder = Path(args.embedder or retrieval.default_embedder_path())
+        if not (encoder / "config.json").is_file():
+            raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
+        if args.corpus:
+            retrieval.load_corpus(args.corpus)  # a bad line is named now, not after the encoder has loaded
 
 
 def run(args, log=print):
@@ -99,20 +169,24 @@ def run(args, log=print):
     suffix = "-madr" if args.refine == "madr" else ""
     args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}{suffix}"
 
-    claims = load_claims(args)  # bad data stops here, before a model is loaded or a file written
+    # Validate, then write: every check runs before the output directory is touched or a weight loads.
+    claims = load_claims(args)
+    check_run(args, claims)
     method, _, options = METHODS[args.method]
+    roles = model_roles(args)
+    config = run_config(args, roles, models.precision(args.use_4bit))
+    done = records.check(args.output_dir, config, overwrite=args.overwrite)
     kwargs = options(args)  # once per run; the courtroom loads its encoder and checks its corpus here
-    config = run_config(args)
-    done = records.prepare(args.output_dir, config, overwrite=args.overwrite)
+    if not args.overwrite:
+        records.recover(args.output_dir)  # every check has passed: what a killed --overwrite left can be settled
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
     todo = sorted((c for c in claims if c["claim_id"] not in done),
                   key=lambda c: sum(len(e["question"]) + len(e["answer"]) for e in c["evidence"]))
     log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
 
     if todo:
-        agents = load_agents(args, model_roles(args))
+        agents = load_agents(args, roles)
         config["models"] = models.model_info(agents)
-        records.write_json(Path(args.output_dir) / records.CONFIG, config)
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache,
                                    structured=args.structured)
@@ -120,18 +194,19 @@ def run(args, log=print):
                             settings)
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
-        writer = records.Writer(args.output_dir)
-        bar = tqdm(total=len(claims), initial=len(claims) - len(todo), unit="claim", desc=args.method,
-                   dynamic_ncols=True)
-
-        def write(record):
-            writer.write(record)
-            bar.update(1)
-
+        hint = TURNS_AT_MOST.get(args.method) if args.refine == "none" else None
+        bar = progress.ClaimBar(total=len(claims), done=len(claims) - len(todo), desc=args.method,
+                                turns_hint=hint and hint(args))
         start = time.time()
-        try:
+        # The earlier run (--overwrite) is moved aside here, and deleted once the first claim is written.
+        with records.RunDir(args.output_dir, config, overwrite=args.overwrite) as out, bar:
+            def write(record):
+                out.write(record)
+                bar.claim_done()
+
             for i in range(0, len(todo), args.batch_size):
                 batch = todo[i:i + args.batch_size]
+                bar.batch(len(batch))
                 if args.refine == "madr":
                     # A claim is written once its justification is refined, so a crash redoes the batch.
                     done_batch = method(agents, batch, settings, streams=streams, **kwargs)
@@ -139,9 +214,6 @@ def run(args, log=print):
                         write(record)
                 else:
                     method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
-        finally:
-            writer.close()
-            bar.close()
         log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
     return finish(args, claims, log)
 
@@ -165,11 +237,24 @@ def finish(args, claims, log=print):
     return metrics
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main_guard(fn):
-    """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there."""
+    """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there.
+
+    SIGTERM (`timeout`, a batch scheduler) becomes SystemExit, so a run stopped before its first claim
+    still puts its directory back as it was (records.RunDir) instead of dying mid-way.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         return fn()
     except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
             WordNetMissingError, RetrievalError, SchemaBudgetError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)

@@ -42,6 +42,11 @@ def stream(agents, streams, seed, settings):
     return (streams or Streams(device_of(agents)))(seed)
 
 
+# Called as on_turn(n) after every batched turn, n = the conversations that spoke; the run's progress
+# bar sets it (debate/progress.py), so no protocol has to report its own turns.
+on_turn = None
+
+
 def speak(agent, convs, prompts, settings, generator=None, schema_name=None):
     """One batched turn of `agent` (a models.RoleModel) in each conversation; returns the replies.
 
@@ -52,9 +57,12 @@ def speak(agent, convs, prompts, settings, generator=None, schema_name=None):
         return []
     compiled = schema.compile_for(schema_name, agent.tokenizer) if schema_name and settings.structured else None
     with adapter_scope(agent):
-        return engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
-                               generator=generator if settings.temperature > 0 else None,
-                               schemas=[compiled] * len(convs) if compiled else None)
+        replies = engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
+                                  generator=generator if settings.temperature > 0 else None,
+                                  schemas=[compiled] * len(convs) if compiled else None)
+    if on_turn is not None:
+        on_turn(len(replies))
+    return replies
 
 
 def structured_note(conv):

@@ -10,7 +10,6 @@ METEOR (and, for a run refined by MADR, the justification before refinement too)
 
 Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--json]``.
 """
-import argparse
 import json
 import math
 import sys
@@ -410,12 +409,20 @@ def _jsonable(value):
     return value
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
+def build_parser():
+    from debate.cli import Parser
+
+    parser = Parser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
     parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")
     parser.add_argument("--references", required=True, help="AVeriTeC dev.json-shaped file")
-    parser.add_argument("--evidence", help="evidence for predictions that carry none (JSONL/JSON)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--evidence", help="evidence for predictions that carry none (JSONL/JSON; default: none)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (scores as fractions; the table shows percentages)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     from eval.wordnet import WordNetMissingError
 

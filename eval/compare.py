@@ -9,12 +9,12 @@ give d = 0 on every resample and p = 1.
 
 Run ``python -m eval.compare A B --references R [--evidence E] [--samples 10000 --seed 0] [--json]``.
 """
-import argparse
 import json
 import sys
 
 import numpy as np
 
+from debate.cli import Parser
 from eval.averitec import InputError, level_key, rows_from_files
 
 
@@ -80,7 +80,7 @@ def format_comparison(result, name_a="A", name_b="B"):
     lines = [f"A = {name_a}", f"B = {name_b}",
              f"claims in common {result['n']} (only A {result['n_only_a']}, only B {result['n_only_b']}),"
              f" {result['samples']} resamples, seed {result['seed']}",
-             f"{'metric':<16}{'A':>7}{'B':>7}{'A-B':>8}   95% CI of A-B       p"]
+             f"{'metric (in %)':<16}{'A':>7}{'B':>7}{'A-B':>8}   95% CI of A-B       p"]
     for key, stats in result.items():
         if isinstance(stats, dict):
             low, high = stats["ci95"]
@@ -91,16 +91,22 @@ def format_comparison(result, name_a="A", name_b="B"):
     return "\n".join(lines)
 
 
+def build_parser():
+    parser = Parser(prog="python -m eval.compare", description=__doc__.split("\n")[0])
+    parser.add_argument("a", help="predictions of system A (a run's submission.json, or JSONL)")
+    parser.add_argument("b", help="predictions of system B, on the same claims")
+    parser.add_argument("--references", required=True,
+                        help="AVeriTeC dev.json-shaped file with the gold labels, evidence and justifications")
+    parser.add_argument("--evidence", help="evidence for predictions that carry none (default: none)")
+    parser.add_argument("--samples", type=int, default=10_000, help="paired bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+    parser.add_argument("--level", type=float, default=0.25, help="AVeriTeC evidence-score level")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (fractions, not percentages)")
+    return parser
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m eval.compare", description=__doc__.split("\n")[0])
-    parser.add_argument("a", help="predictions of system A")
-    parser.add_argument("b", help="predictions of system B")
-    parser.add_argument("--references", required=True)
-    parser.add_argument("--evidence", help="evidence for predictions that carry none")
-    parser.add_argument("--samples", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--level", type=float, default=0.25, help="AVeriTeC level (default 0.25)")
-    parser.add_argument("--json", action="store_true")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.samples < 1:
         parser.error("--samples must be positive")

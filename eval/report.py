@@ -5,7 +5,8 @@ _SHORT = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC", "unparse
 
 
 def _pct(value):
-    return "    -" if value is None else f"{100 * value:5.1f}"
+    # Shown in percent, marked so: metrics.json and --json keep fractions in [0, 1].
+    return "     -" if value is None else f"{100 * value:5.1f}%"
 
 
 def _num(value):

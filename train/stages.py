@@ -7,8 +7,12 @@
     OUT/sft/adapter/              sft: the D-SFT LoRA adapter (+ checkpoints/, metrics.jsonl, summary.json)
     OUT/dpo/adapter/              dpo: the D-DPO LoRA adapter, trained from the D-SFT one (same layout)
 
-A stage whose final output exists is skipped; `--overwrite` redoes the stages asked for.
+A stage whose final output exists is skipped; `--overwrite` redoes the stages asked for. Everything the
+stages asked for need is checked before OUT is created or changed, and before any weight loads.
 """
+import contextlib
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,10 +21,11 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate import cli, engine, models, records, runner
+from debate import cli, engine, models, prompts, records, runner
 from train import corrector, examples, lora, loop, losses, syndec
 
 STAGES = ("synth", "correct", "sft", "dpo")
+REPLACED = ".replaced"  # under OUT: a stage's earlier outputs while --overwrite redoes it
 
 
 def paths(out):
@@ -36,29 +41,74 @@ def done(stage, out):
             "dpo": (p["dpo"] / "adapter" / "adapter_config.json").exists()}[stage]
 
 
-def clear(stage, out):
+def outputs(stage, out):
+    """The files and folders under OUT a stage writes and `--overwrite` replaces (synth's debates are the
+    inner run's, which replaces them itself, claim by claim, like run_debate.py --overwrite)."""
     p = paths(out)
-    if stage == "synth":
-        shutil.rmtree(p["debates"], ignore_errors=True)
-        p["syndec"].unlink(missing_ok=True)
-    elif stage == "correct":
-        p["corrections"].unlink(missing_ok=True)
-        p["corrected"].unlink(missing_ok=True)
+    return {"synth": [p["syndec"]], "correct": [p["corrections"], p["corrected"]], "sft": [p["sft"]],
+            "dpo": [p["dpo"]]}[stage]
+
+
+def _remove(path):
+    if path.is_dir():
+        shutil.rmtree(path)
     else:
-        shutil.rmtree(p[stage], ignore_errors=True)
+        path.unlink(missing_ok=True)
 
 
-def synth(args, log=print):
-    """Zero-shot DebateCV with golden evidence over the split, then SynDeC records from its outputs."""
+@contextlib.contextmanager
+def replacing(stage, out, overwrite):
+    """`--overwrite`: the stage's earlier outputs wait in OUT/.replaced/<stage>/ while it runs, are deleted
+    once it has finished, and are put back if it fails, so a failed redo never costs a finished stage."""
+    # Under `accelerate launch` every process runs this; only the first moves files.
+    if not overwrite or os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    aside = Path(out) / REPLACED / stage
+    targets = outputs(stage, out)
+    if aside.exists():
+        # An earlier --overwrite of this stage was killed: what is aside is still the output to keep.
+        for target in targets:
+            _remove(target)
+    else:
+        aside.mkdir(parents=True)
+        for target in targets:
+            if target.exists():
+                os.replace(target, aside / target.name)
+    try:
+        yield
+    except BaseException:
+        for target in targets:
+            _remove(target)
+        for kept in aside.iterdir():
+            os.replace(kept, Path(out) / kept.name)
+        aside.rmdir()
+        raise
+    else:
+        shutil.rmtree(aside)
+    finally:
+        with contextlib.suppress(OSError):
+            (Path(out) / REPLACED).rmdir()  # only once empty
+
+
+def _run_args(args):
+    """The run_debate.py arguments of the synth stage's zero-shot run."""
     p = paths(args.out)
     flags = {"--method": "debatecv", "--split": args.split, "--data-dir": args.data_dir, "--evidence": "golden",
              "--limit": args.limit, "--debater-model": args.debater_model, "--moderator-model": args.model,
              "--batch-size": args.batch_size, "--temperature": args.temperature, "--top-p": args.top_p,
              "--seed": args.seed, "--max-new-tokens": args.max_new_tokens, "--max-rounds": args.max_rounds,
              "--output-dir": p["debates"]}
-    run_args = cli.parse_run_args([str(x) for k, v in flags.items() if v is not None for x in (k, v)]
-                                  + ([] if args.use_4bit else ["--no-4bit"])
-                                  + ([] if args.structured else ["--no-structured"]))
+    return cli.parse_run_args([str(x) for k, v in flags.items() if v is not None for x in (k, v)]
+                              + ([] if args.use_4bit else ["--no-4bit"])
+                              + ([] if args.structured else ["--no-structured"])
+                              + (["--overwrite"] if args.overwrite else []))
+
+
+def synth(args, log=print):
+    """Zero-shot DebateCV with golden evidence over the split, then SynDeC records from its outputs."""
+    p = paths(args.out)
+    run_args = _run_args(args)
     runner.run(run_args, log=log)
     rows = syndec.build(p["debates"], runner.load_claims(run_args))
     syndec.write(p["syndec"], rows)
@@ -214,19 +264,80 @@ def dpo(args, log=print, stop_after=None):
     return summary
 
 
+def check(args, todo):
+    """Refuse the stages in `todo` now, for what needs no weights: model and adapter paths, data, prompts,
+    WordNet, the SynDeC file a stage reads. Runs before OUT is created or changed and before any load."""
+    p = paths(args.out)
+    needed = {args.model}
+    needed |= {args.debater_model} if "synth" in todo else set()
+    needed |= {args.corrector_model} if "correct" in todo else set()
+    configs = {path: models.check_model(path) for path in needed}
+    prompts.check_files()
+    if "synth" in todo:
+        run_args = _run_args(args)
+        runner.resolve_models(run_args)
+        runner.check_run(run_args, runner.load_claims(run_args))
+        precision = models.precision(run_args.use_4bit)
+        records.check(run_args.output_dir, runner.run_config(run_args, runner.model_roles(run_args), precision),
+                      overwrite=run_args.overwrite)
+    if "correct" in todo and "synth" not in todo:
+        syndec.load(p["syndec"])
+    if ("sft" in todo or "dpo" in todo) and not {"synth", "correct"} & set(todo):
+        _records(args)
+    if "sft" in todo and args.init_adapter:
+        models.check_adapter(args.init_adapter, configs[args.model], args.model)
+    if "dpo" in todo and ("sft" not in todo or args.sft_adapter):
+        sft_adapter = args.sft_adapter or p["sft"] / "adapter"
+        if not Path(sft_adapter).exists():
+            raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
+        models.check_adapter(sft_adapter, configs[args.model], args.model)
+
+
+def train_config(args, ran, before=None):
+    """train_config.json: the settings, the precision really used, and the models each stage that ran used;
+    what an earlier invocation recorded of the stages it ran is kept."""
+    before = dict(before or {})
+    precision = models.precision(args.use_4bit)
+    used = {"synth": {"moderator": args.model, "debater": args.debater_model},
+            "correct": {"corrector": args.corrector_model}, "sft": {"moderator": args.model},
+            "dpo": {"moderator": args.model}}
+    config = {**before, **vars(args), "use_4bit": precision["quantized"],
+              "precision": "nf4" if precision["quantized"] else precision["dtype"]}
+    config["models"] = dict(before.get("models") or {})
+    for stage in ran:
+        config["models"][stage] = {role: {"path": os.path.realpath(path), **precision}
+                                   for role, path in used[stage].items()}
+    config["stages_run"] = [s for s in STAGES if s in ran or s in before.get("stages_run", [])]
+    return config
+
+
 def run(args, log=print):
-    """Run the stages asked for in order, skipping those already done (unless --overwrite)."""
+    """Run the stages asked for in order, skipping those already done (unless --overwrite).
+
+    Everything is checked before OUT is touched; with --overwrite a stage's earlier outputs are kept
+    aside until it has finished (see `replacing`).
+    """
     models.set_offline()
     args.model = args.model or models.default_model_path()
     args.debater_model = args.debater_model or args.model
     args.corrector_model = args.corrector_model or args.model
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     wanted = STAGES if args.stage == "all" else (args.stage,)
+    todo = [stage for stage in wanted if args.overwrite or not done(stage, args.out)]
     for stage in wanted:
-        if args.overwrite:
-            clear(stage, args.out)
-        elif done(stage, args.out):
+        if stage not in todo:
             log(f"{stage}: already done in {args.out}, skipped (--overwrite redoes it)")
-            continue
-        {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](args, log=log)
-    records.write_json(Path(args.out) / "train_config.json", {k: v for k, v in vars(args).items()})
+    if not todo:
+        return
+    check(args, todo)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    config_path = Path(args.out) / "train_config.json"
+    ran = []
+    try:
+        for stage in todo:
+            with replacing(stage, args.out, args.overwrite):
+                {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](args, log=log)
+            ran.append(stage)
+    finally:
+        if ran:
+            before = json.loads(config_path.read_text()) if config_path.exists() else {}
+            records.write_json(config_path, train_config(args, ran, before))

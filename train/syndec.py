@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from debate import records as run_records
+from debate.data import json_problem
 from debate.labels import LABELS, canonical_label
 
 
@@ -65,7 +66,7 @@ def load(path):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SynDeCError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise SynDeCError(f"{path}:{n}: not valid JSON ({json_problem(e)})") from None
         rows.append(_check(row, f"{path}:{n}"))
     if not rows:
         raise SynDeCError(f"{path}: no SynDeC records (the file is empty); run --stage synth first")

@@ -1,0 +1,88 @@
+"""The run's progress bar: claims done, and the turns spoken inside the claims still in progress.
+
+A claim takes minutes on a CPU and a batch of claims ends together, so a bar that counts claims only
+stands still, then jumps. Every agent turn is reported by `turns.speak` (through `turns.on_turn`), and
+the time left is estimated from turns: the claims still to do, times the turns a claim has taken so far
+(until one has finished: `turns_hint`, the most a claim can take), over the turn rate.
+"""
+import time
+
+from tqdm import tqdm
+
+from debate import turns
+
+
+def _clock(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+class ClaimBar:
+    """A context manager: a tqdm bar over claims whose postfix shows turns, the turn rate and the time left."""
+
+    def __init__(self, total, done=0, desc=None, turns_hint=None, clock=time.monotonic):
+        self.total, self.done, self.desc, self.turns_hint, self.clock = total, done, desc, turns_hint, clock
+        self.claims_finished = 0  # claims written by this process
+        self.turns = 0  # claim-turns spoken by this process (a batched turn over n claims counts n)
+        self.batch_size = self.batch_finished = self.turns_at_batch = 0
+        self.measured_claims = self.measured_turns = 0  # over the batches finished
+        self.bar = None
+
+    def __enter__(self):
+        self.start = self.clock()
+        self.bar = tqdm(total=self.total, initial=self.done, unit="claim", desc=self.desc, dynamic_ncols=True,
+                        bar_format="{desc}: {n_fmt}/{total_fmt} claims |{bar}| {elapsed}{postfix}")
+        self._previous, turns.on_turn = turns.on_turn, self.turn
+        self._show()
+        return self
+
+    def __exit__(self, *exc):
+        turns.on_turn = self._previous
+        self.bar.close()
+        return False
+
+    def batch(self, size):
+        """A batch of `size` claims starts; the one before it has finished."""
+        if self.batch_size:
+            self.measured_claims += self.batch_size
+            self.measured_turns = self.turns
+        self.batch_size, self.batch_finished, self.turns_at_batch = size, 0, self.turns
+
+    def turn(self, n=1):
+        self.turns += n
+        self._show()
+
+    def claim_done(self):
+        self.claims_finished += 1
+        self.batch_finished += 1
+        self.bar.update(1)
+        self._show()
+
+    def turns_per_claim(self):
+        """Turns one claim takes: measured over the batches finished, else the hint (None: not known yet)."""
+        if self.measured_claims:
+            return self.measured_turns / self.measured_claims
+        return self.turns_hint
+
+    def eta(self):
+        """Seconds left, or None until a turn rate and the turns a claim takes are known."""
+        elapsed = self.clock() - self.start
+        per_claim = self.turns_per_claim()
+        if not self.turns or elapsed <= 0 or not per_claim:
+            return None
+        later = self.total - self.done - self.claims_finished - (self.batch_size - self.batch_finished)
+        in_batch = max(0.0, self.batch_size * per_claim - (self.turns - self.turns_at_batch))
+        return (max(0, later) * per_claim + in_batch) / (self.turns / elapsed)
+
+    def _show(self):
+        if self.bar is None:
+            return
+        elapsed = self.clock() - self.start
+        parts = [f"{self.turns} turn{'' if self.turns == 1 else 's'}"]
+        if self.turns and elapsed > 0:
+            rate = self.turns / elapsed
+            parts.append(f"{rate:.2f} turn/s" if rate >= 1 else f"{1 / rate:.1f} s/turn")
+        eta = self.eta()
+        parts.append("left ?" if eta is None else f"left ~{_clock(eta)}")
+        self.bar.set_postfix_str(", ".join(parts), refresh=True)
