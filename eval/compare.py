@@ -56,16 +56,20 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
 
 
 def trial_files(path):
-    """The predictions of each trial of `path`: a run directory with trial-*/, a run directory, or a file."""
+    """The predictions of each trial of `path`: a run directory with trial-*/, a run directory, or a file.
+
+    A run directory's submission.json is read (it carries the evidence the AVeriTeC score needs)."""
     path = Path(path)
-    if path.is_dir():
-        trials = sorted(path.glob("trial-*/predictions.jsonl"), key=lambda p: int(p.parent.name.split("-")[1]))
-        if trials:
-            return trials
-        if (path / "predictions.jsonl").is_file():
-            return [path / "predictions.jsonl"]
-        raise InputError(f"{path}: neither trial-*/predictions.jsonl nor predictions.jsonl in it")
-    return [path]
+    if not path.is_dir():
+        return [path]
+    trials = sorted((p for p in path.glob("trial-*") if p.is_dir() and p.name[6:].isdigit()),
+                    key=lambda p: int(p.name[6:]))
+    found = []
+    for run in trials or [path]:
+        if not (run / "submission.json").is_file():
+            raise InputError(f"{run}: no submission.json in it (is the run finished?)")
+        found.append(run / "submission.json")
+    return found
 
 
 def compare_trials(trials_a, trials_b, samples=10_000, seed=0, level=0.25):

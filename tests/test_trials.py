@@ -120,7 +120,11 @@ def test_trials_run_each_seed_in_its_own_directory_and_report_mean_and_deviation
     # A trial set compares with itself: no difference, over both trials.
     result = compare.compare_files(out, out, Path(run_debate.__file__).parent / "debate/demo/claims.json",
                                    samples=200)
-    assert result["trials"] == 2 and result["accuracy"]["diff"] == 0 and result["accuracy"]["p_value"] == 1.0
+    assert result["trials"] == 2 and result["n"] == 4
+    assert result["accuracy"]["diff"] == 0 and result["accuracy"]["p_value"] == 1.0
+    # Golden evidence in the submissions: AVeriTeC equals accuracy, so the evidence was read.
+    assert result["averitec@0.25"]["a"] == pytest.approx(result["accuracy"]["a"])
+    assert result["accuracy"]["a"] == pytest.approx(saved["accuracy"]["mean"])
 
 
 def test_greedy_is_one_flag_away(tiny, tmp_path):
