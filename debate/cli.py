@@ -20,9 +20,11 @@ MAX_JUDGES = 3
 def run_parser(description=None):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = p.add_argument_group("data")
-    d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded)")
+    d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded); "
+                   "dev is the split the DebateCV paper evaluates on")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
-    d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved")
+    d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved",
+                   help="the DebateCV paper's three conditions (the default, retrieved, is ours: its realistic one)")
     d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
                    "(default: DIR/<split>.retrieved.hero.jsonl)")
     d.add_argument("--limit", type=int, help="only the first N claims")
