@@ -64,12 +64,11 @@ def use_prompt_dir(directory):
         text = path.read_text(encoding="utf-8").rstrip("\n")
         want = _fields_of(shipped, _read(shipped))
         have = _fields_of(path, text)
-        if want - have:
-            raise PromptError(f"{path}: missing placeholder(s) {', '.join('{' + f + '}' for f in sorted(want - have))}"
-                              f" (prompt {path.stem!r} takes: {', '.join(sorted(want)) or 'none'})")
-        if have - want:
-            raise PromptError(f"{path}: unexpected placeholder(s) {', '.join('{' + f + '}' for f in sorted(have - want))}"
-                              f" (prompt {path.stem!r} takes: {', '.join(sorted(want)) or 'none'})")
+        takes = f"(prompt {path.stem!r} takes: {', '.join(sorted(want)) or 'none'})"
+        for problem, names in (("missing", want - have), ("unexpected", have - want)):
+            if names:
+                listed = ", ".join("{" + f + "}" for f in sorted(names))
+                raise PromptError(f"{path}: {problem} placeholder(s) {listed} {takes}")
         digests[path.stem] = hashlib.sha256(text.encode("utf-8")).hexdigest()
     _override_dir = root.resolve()
     combined = hashlib.sha256("".join(f"{n}\0{d}\n" for n, d in sorted(digests.items())).encode()).hexdigest()

@@ -1,5 +1,6 @@
 """--trials (seeds, directories, mean and deviation, resuming), eval.compare over trial sets, --prompts DIR."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -142,7 +143,8 @@ def test_an_override_replaces_the_shipped_prompt_and_is_part_of_the_run_identity
     run_debate.main(argv(tiny, out, "--limit", "1", "--prompts", str(mine)))
     turns = read(out / records.TRANSCRIPTS)[0]["turns"]
     assert turns[1]["prompt"].startswith("MY OWN REBUTTAL PROMPT against:\n")
-    assert turns[0]["prompt"] == prompts.render("affirmative_opening", claim=read(out / records.TRANSCRIPTS)[0]["claim"])
+    claim = read(out / records.TRANSCRIPTS)[0]["claim"]
+    assert turns[0]["prompt"] == prompts.render("affirmative_opening", claim=claim)  # the others stay shipped
     config = json.loads((out / records.CONFIG).read_text())
     assert config["prompts"] == str(mine) and set(config["prompt_files"]) == {"negative_opening"}
     assert len(config["prompts_hash"]) == 64
@@ -166,7 +168,6 @@ def test_an_override_with_the_wrong_placeholders_is_refused_before_any_model_loa
         run_debate.main(argv(str(missing_model), tmp_path / "run", "--prompts", str(mine)))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
-    import re
     assert re.search(message, err) and str(missing_model) not in err
     assert not (tmp_path / "run").exists()
 
@@ -175,5 +176,5 @@ def test_an_override_must_be_named_after_a_shipped_prompt(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "moderator_finale.txt").write_text("x\n")
-    with pytest.raises(prompts.PromptError, match="moderator_finale.txt: no shipped prompt is called 'moderator_finale'"):
+    with pytest.raises(prompts.PromptError, match="moderator_finale.txt: no shipped prompt is called 'moderator_fin"):
         prompts.use_prompt_dir(mine)
