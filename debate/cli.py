@@ -84,8 +84,7 @@ def run_parser(description=None):
                    "DebateCV paper does not say it quantised)")
 
     g = p.add_argument_group("generation")
-    g.add_argument("--batch-size", type=int, default=8, help="claims verified together (ours; no effect on "
-                   "what greedy decoding predicts)")
+    g.add_argument("--batch-size", type=int, default=8, help="claims verified together (ours)")
     g.add_argument("--temperature", type=float,
                    help=f"sampling temperature; 0 = greedy (default {PAPER_TEMPERATURE}, the DebateCV paper's, "
                    "for DebateCV and its baselines; the courtroom's default is greedy, ours)")
