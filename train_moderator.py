@@ -32,6 +32,8 @@ def parse_args(argv=None):
                    help=f"sampling temperature of synthesis and correction; 0 = greedy (default "
                    f"{cli.PAPER_TEMPERATURE}, the DebateCV paper's)")
     d.add_argument("--top-p", type=float, default=1.0, help="default 1.0, the DebateCV paper's")
+    d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode the Moderator's and the Corrector's JSON answers under their schemas (ours)")
     m = p.add_argument_group("models")
     m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
     m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")

@@ -1,31 +1,43 @@
-"""Zero-shot vs D-SFT vs D-SFT + D-DPO Moderator on AVeriTeC dev folds (golden evidence).
+"""Zero-shot vs D-SFT vs D-SFT + D-DPO Moderator on AVeriTeC dev folds (golden evidence), structured.
 
 The AVeriTeC training split is not on this machine, so the dev set stands in: its first --claims
-claims are debated zero-shot once (SynDeC synthesis), corrected, and split into --folds folds by
-position. For each fold, D-SFT and D-DPO train on the other folds' records and the three Moderators
-re-judge the held-out fold's debates: same debate record, same prompt, greedy, only the Moderator's
-final reply is generated again. That isolates what post-training changes (the Moderator's judgement)
-from the Debaters, and costs one reply per claim instead of a whole debate.
+claims are debated zero-shot once (SynDeC synthesis, structured decoding), corrected, and split into
+--folds folds by position. For each fold, D-SFT and D-DPO train on the other folds' records only, and
+the three Moderators re-judge the held-out fold's debates: same debate record, same prompt, greedy,
+structured; only the Moderator's deciding reply is generated again. That isolates what post-training
+changes (the Moderator's judgement) from the Debaters. Every claim is held out exactly once.
 
-    python bench/bench_moderator.py --claims 24 --folds 2 --out bench/out/moderator
+Reported per system: accuracy and macro-F1 with 95% bootstrap intervals (claims resampled), per-class
+F1, NEE and CEC false-positive rates, ECE and Brier of the label probabilities, the predicted-label
+counts, beside the majority-class baseline (always Refuted).
 
-Writes OUT/results.json and prints a table. Every step is skipped when its output exists.
+    python bench/bench_moderator.py --claims 160 --folds 2 --out bench/out/moderator
+
+Writes OUT/results.json and prints a markdown table. Resumable: synthesis resumes claim by claim, a
+stage whose output exists is skipped, each re-judged fold is saved as it finishes.
 """
 import argparse
 import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate import engine, models  # noqa: E402
+from debate import engine, models, records, schema  # noqa: E402
+from debate.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
 from debate.models import adapter_scope  # noqa: E402
 from debate.parsing import parse_moderator  # noqa: E402
 from eval import averitec  # noqa: E402
 from train import examples, syndec  # noqa: E402
+
+TRAIN_FLAGS = ["--sft-include-corrected", "--lora-r", "8", "--lora-alpha", "16", "--lr", "2e-4", "--epochs", "1",
+               "--grad-accum", "4", "--max-length", "640", "--no-gradient-checkpointing", "--save-every", "1000"]
 
 
 def sh(*argv):
@@ -34,38 +46,69 @@ def sh(*argv):
 
 
 def rejudge(role_model, rows, batch_size, max_new_tokens):
-    """The Moderator's final reply to each record's debate, generated again; returns verdicts."""
+    """The Moderator's deciding reply to each record's debate, generated again under its schema:
+    [(verdict, label_probs)]."""
     settings = engine.Settings(max_new_tokens=max_new_tokens)
-    verdicts = []
+    out = []
     for i in range(0, len(rows), batch_size):
         batch = rows[i:i + batch_size]
-        convs, prompts = zip(*(examples.conversation(role_model.tokenizer, r) for r in batch))
-        with adapter_scope(role_model):
-            replies = engine.generate(role_model.model, role_model.tokenizer, list(convs), list(prompts), settings)
-        verdicts += [parse_moderator(reply)["verdict"] for reply in replies]
-    return verdicts
+        for final in (False, True):  # a round reply and a final reply answer different schemas
+            part = [r for r in batch if examples.dialogue(r)[3] == final]
+            if not part:
+                continue
+            compiled = schema.compile_for("moderator_final" if final else "moderator_round", role_model.tokenizer)
+            convs, prompts = zip(*(examples.conversation(role_model.tokenizer, r) for r in part))
+            with adapter_scope(role_model):
+                engine.generate(role_model.model, role_model.tokenizer, list(convs), list(prompts), settings,
+                                schemas=[compiled] * len(part))
+            for r, conv in zip(part, convs):
+                result = dict(conv.structured)
+                if not final:
+                    # Re-judging the turn that ended the debate: its verdict is what counts, "Yes" or not.
+                    result["fields"] = dict(result["fields"], **{"Proceeding Necessity": "No"})
+                parsed = parse_moderator("", result)
+                out.append((r["claim_id"], parsed["verdict"], parsed["label_probs"]))
+    order = {r["claim_id"]: k for k, r in enumerate(rows)}
+    return [(v, p) for _, v, p in sorted(out, key=lambda x: order[x[0]])]
 
 
-def scores(rows, verdicts):
-    return averitec.label_metrics([r["gold_label"] for r in rows], verdicts)
+def bootstrap_ci(golds, preds, metric, samples=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    n = len(golds)
+    values = []
+    for _ in range(samples):
+        idx = rng.integers(0, n, n)
+        values.append(metric([golds[i] for i in idx], [preds[i] for i in idx]))
+    return [float(x) for x in np.percentile(values, [2.5, 97.5])]
+
+
+def row_of(golds, preds, probs):
+    m = averitec.label_metrics(golds, preds)
+    cal = averitec.calibration(golds, probs)
+    return {"accuracy": m["accuracy"], "accuracy_ci95": bootstrap_ci(golds, preds, lambda g, p: averitec.label_metrics(g, p)["accuracy"]),
+            "macro_f1": m["macro_f1"], "macro_f1_ci95": bootstrap_ci(golds, preds, lambda g, p: averitec.label_metrics(g, p)["macro_f1"]),
+            "per_class_f1": m["per_class_f1"], "fpr": m["fpr"], "ece": cal["ece"] if cal else None,
+            "brier": cal["brier"] if cal else None, "predicted": dict(Counter(str(p) for p in preds)),
+            "unparsed": sum(p is None for p in preds)}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/averitec"))
-    p.add_argument("--claims", type=int, default=24)
+    p.add_argument("--claims", type=int, default=160)
     p.add_argument("--folds", type=int, default=2)
     p.add_argument("--out", default="bench/out/moderator")
-    p.add_argument("--max-rounds", default="2")
-    p.add_argument("--max-new-tokens", default="48", help="per debate turn during synthesis")
-    p.add_argument("--judge-tokens", type=int, default=128, help="for the re-judged final reply")
-    p.add_argument("--only-folds", type=int, nargs="*", help="evaluate only these held-out folds (CPU budget)")
-    p.add_argument("--train", nargs=argparse.REMAINDER, default=[],
-                   help="extra train_moderator.py flags for both training stages (put last)")
+    p.add_argument("--max-rounds", default="1")
+    p.add_argument("--max-new-tokens", default="80", help="per debate turn during synthesis")
+    p.add_argument("--judge-tokens", type=int, default=96, help="for the re-judged reply")
+    p.add_argument("--batch-size", default="8")
+    p.add_argument("--train", nargs=argparse.REMAINDER, default=TRAIN_FLAGS,
+                   help="train_moderator.py flags for both training stages (put last; default: CPU-sized)")
     args = p.parse_args()
     out = ROOT / args.out
     common = ["--out", str(out), "--split", "dev", "--data-dir", args.data_dir, "--limit", str(args.claims),
-              "--max-rounds", args.max_rounds, "--max-new-tokens", args.max_new_tokens]
+              "--max-rounds", args.max_rounds, "--max-new-tokens", args.max_new_tokens,
+              "--batch-size", args.batch_size, "--temperature", "0"]
     timings = {}
     for stage in ("synth", "correct"):
         start = time.time()
@@ -73,53 +116,56 @@ def main():
         timings[stage] = round(time.time() - start, 1)
 
     rows = syndec.load(out / "syndec.corrected.jsonl")
+    zero_probs = {r["claim_id"]: r.get("label_probs") for r in records.read_predictions(out / "debates")}
     folds = [rows[k::args.folds] for k in range(args.folds)]
-    trained = {}
-    evaluated = args.only_folds if args.only_folds else list(range(args.folds))
-    for k in evaluated:
+    models.set_offline()
+    base = models.default_model_path()
+    systems = ("zero-shot", "D-SFT", "D-SFT + D-DPO")
+    judged = {s: {} for s in systems}
+    for k in range(args.folds):
         fold_dir = out / f"fold-{k}"
         train_file = fold_dir / "train.syndec.jsonl"
         syndec.write(train_file, [r for j, fold in enumerate(folds) if j != k for r in fold])
         for stage in ("sft", "dpo"):
             start = time.time()
-            sh("train_moderator.py", "--stage", stage, "--out", str(fold_dir), "--syndec", str(train_file),
-               *args.train)
+            sh("train_moderator.py", "--stage", stage, "--out", str(fold_dir), "--syndec", str(train_file), *args.train)
             timings[f"fold{k}_{stage}"] = round(time.time() - start, 1)
-        trained[k] = {"D-SFT": fold_dir / "sft/adapter", "D-SFT + D-DPO": fold_dir / "dpo/adapter"}
-
-    models.set_offline()
-    base = models.default_model_path()
-    results, held_out = {"zero-shot (debate as run)": []}, []
-    systems = ("zero-shot", "D-SFT", "D-SFT + D-DPO")
-    verdicts = {s: [] for s in systems}
-    for k in evaluated:
-        held_out += folds[k]
-        results["zero-shot (debate as run)"] += [r["predicted_label"] for r in folds[k]]
+        adapters = {"zero-shot": None, "D-SFT": fold_dir / "sft/adapter", "D-SFT + D-DPO": fold_dir / "dpo/adapter"}
         for system in systems:
-            adapter = None if system == "zero-shot" else str(trained[k][system])
-            start = time.time()
-            role = models.load_roles({"moderator": base}, {"moderator": adapter}, use_4bit=False)["moderator"]
-            verdicts[system] += rejudge(role, folds[k], 8, args.judge_tokens)
-            timings[f"fold{k}_judge_{system}"] = round(time.time() - start, 1)
-    results.update(verdicts)
+            saved = fold_dir / f"judged-{system.replace(' ', '').replace('+', '-')}.json"
+            if not saved.exists():
+                start = time.time()
+                role = models.load_roles({"moderator": base}, {"moderator": adapters[system] and str(adapters[system])},
+                                         use_4bit=False)["moderator"]
+                saved.write_text(json.dumps(rejudge(role, folds[k], 8, args.judge_tokens)))
+                timings[f"fold{k}_judge_{system}"] = round(time.time() - start, 1)
+            for r, (verdict, probs) in zip(folds[k], json.loads(saved.read_text())):
+                judged[system][r["claim_id"]] = (verdict, probs)
 
-    table = {}
-    for system, preds in results.items():
-        m = scores(held_out, preds)
-        table[system] = {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"], "fpr": m["fpr"],
-                         "unparsed": sum(p is None for p in preds)}
-    train_counts = {k: json.loads((out / f"fold-{k}/sft/summary.json").read_text()) for k in evaluated}
-    report = {"claims": len(held_out), "folds": args.folds, "evaluated_folds": evaluated, "table": table, "timings_s": timings,
-              "labels": {lab: sum(r["gold_label"] == lab for r in held_out) for lab in
-                         sorted({r["gold_label"] for r in held_out})},
-              "synth_correct": sum(r["correct"] for r in rows), "train_flags": args.train,
-              "sft_summary": train_counts}
+    held = [r for fold in folds for r in fold]
+    golds = [r["gold_label"] for r in held]
+    table = {"always Refuted (majority class)": row_of(golds, [REFUTED] * len(held), [None] * len(held)),
+             "zero-shot (debate as run)": row_of(golds, [r["predicted_label"] for r in held],
+                                                 [zero_probs.get(r["claim_id"]) for r in held])}
+    for system in systems:
+        table[f"{system} (re-judged)"] = row_of(golds, [judged[system][r["claim_id"]][0] for r in held],
+                                                [judged[system][r["claim_id"]][1] for r in held])
+    report = {"claims": len(held), "folds": args.folds, "labels": dict(Counter(golds)), "table": table,
+              "timings_s": timings, "synth_correct": sum(r["correct"] for r in rows), "train_flags": args.train,
+              "settings": {"max_rounds": args.max_rounds, "max_new_tokens": args.max_new_tokens,
+                           "judge_tokens": args.judge_tokens}}
     (out / "results.json").write_text(json.dumps(report, indent=2))
-    print(f"{len(held_out)} held-out claims, {args.folds} folds")
-    print(f"{'Moderator':28s} {'acc':>6s} {'macroF1':>8s} {'FPR NEE':>8s} {'FPR CEC':>8s} {'unparsed':>9s}")
+    short = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC"}
+    print(f"{len(held)} held-out claims ({args.folds} folds); gold labels {dict(Counter(golds))}")
+    print("| Moderator | accuracy [95% CI] | macro-F1 [95% CI] | F1 SUP / REF / NEE / CEC | FPR NEE | FPR CEC | ECE | Brier | predicted |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for system, row in table.items():
-        print(f"{system:28s} {row['accuracy']:6.3f} {row['macro_f1']:8.3f} {row['fpr'].get('Not Enough Evidence', 0):8.3f} "
-              f"{row['fpr'].get('Conflicting Evidence/Cherrypicking', 0):8.3f} {row['unparsed']:9d}")
+        f1 = " / ".join(f"{row['per_class_f1'][label]:.2f}" for label in LABELS)
+        predicted = ", ".join(f"{short.get(k, k)} {v}" for k, v in sorted(row["predicted"].items()))
+        print(f"| {system} | {row['accuracy']:.3f} [{row['accuracy_ci95'][0]:.3f}, {row['accuracy_ci95'][1]:.3f}] "
+              f"| {row['macro_f1']:.3f} [{row['macro_f1_ci95'][0]:.3f}, {row['macro_f1_ci95'][1]:.3f}] | {f1} "
+              f"| {fmt(row['fpr'][NEE])} | {fmt(row['fpr'][CEC])} | {fmt(row['ece'])} | {fmt(row['brier'])} | {predicted} |")
 
 
 if __name__ == "__main__":

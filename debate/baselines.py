@@ -23,6 +23,7 @@ from debate.prompts import format_evidence, load_prompt, render
 
 RAG_COT_MODELS = {"verifier": "moderator"}  # role -> its model flag
 COOPERATION_MODELS = {"user": "debater", "assistant": "moderator"}
+SCHEMAS = {"rag-cot": ("ragcot",), "majority": ("ragcot", "majority_vote"), "cooperation": ("cooperation_final",)}
 DONE = re.compile(r"\bTASK[_ ]DONE\b", re.IGNORECASE)
 VOTER_SEED_STRIDE = 1000  # voter v samples from seed + 1000 * v: trials (seed, seed + 1, ...) stay apart
 
@@ -37,7 +38,7 @@ def _verify(agent, claims, settings, generator):
     convs = [engine.Conversation(system="") for _ in claims]
     prompts = [render("ragcot", claim=c["claim"], evidence=format_evidence(c["evidence"]),
                       answer=load_prompt("verdict_answer")) for c in claims]
-    replies = turns.speak(agent, convs, prompts, settings, generator)
+    replies = turns.speak(agent, convs, prompts, settings, generator, "ragcot")
     return convs, prompts, replies
 
 
@@ -46,9 +47,9 @@ def rag_cot(agents, claims, settings, streams=None, on_finish=None):
     convs, prompts, replies = _verify(agents["verifier"], claims, settings, generator)
     records = []
     for claim, conv, prompt, reply in zip(claims, convs, prompts, replies):
-        outcome = parse_moderator(reply)
+        outcome = parse_moderator(reply, conv.structured)
         said = [{"round": 1, "role": "verifier", "prompt": prompt, "response": reply,
-                 "parse_status": outcome["status"]}]
+                 "parse_status": outcome["status"], **turns.structured_note(conv)}]
         records.append(turns.record(claim, outcome, said, [conv], reply=reply, rounds=1, stop_reason="answered"))
         if on_finish:
             on_finish(records[-1])
@@ -87,23 +88,27 @@ def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
     vote_convs = [engine.Conversation(system="") for _ in claims]
     vote_prompts = [vote_prompt(claim, [replies[i] for _, _, replies in ballots]) for i, claim in enumerate(claims)]
     vote_replies = turns.speak(agents["verifier"], vote_convs, vote_prompts, settings,
-                               turns.stream(agents, streams, settings.seed, settings))
+                               turns.stream(agents, streams, settings.seed, settings), "majority_vote")
     records = []
     for i, claim in enumerate(claims):
-        outcomes = [parse_moderator(replies[i]) for _, _, replies in ballots]
+        outcomes = [parse_moderator(replies[i], convs[i].structured) for convs, _, replies in ballots]
         label, counts, tie = majority_vote([o["verdict"] for o in outcomes])
         said = [{"round": 1, "role": f"voter_{v + 1}", "prompt": prompts[i], "response": replies[i],
-                 "parse_status": o["status"]} for v, ((_, prompts, replies), o) in enumerate(zip(ballots, outcomes))]
-        voted = parse_moderator(vote_replies[i])
+                 "parse_status": o["status"], **turns.structured_note(convs[i])}
+                for v, ((convs, prompts, replies), o) in enumerate(zip(ballots, outcomes))]
+        voted = parse_moderator(vote_replies[i], vote_convs[i].structured)
         said.append({"round": "vote", "role": "vote", "prompt": vote_prompts[i], "response": vote_replies[i],
-                     "parse_status": voted["status"]})
+                     "parse_status": voted["status"], **turns.structured_note(vote_convs[i])})
         if voted["verdict"] is not None:
             outcome, reply, stop = voted, vote_replies[i], "vote"
         else:
             # The voting reply named no label: the counted vote decides, with the first winning voter's
-            # justification (with no readable vote, the first voter's reply, so its status says why).
+            # justification (with no readable vote, the first voter's reply, so its status says why),
+            # and as label distribution that of the count itself (each voter independent, same tie rule).
             chosen = next((v for v, o in enumerate(outcomes) if o["verdict"] == label), 0)
-            outcome, reply, stop = outcomes[chosen], ballots[chosen][2][i], "vote_count"
+            outcome = dict(outcomes[chosen], label_probs=turns.outcome_probs(
+                [o.get("label_probs") for o in outcomes], lambda votes: majority_vote(votes)[0]))
+            reply, stop = ballots[chosen][2][i], "vote_count"
         records.append(turns.record(
             claim, outcome, said, [convs[i] for convs, _, _ in ballots] + [vote_convs[i]], reply=reply,
             rounds=1, stop_reason=stop,
@@ -145,12 +150,13 @@ def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=
         active = going
 
     final = render("cooperation_final", answer=load_prompt("verdict_answer"))
-    replies = turns.speak(agents["assistant"], assistants, [final] * len(claims), settings, generator)
+    replies = turns.speak(agents["assistant"], assistants, [final] * len(claims), settings, generator,
+                          "cooperation_final")
     records = []
     for i, (claim, reply) in enumerate(zip(claims, replies)):
-        outcome = parse_moderator(reply)
+        outcome = parse_moderator(reply, assistants[i].structured)
         said[i].append({"round": "final", "role": "assistant", "prompt": final, "response": reply,
-                        "parse_status": outcome["status"]})
+                        "parse_status": outcome["status"], **turns.structured_note(assistants[i])})
         records.append(turns.record(claim, outcome, said[i], [users[i], assistants[i]], reply=reply,
                                     rounds=rounds[i], stop_reason=stop[i]))
         if on_finish:

@@ -99,6 +99,10 @@ def run_parser(description=None):
                    "demo ends in minutes)")
     g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV: the paper's; cooperation turns: ours), "
                    "10 (courtroom)")
+    g.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode every JSON answer under its prompt's schema (keys forced, verdicts chosen among "
+                   "the labels by probability; ours, default on); --no-structured: free generation and "
+                   "tolerant parsing, as the papers ran")
     g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
                    help="re-encode each conversation every turn (for measurement)")
 

@@ -33,6 +33,8 @@ SIDE_NAMES = {"plaintiff": "Plaintiff Counsel", "defense": "Defense Counsel"}
 WITNESS = re.compile(r"^\W*witness\W*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 SHOWN = ("admitted", "discovered", "disputed", "unscored")  # pool statuses the counsels and the panel see
 POOL_ORDER = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "dropped"))}
+SCHEMAS = ("court_premises", "counsel_search", "court_admissibility", "counsel_gap", "court_query",
+           "counsel_reflection", "critic_round", "court_ready", "court_consistency", "judge_case")
 
 
 def model_of(n_judges):
@@ -120,15 +122,16 @@ def _text(value):
     return value.strip() if isinstance(value, str) else ""
 
 
-def _ask(agent, items, settings, generator, one_shot=True):
+def _ask(agent, items, settings, generator, one_shot=True, schema_name=None):
     """One batched turn over (case, stage, role, conversation, prompt) items; returns the replies.
 
     A one-shot conversation (a single question) gives its cache back at once; a hearing's conversations
-    keep theirs for their next turn.
+    keep theirs for their next turn. `schema_name`: the prompt whose JSON answer is asked for.
     """
-    replies = turns.speak(agent, [i[3] for i in items], [i[4] for i in items], settings, generator)
+    replies = turns.speak(agent, [i[3] for i in items], [i[4] for i in items], settings, generator, schema_name)
     for (case, stage, role, conv, prompt), reply in zip(items, replies):
-        case.said.append({"round": stage, "role": role, "prompt": prompt, "response": reply})
+        case.said.append({"round": stage, "role": role, "prompt": prompt, "response": reply,
+                          **turns.structured_note(conv)})
         if not any(c is conv for c in case.convs):  # identity: two conversations may hold equal text
             case.convs.append(conv)
         if one_shot:
@@ -155,7 +158,7 @@ def _court(case):
 
 def _premises(agents, cases, opts, settings, generator):
     items = [(c, "premises", "court", _court(c), load_prompt("court_premises")) for c in cases]
-    for case, reply in zip(cases, _ask(agents["court"], items, settings, generator)):
+    for case, reply in zip(cases, _ask(agents["court"], items, settings, generator, schema_name="court_premises")):
         value = _fields(reply, ("Premises",)).get("Premises")
         lines = value if isinstance(value, list) else _text(value).splitlines()
         premises = [re.sub(r"^\W*\d*[.)]?\s*", "", str(p)).strip() for p in lines]
@@ -172,7 +175,7 @@ def _stance_queries(agents, cases, settings, generator):
     for side in SIDES:
         items = [(c, "negotiation", side, engine.Conversation(system=_counsel_system(c, side)),
                   load_prompt("counsel_search")) for c in cases]
-        for case, reply in zip(cases, _ask(agents[side], items, settings, generator)):
+        for case, reply in zip(cases, _ask(agents[side], items, settings, generator, schema_name="counsel_search")):
             case.stance_queries[side] = _text(_fields(reply, ("Query",)).get("Query")) or case.claim["claim"]
 
 
@@ -201,7 +204,7 @@ def _negotiate(agents, cases, opts, library, settings, generator):
             entry = {"passage": case.index.passages[position], "position": position, "round": 0}
             prompt = render("court_admissibility", passage=_passage_text(dict(entry, status="admitted"), 1))
             scoring.append((case, entry, (case, "negotiation", "court", _court(case), prompt)))
-    replies = _ask(agents["court"], [s[2] for s in scoring], settings, generator)
+    replies = _ask(agents["court"], [s[2] for s in scoring], settings, generator, schema_name="court_admissibility")
     for (case, entry, _), reply in zip(scoring, replies):
         fields = _fields(reply, ("Relevance", "Credibility"))
         entry["weight"], entry["status"] = panel.admissibility(
@@ -233,7 +236,8 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
         items = [(c, f"{tag}-{round_no}", side, h.convs[side], render("counsel_gap", round=round_no))
                  for c, h in active]
         counsel = active[0][1].counsels[side]
-        for (case, hearing), reply in zip(active, _ask(counsel, items, settings, generator, one_shot=False)):
+        for (case, hearing), reply in zip(active, _ask(counsel, items, settings, generator, one_shot=False,
+                                                       schema_name="counsel_gap")):
             gaps[(id(case), side)] = _text(_fields(reply, ("Gap",)).get("Gap")) or reply.strip()
     items = []
     for case, hearing in active:
@@ -244,7 +248,7 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
                                           f"Discovery need: {need}" if need else "") if x)
             items.append((case, f"{tag}-{round_no}", "court", _court(case),
                           render("court_query", side=SIDE_NAMES[side], draft=draft)))
-    replies = _ask(agents["court"], items, settings, generator)
+    replies = _ask(agents["court"], items, settings, generator, schema_name="court_query")
     queries = [_text(_fields(reply, ("Query",)).get("Query")) or gaps[(id(item[0]), side)] or item[0].claim["claim"]
                for item, reply, side in zip(items, replies, SIDES * len(active))]
     vectors = iter(retrieval.embed(library.embedder, queries))  # one encoder call for the whole round
@@ -314,7 +318,8 @@ def _reflect_and_review(active, round_no, opts, agents, settings, generator, tag
     for side in SIDES:
         items = [(c, f"{tag}-{round_no}", side, h.convs[side], load_prompt("counsel_reflection")) for c, h in active]
         counsel = active[0][1].counsels[side]
-        for (case, hearing), reply in zip(active, _ask(counsel, items, settings, generator, one_shot=False)):
+        for (case, hearing), reply in zip(active, _ask(counsel, items, settings, generator, one_shot=False,
+                                                       schema_name="counsel_reflection")):
             fields = _fields(reply, ("Logic", "Novelty", "Rebuttal", "Discovery Need"))
             parts = [number_in(fields.get(k), 1) for k in ("Logic", "Novelty", "Rebuttal")]
             hearing.reflections[side] = {"Logic": parts[0], "Novelty": parts[1], "Rebuttal": parts[2],
@@ -328,7 +333,8 @@ def _reflect_and_review(active, round_no, opts, agents, settings, generator, tag
         items = [(c, f"{tag}-{round_no}", role, h.convs[role],
                   render(prompt_name, round=round_no, plaintiff_argument=h.rounds[-1]["plaintiff"],
                          defense_argument=h.rounds[-1]["defense"])) for c, h in active]
-        for (case, hearing), reply in zip(active, _ask(agents[role], items, settings, generator, one_shot=False)):
+        for (case, hearing), reply in zip(active, _ask(agents[role], items, settings, generator, one_shot=False,
+                                                       schema_name=prompt_name)):
             fields = _fields(reply, ("Plaintiff Score", "Defense Score", "Unresolved Premises", key))
             hearing.rounds[-1][role] = {k: v for k, v in fields.items() if isinstance(v, (str, int, float))}
             decisions.setdefault(id(hearing), {})[role] = yes_no(fields.get(key)) is True
@@ -381,7 +387,7 @@ def _consistency(agents, cases, settings, generator):
     items = [(c, "role-switch", "court", _court(c),
               render("court_consistency", first=_hearing_text(c.hearings[0], "First hearing"),
                      second=_hearing_text(c.hearings[1], "Second hearing"))) for c in cases]
-    for case, reply in zip(cases, _ask(agents["court"], items, settings, generator)):
+    for case, reply in zip(cases, _ask(agents["court"], items, settings, generator, schema_name="court_consistency")):
         score = number_in(_fields(reply, ("Consistency", "Reason")).get("Consistency"), 10)
         case.consistency = None if score is None else 10 * score
 
@@ -410,10 +416,12 @@ def _judge(agents, cases, settings, streams):
                  for case, prompt in zip(cases, prompts)]
         # Each seat samples from its own stream, so seats on one model can disagree when sampling.
         generator = turns.stream(agents, streams, settings.seed + 1 + k, settings)
-        for case, reply in zip(cases, _ask(agents[seat], items, settings, generator)):
+        for item, reply in zip(items, _ask(agents[seat], items, settings, generator, schema_name="judge_case")):
             fields, status = read_fields(reply, ("Evidence Strength", "Argument Validity", "Scientific Reliability",
                                                  "Justification", "Verdict"))
-            ballots[(id(case), seat)] = (fields, status, reply)
+            structured = item[3].structured
+            probs = structured["probs"].get("Verdict") if structured else None
+            ballots[(id(item[0]), seat)] = (fields, "structured" if structured else status, reply, probs)
     return seats, ballots
 
 
@@ -430,7 +438,7 @@ def _panel_note(agents, seats):
 def _verdict(case, seats, ballots, opts):
     votes, qualities, reasons = [], [], []
     for seat, source in seats.items():
-        fields, status, reply = ballots[(id(case), source)]
+        fields, status, reply, _ = ballots[(id(case), source)]
         label = panel.panel_label(fields.get("Verdict"))
         votes.append(label)
         scores = [number_in(fields.get(k), 10) for k in ("Evidence Strength", "Argument Validity",
@@ -448,8 +456,15 @@ def _verdict(case, seats, ballots, opts):
     chosen = next((r for r in reasons if winner and r[0] == winner), None) or next(
         (r for r in reasons if r[0] is not None), reasons[0])
     status = chosen[2] or "unparsed"
-    return {"verdict": label, "justification": chosen[1], "status": status}, chosen[3], {
-        "votes": votes, "panel_verdict": winner, "confidence": round(conf, 4),
+    # The label distribution of the panel: each distinct judge votes from its own probabilities, a seat
+    # that shares its model's vote (greedy) votes alike, and the label rule maps the votes.
+    sources = sorted(set(seats.values()))
+    vote_probs = {s: ballots[(id(case), s)][3] for s in sources}
+    label_probs = turns.outcome_probs(
+        [vote_probs[s] for s in sources],
+        lambda said: panel.vote([dict(zip(sources, said))[seats[seat]] for seat in seats])[2])
+    return {"verdict": label, "justification": chosen[1], "status": status, "label_probs": label_probs}, chosen[3], {
+        "votes": votes, "vote_probs": {seat: vote_probs[seats[seat]] for seat in seats}, "panel_verdict": winner, "confidence": round(conf, 4),
         "confidence_parts": {k: round(v, 4) for k, v in parts.items()}}
 
 

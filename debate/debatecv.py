@@ -17,6 +17,7 @@ from debate.prompts import format_evidence, load_prompt, render
 
 ROLES = ("affirmative", "negative", "moderator")
 MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag
+SCHEMAS = ("moderator_round", "moderator_final")  # the JSON answers it asks for (debate.schema)
 
 
 @dataclass
@@ -45,9 +46,10 @@ def start_debate(claim):
     return ClaimDebate(claim=claim, convs=convs)
 
 
-def _speak(agents, role, debates, prompts, round_no, settings, generator):
+def _speak(agents, role, debates, prompts, round_no, settings, generator, schema_name=None):
     """One batched turn of `role` in each of `debates`; returns the replies."""
-    replies = shared.speak(agents[role], [d.convs[role] for d in debates], prompts, settings, generator)
+    replies = shared.speak(agents[role], [d.convs[role] for d in debates], prompts, settings, generator,
+                           schema_name)
     for d, prompt, reply in zip(debates, prompts, replies):
         d.arguments[role] = reply
         d.turns.append({"round": round_no, "role": role, "prompt": prompt, "response": reply})
@@ -86,13 +88,12 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
         _speak(agents, "negative", active, neg_prompts, round_no, settings, generator)
         mod_prompts = [render("moderator_round", round=round_no, affirmative_argument=d.arguments["affirmative"],
                               negative_argument=d.arguments["negative"]) for d in active]
-        replies = _speak(agents, "moderator", active, mod_prompts, round_no, settings, generator)
+        replies = _speak(agents, "moderator", active, mod_prompts, round_no, settings, generator, "moderator_round")
 
         still = []
         for debate, reply in zip(active, replies):
             debate.rounds = round_no
-            parsed = parse_moderator(reply)
-            debate.turns[-1]["parse_status"] = parsed["status"]
+            parsed = _read(debate, reply)
             if parsed["proceed"] is False and parsed["verdict"] is not None:
                 _finish(debate, parsed, "moderator")
                 finished(debate)
@@ -108,13 +109,21 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
     if final:
         prompts = [render("moderator_final", affirmative_argument=d.arguments["affirmative"],
                           negative_argument=d.arguments["negative"], claim=d.claim["claim"]) for d in final]
-        replies = _speak(agents, "moderator", final, prompts, "final", settings, generator)
+        replies = _speak(agents, "moderator", final, prompts, "final", settings, generator, "moderator_final")
         for debate, reply in zip(final, replies):
-            parsed = parse_moderator(reply)
-            debate.turns[-1]["parse_status"] = parsed["status"]
+            parsed = _read(debate, reply)
             _finish(debate, parsed, debate.stop_reason or "max_rounds")
             finished(debate)
     return records
+
+
+def _read(debate, reply):
+    """The Moderator's reply parsed (from its schema result when structured); noted on its turn."""
+    structured = debate.convs["moderator"].structured
+    parsed = parse_moderator(reply, structured)
+    debate.turns[-1]["parse_status"] = parsed["status"]
+    debate.turns[-1].update(shared.structured_note(debate.convs["moderator"]))
+    return parsed
 
 
 def to_record(debate):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from debate import schema as schemas_mod
+
 # Stands in for each assistant message when the chat template is rendered, so the text around the
 # generated ids can be tokenised on its own. No whitespace, so templates that trim content keep it.
 _SENTINEL = "\u2063debatecv-turn-{}\u2063"
@@ -27,6 +29,7 @@ class Settings:
     top_p: float = 1.0
     seed: int = 0
     reuse_cache: bool = True
+    structured: bool = True  # decode JSON answers under their prompt's schema (debate.schema)
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Conversation:
     prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
     encoded_tokens: int = 0  # prompt tokens actually run through the model
     completion_tokens: int = 0
+    structured: dict = None  # the last reply's schema result (fields, choice probabilities), or None
 
     def drop_cache(self):
         self.cache, self.cached_ids = None, []
@@ -153,14 +157,110 @@ def _batch_cache(convs, reuse, width, device):
     return DynamicCache(ddp_cache_data=layers)
 
 
+def _choice_logprobs(model, cache, row, start, candidates, first_logits, pad_id):
+    """Each candidate id list's summed log-probability after `row`'s context, whose keys/values fill
+    `cache` from column `start` on. The first tokens are scored from `first_logits` (the row's logits
+    now); the rest in one side pass over copies of the row's cache, which leaves the batch untouched."""
+    logp = torch.log_softmax(first_logits.float(), dim=-1)
+    totals = [float(logp[c[0]]) for c in candidates]
+    width = max(len(c) for c in candidates) - 1
+    if width == 0:
+        return totals
+    k, device = len(candidates), first_logits.device
+    layers = [(layer.keys[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous(),
+               layer.values[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous()) for layer in cache.layers]
+    past = layers[0][0].shape[2]
+    ids = torch.full((k, width), pad_id, dtype=torch.long)
+    mask = torch.ones((k, past + width), dtype=torch.long)
+    for j, c in enumerate(candidates):
+        ids[j, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+        mask[j, past + len(c) - 1:] = 0  # right padding: only positions after a candidate's end see it
+    positions = torch.arange(past, past + width)[None].expand(k, -1)
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                past_key_values=DynamicCache(ddp_cache_data=layers), use_cache=True)
+    logp = torch.log_softmax(out.logits.float(), dim=-1)
+    for j, c in enumerate(candidates):
+        picks = logp[j, torch.arange(len(c) - 1, device=device), torch.tensor(c[1:], device=device)]
+        totals[j] += float(picks.sum())
+    return totals
+
+
+class _SchemaRow:
+    """Drives one row's schema program (debate.schema.program) step by step: forced ids one per step,
+    masked free text, whole-value choices scored by `score(candidates, logits) -> totals`."""
+
+    def __init__(self, compiled, limit, masks, settings, generator, score):
+        self.program = schemas_mod.program(compiled, limit)
+        self.masks, self.settings, self.generator, self.score = masks, settings, generator, score
+        self.queue, self.text, self.cap, self.mode, self.result = [], [], 0, None, None
+        self._send(None)
+
+    def _send(self, value):
+        try:
+            self.op = self.program.send(value)
+        except StopIteration as done:
+            self.op, self.result = None, done.value
+            return
+        if self.op[0] == "force":
+            self.queue = list(self.op[1])
+        elif self.op[0] == "text":
+            _, self.cap, self.mode = self.op
+            self.text = []
+
+    def _choose(self, candidates, logits):
+        totals = torch.tensor(self.score(candidates, logits))
+        probs = torch.softmax(totals, dim=0)
+        if self.settings.temperature <= 0:
+            index = int(totals.argmax())
+        else:
+            tempered = torch.softmax(totals / self.settings.temperature, dim=0).to(logits.device)
+            index = int(torch.multinomial(tempered, 1, generator=self.generator))
+        return index, [round(float(p), 6) for p in probs]
+
+    def next_token(self, logits):
+        """The id this row feeds now, given its logits; None once the object is complete."""
+        while self.op is not None:
+            kind = self.op[0]
+            if kind == "force":
+                if not self.queue:
+                    self._send(None)
+                    continue
+                token = self.queue.pop(0)
+                if not self.queue:
+                    self._send(None)  # the next op starts at the next step, from that step's logits
+                return token
+            if kind == "choose":
+                self._send(self._choose(self.op[1], logits))
+                continue
+            if self.cap <= 0:
+                self._send(self.text)
+                continue
+            banned, closing = self.masks[self.mode]
+            token = int(_next_tokens(logits.masked_fill(banned, float("-inf"))[None], self.settings,
+                                     self.generator)[0])
+            if closing[token]:
+                self._send(self.text)  # the closing token itself is not fed: the schema writes the close
+                continue
+            self.text.append(token)
+            self.cap -= 1
+            return token
+        return None
+
+
 @torch.inference_mode()
-def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, generator=None):
+def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, generator=None, schemas=None):
     """Add one user message to each conversation and generate every reply in one batch.
 
     Returns the reply texts; each conversation gets its assistant message, token counts and cache.
+    `schemas` (one debate.schema.Compiled or None per row) decodes those rows under their schema; the
+    row's conversation then holds the schema's result in `structured` (None for a free reply).
     """
     if not convs:
         return []
+    schemas = list(schemas) if schemas and any(schemas) else None
+    for compiled in schemas or ():
+        if compiled is not None:
+            schemas_mod.check_budget(compiled, settings.max_new_tokens)
     stop_ids = stop_ids if stop_ids is not None else stop_token_ids(model, tokenizer)
     device = _model_device(model)
     if generator is None and settings.temperature > 0:
@@ -199,11 +299,25 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     generated = [[] for _ in convs]
     live = [True] * rows
     stops = set(stop_ids)
+    driven = [None] * rows
+    if schemas:
+        masks = schemas_mod.masks(tokenizer, out.logits.shape[-1], stop_ids, device)
+        for row, compiled in enumerate(schemas):
+            if compiled is not None:
+                start = width + chunk - len(targets[row])  # the row's first column in the cache, for good
+                score = (lambda row, start: lambda candidates, logits: _choice_logprobs(
+                    model, cache, row, start, candidates, logits, pad_id))(row, start)
+                driven[row] = _SchemaRow(compiled, settings.max_new_tokens - 1, masks, settings, generator, score)
+    free_rows = any(d is None for d in driven)
     for step in range(settings.max_new_tokens):
-        # The one device-to-host copy of the step; the bookkeeping below is plain Python.
-        picked = _next_tokens(out.logits[:, -1, :], settings, generator).tolist()
+        logits = out.logits[:, -1, :]
+        # The one device-to-host copy of the step for free rows; the bookkeeping below is plain Python.
+        picked = _next_tokens(logits, settings, generator).tolist() if free_rows else [None] * rows
         for row in range(rows):
             if live[row]:
+                if driven[row] is not None:
+                    token = driven[row].next_token(logits[row])
+                    picked[row] = stop_ids[0] if token is None else token
                 generated[row].append(picked[row])
                 live[row] = picked[row] not in stops
         if not any(live) or step == settings.max_new_tokens - 1:
@@ -229,6 +343,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
         ] if settings.reuse_cache else None
         conv.cached_ids = fed if settings.reuse_cache else []
         conv.generated.append(content)
+        conv.structured = driven[row].result if driven[row] is not None else None
         reply = tokenizer.decode(content, skip_special_tokens=True)
         conv.messages.append({"role": "assistant", "content": reply})
         conv.prompt_tokens += len(t)

@@ -24,6 +24,7 @@ from debate.prompts import format_evidence, load_prompt, render
 MODEL_OF = {"madr_typology": "refine", "madr_free": "refine", "madr_judge": "refine",
             "madr_refiner": "refine"}  # role -> its model flag
 DEBATERS = ("madr_typology", "madr_free")
+SCHEMAS = ("madr_judge", "madr_refine")  # the JSON answers it asks for (debate.schema)
 OTHER = {"madr_typology": "madr_free", "madr_free": "madr_typology"}
 FIRST_REQUEST = {"madr_typology": "madr_typology_feedback", "madr_free": "madr_free_feedback"}
 
@@ -69,8 +70,8 @@ def start_review(claim, prediction):
                   convs={role: engine.Conversation(system=text) for role, text in systems.items()})
 
 
-def _speak(agents, role, reviews, prompts, round_name, settings, generator):
-    replies = turns.speak(agents[role], [r.convs[role] for r in reviews], prompts, settings, generator)
+def _speak(agents, role, reviews, prompts, round_name, settings, generator, schema_name=None):
+    replies = turns.speak(agents[role], [r.convs[role] for r in reviews], prompts, settings, generator, schema_name)
     for review, prompt, reply in zip(reviews, prompts, replies):
         review.turns.append({"round": round_name, "role": role, "prompt": prompt, "response": reply})
     return replies
@@ -115,12 +116,14 @@ def _debate(agents, reviews, settings, max_iterations, generator):
                 review.feedback[role] = reply
         prompts = [render("madr_judge", typology_feedback=r.feedback["madr_typology"],
                           free_feedback=r.feedback["madr_free"]) for r in active]
-        replies = _speak(agents, "madr_judge", active, prompts, round_name, settings, generator)
+        replies = _speak(agents, "madr_judge", active, prompts, round_name, settings, generator, "madr_judge")
         still = []
         for review, reply in zip(active, replies):
             review.iterations = i
             agreed, status = judge_agrees(reply)
-            review.turns[-1].update(parse_status=status, agreement=agreed)
+            # A structured reply's note says "structured" in place of how the text was read.
+            review.turns[-1].update({"parse_status": status, "agreement": agreed,
+                                     **turns.structured_note(review.convs["madr_judge"])})
             if agreed:
                 review.stop_reason = "agreement"
                 for role in (*DEBATERS, "madr_judge"):
@@ -152,10 +155,11 @@ def refine(agents, records, claims, settings, max_iterations, streams=None):
 
     prompts = [render("madr_refine", typology_feedback=r.feedback["madr_typology"],
                       free_feedback=r.feedback["madr_free"]) for r in chosen]
-    replies = _speak(agents, "madr_refiner", chosen, prompts, "madr-refine", settings, generator)
+    replies = _speak(agents, "madr_refiner", chosen, prompts, "madr-refine", settings, generator, "madr_refine")
     for review, reply in zip(chosen, replies):
         review.refined, review.refine_status = read_refined(reply, review.justification)
-        review.turns[-1]["parse_status"] = review.refine_status
+        review.turns[-1].update({"parse_status": review.refine_status,
+                                 **turns.structured_note(review.convs["madr_refiner"])})
         for conv in review.convs.values():
             conv.drop_cache()
 

@@ -5,6 +5,8 @@
      "verdict": label | None, "justification": str, "status": str}
 
 status says how the decision was recovered, from most to least trustworthy:
+    "structured"    decoded under the prompt's schema (debate.schema): the object is well formed by
+                    construction and the verdict was chosen among the four labels
     "json"          the whole answer is one clean JSON object
     "json_repaired" a JSON object was found after repair: code fences, prose around it, single quotes,
                     trailing commas, Python literals (True/None), curly quotes
@@ -23,7 +25,7 @@ from debate.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED, canonical_label
 KEYS = ("Primary Insight", "Evidence Gaps", "Justification for Proceeding", "Proceeding Necessity",
         "Justification for Verdict", "Verdict")
 DECISION_KEYS = ("Verdict", "Proceeding Necessity")
-STATUSES = ("json", "json_repaired", "fields_regex", "label_in_text", "unparsed")
+STATUSES = ("structured", "json", "json_repaired", "fields_regex", "label_in_text", "unparsed")
 
 # Keys compared squeezed to lowercase letters, so "proceeding_necessity" and "Proceeding-Necessity" match.
 MODERATOR_ALIASES = {"finalverdict": "Verdict", "justification": "Justification for Verdict"}
@@ -40,8 +42,16 @@ _NEGATION = re.compile(r"(?:\b(?:not|no|never|nor|neither|cannot)|n['\u2019]t)\W
                        re.IGNORECASE)
 
 
-def parse_moderator(text):
-    """Parse one Moderator response (round or final) into fields, decision and status; see module doc."""
+def parse_moderator(text, structured=None):
+    """Parse one Moderator response (round or final) into fields, decision and status; see module doc.
+
+    `structured` is the engine's schema result for the reply (engine.Conversation.structured): its fields
+    are taken as they are (status "structured"), with the Verdict choice's probabilities as
+    `label_probs`. A reply decoded under a schema that asks for reasoning first keeps that reasoning as
+    the justification when the justification field is empty.
+    """
+    if structured is not None:
+        return _from_structured(structured)
     text = text if isinstance(text, str) else ""
     fields, status = read_fields(text, KEYS, DECISION_KEYS, MODERATOR_ALIASES)
 
@@ -56,6 +66,17 @@ def parse_moderator(text):
     return {"fields": fields, "proceed": proceed, "verdict": verdict,
             "justification": justification.strip() if isinstance(justification, str) else "",
             "status": status}
+
+
+def _from_structured(structured):
+    fields = dict(structured["fields"])
+    verdict = canonical_label(fields.get("Verdict"))
+    justification = fields.get("Justification for Verdict")
+    justification = justification.strip() if isinstance(justification, str) else ""
+    probs = structured["probs"].get("Verdict")
+    return {"fields": fields, "proceed": yes_no(fields.get("Proceeding Necessity")), "verdict": verdict,
+            "justification": justification or structured.get("reasoning", ""), "status": "structured",
+            "label_probs": {canonical_label(k): v for k, v in probs.items()} if probs else None}
 
 
 def read_fields(text, keys, required=None, aliases=None):

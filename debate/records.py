@@ -19,7 +19,7 @@ IDENTITY_KEYS = ("method", "refine", "split", "data_dir", "evidence", "retrieved
                  "temperature", "top_p", "seed", "max_new_tokens", "max_rounds", "voters", "corpus", "embedder",
                  "top_k", "novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold",
                  "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight", "role_switch", "witness",
-                 "madr_iterations", "prompts_hash")
+                 "madr_iterations", "structured", "prompts_hash")
 
 
 class RunConflict(RuntimeError):
@@ -131,7 +131,7 @@ def submission(predictions, claims):
             "justification": p["justification"],
             # What the scorer reports for our own runs: rounds, tokens, how the verdict was read.
             **{k: p[k] for k in ("rounds", "parse_status", "prompt_tokens", "encoded_tokens",
-                                 "completion_tokens", "justification_unrefined") if k in p},
+                                 "completion_tokens", "justification_unrefined", "label_probs") if k in p},
             "evidence": [{"question": e["question"], "answer": e["answer"], "url": e.get("url", "")}
                          for e in evidence],
             "questions": [{"question": e["question"],

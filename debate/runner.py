@@ -12,6 +12,7 @@ from tqdm import tqdm
 from debate import baselines, courtroom, data, debatecv, engine, madr, models, prompts, records, turns
 from debate.prompts import PromptError
 from debate.retrieval import RetrievalError
+from debate.schema import SchemaBudgetError
 from eval import averitec, report
 from eval.averitec import InputError
 from eval.wordnet import WordNetMissingError
@@ -20,6 +21,9 @@ from eval.wordnet import WordNetMissingError
 def _fixed(table):
     return lambda args: dict(table)
 
+
+# The JSON answers each method asks for, checked against --max-new-tokens before any claim runs.
+SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS}
 
 # name -> (function over a batch of claims, its roles -> model flag, its keyword options from the CLI)
 METHODS = {
@@ -164,7 +168,10 @@ def _run_one(args, claims, prompt_info, agents, log):
         config["models"] = models.model_info(agents)
         records.write_json(Path(args.output_dir) / records.CONFIG, config)
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache)
+                                   top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache,
+                                   structured=args.structured)
+        turns.check_schemas(agents, SCHEMAS[args.method] + (madr.SCHEMAS if args.refine == "madr" else ()),
+                            settings)
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
         writer = records.Writer(args.output_dir)
@@ -217,6 +224,6 @@ def main_guard(fn):
     try:
         return fn()
     except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
-            WordNetMissingError, RetrievalError) as err:
+            WordNetMissingError, RetrievalError, SchemaBudgetError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

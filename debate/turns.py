@@ -3,9 +3,13 @@
 A protocol (DebateCV, the baselines, the courtroom, MADR) is a plain function over conversations; these
 few helpers keep them from each writing the same bookkeeping again.
 """
+import itertools
+import math
+
 import torch
 
-from debate import engine
+from debate import engine, schema
+from debate.labels import LABELS
 from debate.models import adapter_scope
 
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
@@ -38,13 +42,50 @@ def stream(agents, streams, seed, settings):
     return (streams or Streams(device_of(agents)))(seed)
 
 
-def speak(agent, convs, prompts, settings, generator=None):
-    """One batched turn of `agent` (a models.RoleModel) in each conversation; returns the replies."""
+def speak(agent, convs, prompts, settings, generator=None, schema_name=None):
+    """One batched turn of `agent` (a models.RoleModel) in each conversation; returns the replies.
+
+    `schema_name`: the prompt whose JSON answer is asked for; with `settings.structured` the replies are
+    decoded under its schema and each conversation's `structured` holds the fields and probabilities.
+    """
     if not convs:
         return []
+    compiled = schema.compile_for(schema_name, agent.tokenizer) if schema_name and settings.structured else None
     with adapter_scope(agent):
         return engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
-                               generator=generator if settings.temperature > 0 else None)
+                               generator=generator if settings.temperature > 0 else None,
+                               schemas=[compiled] * len(convs) if compiled else None)
+
+
+def structured_note(conv):
+    """What a transcript turn records of a reply decoded under a schema: status, schema and the choices'
+    probabilities; nothing for a free reply."""
+    if conv.structured is None:
+        return {}
+    return {"parse_status": "structured", "schema": conv.structured["schema"], "probs": conv.structured["probs"]}
+
+
+def check_schemas(agents, names, settings):
+    """Refuse, before any claim runs, a --max-new-tokens too small for a JSON answer the run will ask for."""
+    if not settings.structured:
+        return
+    for agent in {id(a.tokenizer): a for a in agents.values()}.values():
+        for name in names:
+            schema.check_budget(schema.compile_for(name, agent.tokenizer), settings.max_new_tokens)
+
+
+def outcome_probs(dists, rule, labels=LABELS):
+    """P(rule(votes) == label) for each label when vote i is drawn from dists[i] ({value: p}) independently;
+    None when any distribution is missing. Normalised over the labels the rule can give."""
+    if not dists or any(d is None for d in dists):
+        return None
+    out = dict.fromkeys(labels, 0.0)
+    for combo in itertools.product(*(d.items() for d in dists)):
+        label = rule([v for v, _ in combo])
+        if label in out:
+            out[label] += math.prod(p for _, p in combo)
+    total = sum(out.values())
+    return {k: round(v / total, 6) for k, v in out.items()} if total > 0 else None
 
 
 def token_counts(convs):
@@ -72,6 +113,7 @@ def record(claim, outcome, turns, convs, reply=None, **extra):
             "label": outcome["verdict"],
             "justification": justification,
             "parse_status": status,
+            "label_probs": outcome.get("label_probs"),
             **extra,
             **token_counts(convs),
             "gold_label": claim.get("label"),

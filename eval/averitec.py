@@ -12,6 +12,7 @@ Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--j
 """
 import argparse
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -277,6 +278,35 @@ def label_metrics(golds, preds):
     }
 
 
+ECE_BINS = 15
+
+
+def calibration(golds, probs, bins=ECE_BINS):
+    """{"ece", "brier", "n"} over the claims whose label probabilities are known (`probs`: a dict label ->
+    probability, or None), or None when none are.
+
+    ECE: the claims are put into `bins` equal-width bins (lower, upper] by the probability of their top
+    label; ECE = sum over bins of (claims in bin / n) x |accuracy of the top label - mean top probability|.
+    Brier: the mean over claims of sum over the four labels of (p - 1 if gold else p)^2, in [0, 2].
+    """
+    pairs = [(g, {canonical_label(k): v for k, v in p.items()}) for g, p in zip(golds, probs) if p]
+    if not pairs:
+        return None
+    sums = [[0, 0.0, 0] for _ in range(bins)]  # per bin: claims, summed confidence, top label right
+    brier = 0.0
+    for gold, p in pairs:
+        top = max(LABELS, key=lambda label: p.get(label, 0.0))
+        confidence = p.get(top, 0.0)
+        b = min(bins - 1, max(0, math.ceil(confidence * bins) - 1))  # (k/bins, (k+1)/bins] -> bin k
+        sums[b][0] += 1
+        sums[b][1] += confidence
+        sums[b][2] += top == gold
+        brier += sum((p.get(label, 0.0) - (label == gold)) ** 2 for label in LABELS)
+    n = len(pairs)
+    ece = sum(count / n * abs(right / count - conf / count) for count, conf, right in sums if count)
+    return {"ece": ece, "brier": brier / n, "n": n}
+
+
 def _run_stats(records):
     """Rounds, token and parse-status summaries for our own predictions.jsonl records."""
     out = {}
@@ -327,6 +357,9 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS):
         metrics["n_references"] = n_references
         metrics["n_missing"] = n_references - n
     metrics.update(_run_stats([r["record"] for r in rows if "record" in r]))
+    calibrated = calibration([r["gold"] for r in rows], [(r.get("record") or {}).get("label_probs") for r in rows])
+    if calibrated:
+        metrics["calibration"] = calibrated
     return metrics
 
 
@@ -339,7 +372,8 @@ def score(predictions, references, evidence=None, *, levels=LEVELS):
     evidence_score_mean, n_without_evidence, justification_meteor (mean METEOR of the predicted
     justification against the gold one, over the n_with_gold_justification claims that have one),
     justification_meteor_unrefined (when any record carries MADR's justification_unrefined), and when
-    the records carry them rounds, tokens, parse_status.
+    the records carry them rounds, tokens, parse_status, and calibration (ECE, Brier) over the records with
+    `label_probs`.
     """
     rows, n_refs = _per_claim(
         _located(predictions), _located(references), _located(evidence or []),

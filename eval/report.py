@@ -39,6 +39,10 @@ def summary_table(metrics):
         if metrics.get("justification_meteor_unrefined") is not None:
             line += f", before MADR {metrics['justification_meteor_unrefined']:.3f}"
         lines.append(line)
+    if metrics.get("calibration"):
+        cal = metrics["calibration"]
+        lines.append(f"calibration     ECE {cal['ece']:.3f}   Brier {cal['brier']:.3f}   "
+                     f"({cal['n']} claims with label probabilities)")
     fpr = metrics.get("fpr") or {}
     lines.append(f"FPR  NEE {_pct(fpr.get(NEE)).strip()}   CEC {_pct(fpr.get(CEC)).strip()}")
     per_class = metrics.get("per_class_f1") or {}

@@ -2,13 +2,14 @@
 
 `install(monkeypatch, reply)` replaces `debate.engine.generate`; `reply(model, conv, prompt)` gives each
 row's answer, where `model` is whatever the agent carries (tests use names). Every call is logged as
-`Call(model, prompts, systems, generator)`. Each row also checks that the text reaching the model has no
+`Call(model, prompts, systems, generator, schemas)` (schemas: the declared schema each row was asked
+under, or None; scripted replies are read by the tolerant parser, as free replies are). Each row also checks that the text reaching the model has no
 doubled braces: a prompt file read raw instead of rendered would show its JSON example as {{ }}.
 """
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from debate import engine
+from debate import engine, schema
 
 
 @dataclass
@@ -17,6 +18,7 @@ class Call:
     prompts: list
     systems: list
     generator: object
+    schemas: list = None
 
 
 def agents(roles, models=None):
@@ -29,7 +31,7 @@ def agents(roles, models=None):
 def install(monkeypatch, reply):
     calls = []
 
-    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None):
+    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
         replies = []
         for conv, prompt in zip(convs, prompts):
             assert "{{" not in prompt and "{{" not in conv.system, "a prompt reached the model unrendered"
@@ -39,9 +41,12 @@ def install(monkeypatch, reply):
             conv.prompt_tokens += 10
             conv.encoded_tokens += 7
             conv.completion_tokens += 5
+            conv.structured = None
             replies.append(text)
-        calls.append(Call(model, list(prompts), [c.system for c in convs], generator))
+        calls.append(Call(model, list(prompts), [c.system for c in convs], generator, schemas))
         return replies
 
     monkeypatch.setattr(engine, "generate", fake_generate)
+    # No tokenizer here: the declared schema stands in for the compiled one (and proves the name exists).
+    monkeypatch.setattr(schema, "compile_for", lambda name, tokenizer: schema.load(name))
     return calls

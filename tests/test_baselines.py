@@ -65,9 +65,9 @@ def test_majority_voters_sample_from_their_own_seeded_streams_and_a_voting_call_
     calls = scripted.install(monkeypatch, reply)
     fake = engine.generate
 
-    def seeded(model, tokenizer, convs, prompts, settings, generator=None):
+    def seeded(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
         current["seed"] = generator.initial_seed()
-        return fake(model, tokenizer, convs, prompts, settings, generator)
+        return fake(model, tokenizer, convs, prompts, settings, generator, schemas)
 
     monkeypatch.setattr(engine, "generate", seeded)
     streams = turns.Streams("cpu")

@@ -16,7 +16,7 @@ def tiny(tmp_path_factory):
 
 def argv(model, out, method, *extra):
     return ["--split", "demo", "--method", method, "--model", model, "--max-new-tokens", "5", "--max-rounds", "2",
-            "--batch-size", "3", "--limit", "3", "--output-dir", str(out), *extra]
+            "--batch-size", "3", "--limit", "3", "--output-dir", str(out), "--no-structured", *extra]
 
 
 def read(out, name):
@@ -68,7 +68,7 @@ def test_refine_madr_keeps_both_justifications_and_scores_both(tiny, tmp_path):
 def test_refine_changes_the_default_output_dir(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_debate.main(["--split", "demo", "--method", "rag-cot", "--model", tiny, "--max-new-tokens", "3", "--limit", "1",
-                     "--refine", "madr", "--madr-iterations", "1"])
+                     "--refine", "madr", "--madr-iterations", "1", "--no-structured"])
     assert (tmp_path / "runs/demo-golden-rag-cot-madr" / records.PREDICTIONS).is_file()
 
 

@@ -23,7 +23,7 @@ def argv(model, out, *extra):
     # Greedy: these runs are compared token for token (after a crash, with an adapter).
     return ["--split", "demo", "--evidence", "golden", "--debater-model", model, "--moderator-model", model,
             "--max-new-tokens", "6", "--max-rounds", "2", "--batch-size", "3", "--temperature", "0",
-            "--output-dir", str(out), *extra]
+            "--output-dir", str(out), "--no-structured", *extra]
 
 
 def read(out, name):
@@ -139,7 +139,8 @@ def test_bad_data_file_stops_with_file_and_entry_and_keeps_earlier_results(tiny,
     (data_dir / "dev.json").write_text(json.dumps(demo))
     out = tmp_path / "run"
     common = ["--split", "dev", "--data-dir", str(data_dir), "--evidence", "golden", "--debater-model", tiny,
-              "--moderator-model", tiny, "--max-new-tokens", "4", "--max-rounds", "1", "--output-dir", str(out)]
+              "--moderator-model", tiny, "--max-new-tokens", "4", "--max-rounds", "1", "--output-dir", str(out),
+              "--no-structured"]
     run_debate.main(common + ["--limit", "2"])
     kept = (out / records.PREDICTIONS).read_text()
     demo[5]["label"] = "Mostly true"

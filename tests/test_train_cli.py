@@ -15,7 +15,7 @@ from tests.tiny_models import build_tiny_llama
 from train import corrector, loop, stages, syndec
 
 TINY_TRAIN = ["--max-new-tokens", "8", "--max-rounds", "2", "--lora-r", "8", "--lora-alpha", "16", "--lr", "5e-3",
-              "--epochs", "1", "--grad-accum", "2", "--save-every", "2", "--temperature", "0"]
+              "--epochs", "1", "--grad-accum", "2", "--save-every", "2", "--temperature", "0", "--no-structured"]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_rerunning_skips_the_stages_that_are_done(trained, tiny):
 def test_the_adapter_changes_what_run_debate_says(trained, tiny, tmp_path):
     out, _ = trained
     common = ["--split", "demo", "--evidence", "golden", "--debater-model", tiny, "--moderator-model", tiny,
-              "--max-new-tokens", "8", "--max-rounds", "1", "--limit", "3", "--temperature", "0"]
+              "--max-new-tokens", "8", "--max-rounds", "1", "--limit", "3", "--temperature", "0", "--no-structured"]
     run_debate.main(common + ["--output-dir", str(tmp_path / "plain")])
     run_debate.main(common + ["--output-dir", str(tmp_path / "tuned"), "--moderator-adapter", str(out / "dpo/adapter")])
     plain, tuned = responses(tmp_path / "plain"), responses(tmp_path / "tuned")
@@ -178,18 +178,18 @@ def test_correction_resumes_after_a_crash_without_asking_twice(monkeypatch, tmp_
     rows = syndec_task.records(5, wrong=True) + syndec_task.records(2, start=10)
     asked = []
 
-    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None):
+    def fake_generate(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
         asked.extend(prompts)
         return ['{"Justification for Verdict": "fixed %d"}' % len(asked) for _ in prompts]
 
     monkeypatch.setattr(engine, "generate", fake_generate)
     agent = SimpleNamespace(model=None, tokenizer=None, adapter=None)
     path = tmp_path / "corrections.jsonl"
-    corrector.correct(agent, rows[:2], path, engine.Settings(), batch_size=2)
+    corrector.correct(agent, rows[:2], path, engine.Settings(structured=False), batch_size=2)
     with open(path, "a") as f:
         f.write('{"claim_id": 3, "correc')  # the process died mid-line
     asked.clear()
-    done = corrector.correct(agent, rows, path, engine.Settings(), batch_size=2)
+    done = corrector.correct(agent, rows, path, engine.Settings(structured=False), batch_size=2)
     assert len(asked) == 3  # claims 2, 3, 4: the two done are not asked again, the correct ones never
     assert sorted(done) == [0, 1, 2, 3, 4]
     merged = corrector.merge(rows, done)

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from debate import engine, records
+from debate import engine, records, schema
 from debate.models import adapter_scope
 from debate.parsing import parse_moderator
 from debate.prompts import render
@@ -35,8 +35,12 @@ def prompt_for(record):
                   insights="\n".join(insights) or "(none)", gold_verdict=record["gold_label"])
 
 
-def read_justification(reply):
-    """(justification, status): from the JSON key if it is there, else the reply's own text."""
+def read_justification(reply, structured=None):
+    """(justification, status): from the JSON key if it is there, else the reply's own text; decoded under
+    the schema, the key's value ("structured", or "empty" when the model wrote nothing)."""
+    if structured is not None:
+        text = structured["fields"]["Justification for Verdict"]
+        return (text, "structured") if text else ("", "empty")
     justification = parse_moderator(reply)["justification"]
     if justification:
         return justification, "field"
@@ -57,11 +61,12 @@ def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
         for i in range(0, len(todo), batch_size):
             batch = todo[i:i + batch_size]
             convs = [engine.Conversation(system="") for _ in batch]
+            compiled = schema.compile_for("corrector", agent.tokenizer) if settings.structured else None
             with adapter_scope(agent):
                 replies = engine.generate(agent.model, agent.tokenizer, convs, [prompt_for(r) for r in batch],
-                                          settings)
-            for record, reply in zip(batch, replies):
-                justification, status = read_justification(reply)
+                                          settings, schemas=[compiled] * len(batch) if compiled else None)
+            for record, reply, conv in zip(batch, replies, convs):
+                justification, status = read_justification(reply, conv.structured)
                 row = {"claim_id": record["claim_id"], "corrected_justification": justification,
                        "status": status, "response": reply}
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -57,7 +57,8 @@ def synth(args, log=print):
              "--seed": args.seed, "--max-new-tokens": args.max_new_tokens, "--max-rounds": args.max_rounds,
              "--output-dir": p["debates"]}
     run_args = cli.parse_run_args([str(x) for k, v in flags.items() if v is not None for x in (k, v)]
-                                  + ([] if args.use_4bit else ["--no-4bit"]))
+                                  + ([] if args.use_4bit else ["--no-4bit"])
+                                  + ([] if args.structured else ["--no-structured"]))
     runner.run(run_args, log=log)
     rows = syndec.build(p["debates"], runner.load_claims(run_args))
     syndec.write(p["syndec"], rows)
@@ -74,7 +75,7 @@ def correct(args, log=print):
     if wrong:
         agent = models.load_roles({"corrector": args.corrector_model}, use_4bit=args.use_4bit)["corrector"]
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   top_p=args.top_p, seed=args.seed)
+                                   top_p=args.top_p, seed=args.seed, structured=args.structured)
         with tqdm(total=len(wrong), initial=len(corrector.read_done(p["corrections"])), desc="correct",
                   unit="claim", dynamic_ncols=True) as bar:
             corrections = corrector.correct(agent, rows, p["corrections"], settings, args.batch_size, bar.update)
