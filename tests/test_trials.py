@@ -26,7 +26,8 @@ def shipped_prompts():
 
 def argv(model, out, *extra):
     return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "6",
-            "--max-rounds", "1", "--batch-size", "4", "--limit", "4", "--output-dir", str(out), *extra]
+            "--max-rounds", "1", "--batch-size", "4", "--limit", "4", "--no-structured", "--output-dir", str(out),
+            *extra]
 
 
 def read(path):
