@@ -30,44 +30,51 @@ def build_parser():
     d.add_argument("--split", default="train", help="AVeriTeC split DIR/<split>.json, or 'demo' (embedded)")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
-    d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together")
+    d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together (ours)")
     d.add_argument("--max-new-tokens", type=int,
-                   help=f"per turn (default: {cli.FULL_TURN}, the paper's; {cli.DEMO_TURN} on the demo split, ours)")
-    d.add_argument("--max-rounds", type=int, default=3, help="debate rounds at most")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+                   help=f"per turn; default {cli.FULL_TURN}, the DebateCV paper's ({cli.DEMO_TURN} on the demo "
+                   "split, ours)")
+    d.add_argument("--max-rounds", type=int, default=3, help="debate rounds at most (the DebateCV paper's 3)")
+    d.add_argument("--temperature", type=float, default=cli.PAPER_TEMPERATURE,
+                   help=f"sampling temperature of synthesis and correction; 0 = greedy (default "
+                   f"{cli.PAPER_TEMPERATURE}, the DebateCV paper's)")
+    d.add_argument("--top-p", type=float, default=1.0, help="default 1.0, the DebateCV paper's")
     d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
                    help="decode the Moderator's and the Corrector's JSON answers under their schemas (ours)")
     m = p.add_argument_group("models")
     m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
     m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")
     m.add_argument("--corrector-model", help="the Corrector (default: --model)")
-    m.add_argument("--no-4bit", dest="use_4bit", action="store_false", help="on CUDA, a bf16 base instead of 4-bit")
-    t = p.add_argument_group("training")
-    t.add_argument("--syndec", help="train on this SynDeC file (default: OUT's corrected one, else "
-                   "OUT/syndec.jsonl)")
+    m.add_argument("--no-4bit", dest="use_4bit", action="store_false",
+                   help="on CUDA, a bf16 base instead of 4-bit NF4 (4-bit QLoRA is ours, to fit one small GPU; "
+                   "the paper trained LoRA on a 40GB A100 and does not say it quantised)")
+    t = p.add_argument_group("training (the DebateCV paper's Appendix C gives AdamW, lr, epochs, LoRA rank and "
+                             "alpha; every other default is ours)")
+    t.add_argument("--syndec", help="train on this SynDeC file instead of OUT's")
     t.add_argument("--sft-include-corrected", action="store_true",
                    help="D-SFT also on wrong records, with the gold verdict and corrected justification as target")
     t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter (default: a new one)")
     t.add_argument("--sft-adapter", help="D-DPO's starting point and reference (default: OUT/sft/adapter)")
-    t.add_argument("--lora-r", type=int, default=128, help="LoRA rank")
-    t.add_argument("--lora-alpha", type=int, default=256, help="LoRA scaling numerator")
-    t.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
-    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate")
-    t.add_argument("--epochs", type=int, default=2, help="passes over the training records")
-    t.add_argument("--micro-batch", type=int, default=1, help="examples (DPO: pairs) per forward pass")
-    t.add_argument("--grad-accum", type=int, default=8, help="micro-batches per optimizer step")
-    t.add_argument("--warmup-ratio", type=float, default=0.03, help="share of the steps spent warming up")
+    t.add_argument("--lora-r", type=int, default=128, help="LoRA rank (the paper's 128)")
+    t.add_argument("--lora-alpha", type=int, default=256, help="LoRA alpha (the paper's 256)")
+    t.add_argument("--lora-dropout", type=float, default=0.05,
+                   help="LoRA dropout (ours; the paper does not give it); LoRA targets every linear layer (ours)")
+    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (the paper's 2e-5)")
+    t.add_argument("--epochs", type=int, default=2, help="per stage (the paper's 2)")
+    t.add_argument("--micro-batch", type=int, default=1, help="examples (DPO: pairs) per forward pass (ours)")
+    t.add_argument("--grad-accum", type=int, default=8, help="micro-batches per optimizer step (ours; the paper "
+                   "gives no batch size)")
+    t.add_argument("--warmup-ratio", type=float, default=0.03, help="share of steps warming up (ours)")
     t.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine",
-                   help="learning-rate decay after the warm-up")
+                   help="learning-rate schedule (ours)")
     t.add_argument("--max-length", type=int, default=4096,
-                   help="longest sequence; longer debates lose their oldest rounds first, never the target")
-    t.add_argument("--beta", type=float, default=0.1, help="DPO temperature")
+                   help="longest sequence (ours); longer debates lose their oldest rounds first, never the target")
+    t.add_argument("--beta", type=float, default=0.1, help="DPO temperature (ours; the paper does not give it)")
     t.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
-                   help="keep activations instead of recomputing them (faster, more memory)")
-    t.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints")
+                   help="keep activations instead of recomputing them (checkpointing is ours, to save memory)")
+    t.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints (ours)")
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
-    t.add_argument("--seed", type=int, default=0, help="seed of shuffling, dropout and sampled turns")
+    t.add_argument("--seed", type=int, default=0, help="random seed (ours)")
     cli.label_sources(p, TRAIN_SOURCES)
     return p
 

@@ -2,7 +2,8 @@
 
     python bench/bench_demo.py [--claims 8] [--max-new-tokens 96] [--max-rounds 3] [--batch-size 8]
 
-The same settings as `python run_debate.py --split demo` (greedy, cache reuse on). Model loading is
+The settings of `python run_debate.py --split demo --temperature 0` (greedy, cache reuse on; the CLI's
+default is now the paper's sampling at 0.7; these timings are greedy). Model loading is
 timed apart from the debates: it happens once per run, and its first time includes the GGUF conversion.
 """
 import argparse

@@ -4,8 +4,8 @@
 
 For each method (DebateCV, RAG-CoT, majority, cooperation, courtroom) the first --claims dev claims are
 verified with the embedded Gemma 3 270M (or --model) and golden evidence, in batches, exactly as
-`run_debate.py --method NAME` would (same registry, same defaults: 3 rounds, majority sampled at 0.7,
-the courtroom's paper settings with each claim's own evidence as its corpus); then MADR refines every
+`run_debate.py --method NAME` would (same registry, same defaults: 3 rounds, sampling at 0.7, top-p 1.0
+as in the DebateCV paper except the greedy courtroom, the courtroom's paper settings with each claim's own evidence as its corpus); then MADR refines every
 final justification. Method and MADR are timed apart. Scores: accuracy, AVeriTeC@0.25, NEE/CEC false
 positive rates, and the METEOR of the justification against the gold one, before and after MADR.
 

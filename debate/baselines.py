@@ -1,10 +1,15 @@
 """The DebateCV paper's baselines, batched over claims like the debate itself.
 
-- RAG-CoT: one agent reads the claim and the evidence, reasons step by step, gives a verdict.
-- Majority: `voters` independent RAG-CoT agents, voter v sampling from its own stream (seed + v); the
-  label most voters give wins. Tie rule: among the labels tied for most votes, the one given by the
-  earliest voter wins (voter 1 acts as chair). Unreadable votes do not count; with none readable the
-  claim has no verdict.
+- RAG-CoT: HerO's chain-of-thought veracity prompt (Yoon et al. 2024), as the DebateCV paper used it: one
+  user message with the task, the claim and the question-answer evidence; the agent justifies step by
+  step, then gives the verdict.
+- Majority (Lin et al. 2025, FACT-AUDIT): `voters` independent RAG-CoT agents, voter v sampling from its
+  own stream (seed + VOTER_SEED_STRIDE * v, so the voters of trial seeds seed, seed+1, ... never share a
+  stream); then one more call of the same model reads all their answers with FACT-AUDIT's voting prompt
+  (merge the two most alike, else pick the most fitting) and its verdict is the claim's. When the voting
+  reply names no label, the counted vote decides instead (stop reason "vote_count"). Its tie rule: among
+  the labels tied for most votes, the one given by the earliest voter wins (voter 1 acts as chair).
+  Unreadable votes do not count; with none readable the claim has no verdict.
 - Cooperation (CAMEL-style role play): a user agent leads the fact-check with one instruction per turn,
   an assistant agent carries each one out; when the user says TASK_DONE, or after `max_rounds`
   instruction/solution exchanges, the assistant gives the verdict.
@@ -18,28 +23,30 @@ from debate.prompts import format_evidence, load_prompt, render
 
 RAG_COT_MODELS = {"verifier": "moderator"}  # role -> its model flag
 COOPERATION_MODELS = {"user": "debater", "assistant": "moderator"}
-SCHEMAS = {"rag-cot": ("ragcot",), "majority": ("ragcot",), "cooperation": ("cooperation_final",)}
+SCHEMAS = {"rag-cot": ("ragcot",), "majority": ("ragcot", "majority_vote"), "cooperation": ("cooperation_final",)}
 DONE = re.compile(r"\bTASK[_ ]DONE\b", re.IGNORECASE)
+VOTER_SEED_STRIDE = 1000  # voter v samples from seed + 1000 * v: trials (seed, seed + 1, ...) stay apart
 
 
 def _meta(name, claim):
-    return render(name, claim=claim["claim"], evidence=format_evidence(claim["evidence"]),
-                  labels=load_prompt("verdict_labels"))
+    return render(name, claim=claim["claim"], evidence=format_evidence(claim["evidence"]))
 
 
 def _verify(agent, claims, settings, generator):
-    """One RAG-CoT pass over `claims`: (conversations, prompt, replies)."""
-    convs = [engine.Conversation(system=_meta("ragcot_meta", c)) for c in claims]
-    prompt = render("ragcot", answer=render("verdict_answer"))
-    replies = turns.speak(agent, convs, [prompt] * len(claims), settings, generator, "ragcot")
-    return convs, prompt, replies
+    """One RAG-CoT pass over `claims`: (conversations, prompts, replies)."""
+    # HerO sends everything as one user message, with no system prompt.
+    convs = [engine.Conversation(system="") for _ in claims]
+    prompts = [render("ragcot", claim=c["claim"], evidence=format_evidence(c["evidence"]),
+                      answer=load_prompt("verdict_answer")) for c in claims]
+    replies = turns.speak(agent, convs, prompts, settings, generator, "ragcot")
+    return convs, prompts, replies
 
 
 def rag_cot(agents, claims, settings, streams=None, on_finish=None):
     generator = turns.stream(agents, streams, settings.seed, settings)
-    convs, prompt, replies = _verify(agents["verifier"], claims, settings, generator)
+    convs, prompts, replies = _verify(agents["verifier"], claims, settings, generator)
     records = []
-    for claim, conv, reply in zip(claims, convs, replies):
+    for claim, conv, prompt, reply in zip(claims, convs, prompts, replies):
         outcome = parse_moderator(reply, conv.structured)
         said = [{"round": 1, "role": "verifier", "prompt": prompt, "response": reply,
                  "parse_status": outcome["status"], **turns.structured_note(conv)}]
@@ -61,29 +68,52 @@ def majority_vote(votes):
     return winner, dict(counts), len(tied) > 1
 
 
+def voter_seed(seed, v):
+    return seed + VOTER_SEED_STRIDE * v
+
+
+def vote_prompt(claim, replies):
+    """FACT-AUDIT's voting prompt over the voters' `replies` to `claim`."""
+    answers = "\n\n".join(render("majority_ballot", index=v, reply=r.strip()) for v, r in enumerate(replies, 1))
+    return render("majority_vote", count=len(replies), answers=answers, claim=claim["claim"],
+                  evidence=format_evidence(claim["evidence"]), answer=load_prompt("verdict_answer"))
+
+
 def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
-    ballots = []  # per voter: (convs, prompt, replies)
+    ballots = []  # per voter: (convs, prompts, replies)
     for v in range(voters):
         ballots.append(_verify(agents["verifier"], claims, settings,
-                               turns.stream(agents, streams, settings.seed + v, settings)))
+                               turns.stream(agents, streams, voter_seed(settings.seed, v), settings)))
+    # The vote is one more call of the verifier's model, drawing on voter 1's stream after its answers.
+    vote_convs = [engine.Conversation(system="") for _ in claims]
+    vote_prompts = [vote_prompt(claim, [replies[i] for _, _, replies in ballots]) for i, claim in enumerate(claims)]
+    vote_replies = turns.speak(agents["verifier"], vote_convs, vote_prompts, settings,
+                               turns.stream(agents, streams, settings.seed, settings), "majority_vote")
     records = []
     for i, claim in enumerate(claims):
         outcomes = [parse_moderator(replies[i], convs[i].structured) for convs, _, replies in ballots]
         label, counts, tie = majority_vote([o["verdict"] for o in outcomes])
-        # The justification and parse status are the first winning voter's; with no readable vote,
-        # the first voter's reply, so its status says why.
-        chosen = next((v for v, o in enumerate(outcomes) if o["verdict"] == label), 0)
-        # The label distribution of the vote itself: each voter independent, the same tie rule.
-        outcome = dict(outcomes[chosen], label_probs=turns.outcome_probs(
-            [o.get("label_probs") for o in outcomes], lambda votes: majority_vote(votes)[0]))
-        said = [{"round": 1, "role": f"voter_{v + 1}", "prompt": prompt, "response": replies[i],
+        said = [{"round": 1, "role": f"voter_{v + 1}", "prompt": prompts[i], "response": replies[i],
                  "parse_status": o["status"], **turns.structured_note(convs[i])}
-                for v, ((convs, prompt, replies), o) in enumerate(zip(ballots, outcomes))]
+                for v, ((convs, prompts, replies), o) in enumerate(zip(ballots, outcomes))]
+        voted = parse_moderator(vote_replies[i], vote_convs[i].structured)
+        said.append({"round": "vote", "role": "vote", "prompt": vote_prompts[i], "response": vote_replies[i],
+                     "parse_status": voted["status"], **turns.structured_note(vote_convs[i])})
+        if voted["verdict"] is not None:
+            outcome, reply, stop = voted, vote_replies[i], "vote"
+        else:
+            # The voting reply named no label: the counted vote decides, with the first winning voter's
+            # justification (with no readable vote, the first voter's reply, so its status says why),
+            # and as label distribution that of the count itself (each voter independent, same tie rule).
+            chosen = next((v for v, o in enumerate(outcomes) if o["verdict"] == label), 0)
+            outcome = dict(outcomes[chosen], label_probs=turns.outcome_probs(
+                [o.get("label_probs") for o in outcomes], lambda votes: majority_vote(votes)[0]))
+            reply, stop = ballots[chosen][2][i], "vote_count"
         records.append(turns.record(
-            claim, outcome, said, [convs[i] for convs, _, _ in ballots], reply=ballots[chosen][2][i],
-            rounds=1, stop_reason="vote",
+            claim, outcome, said, [convs[i] for convs, _, _ in ballots] + [vote_convs[i]], reply=reply,
+            rounds=1, stop_reason=stop,
             votes=[o["verdict"] for o in outcomes], vote_counts=counts, tie=tie,
-            voter_seeds=[settings.seed + v for v in range(voters)]))
+            voter_seeds=[voter_seed(settings.seed, v) for v in range(voters)]))
         if on_finish:
             on_finish(records[-1])
     return records
@@ -119,7 +149,7 @@ def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=
             to_user[i] = text
         active = going
 
-    final = render("cooperation_final", answer=render("verdict_answer"))
+    final = render("cooperation_final", answer=load_prompt("verdict_answer"))
     replies = turns.speak(agents["assistant"], assistants, [final] * len(claims), settings, generator,
                           "cooperation_final")
     records = []

@@ -1,5 +1,8 @@
-"""The flags of `run_debate.py` and the checks both CLIs share; every flag's help names its default and,
-where known, whose value it is (the paper's, PROClaim's, ours)."""
+"""The flags of `run_debate.py` and the checks both CLIs share.
+
+Every flag's help names its default and its provenance: "the DebateCV paper's" (or PROClaim's, MADR's)
+where a paper gives the value, "ours" where it does not. docs/FIDELITY.md has the full table.
+"""
 import argparse
 
 from debate import data
@@ -7,7 +10,10 @@ from debate import data
 FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
 METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom")
 ROUNDS = {"courtroom": 10}  # default --max-rounds per method; 3 for the others
-SAMPLED = {"majority": 0.7}  # default --temperature per method; greedy for the others
+# Default --temperature: the DebateCV paper's 0.7 for every LLM of its methods (Appendix C); the
+# courtroom keeps its own default.
+PAPER_TEMPERATURE = 0.7
+TEMPERATURE = {"courtroom": 0.0}
 MAX_JUDGES = 3
 # The courtroom roles' sampling temperatures in PROClaim (Appendix B.3): counsels and the expert witness
 # 0.5, the presiding court 0.2, the judges 0.3, the critic 0.3 (its model also mines the premises and
@@ -59,10 +65,11 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
 def run_parser(description=None):
     p = Parser(prog="run_debate.py", description=description)
     d = p.add_argument_group("data")
-    d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded)")
+    d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded); "
+                   "dev is the split the DebateCV paper evaluates on")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
     d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved",
-                   help="the evidence each claim is verified with")
+                   help="the DebateCV paper's three conditions (the default, retrieved, is ours: its realistic one)")
     d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
                    "(default: DIR/<split>.retrieved.hero.jsonl)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
@@ -71,7 +78,11 @@ def run_parser(description=None):
     m.add_argument("--method", choices=METHOD_NAMES, default="debatecv", help="the verification system")
     m.add_argument("--refine", choices=("none", "madr"), default="none",
                    help="madr: refine every final justification by MADR's debate (any method)")
-    m.add_argument("--voters", type=int, default=3, help="majority: independent RAG-CoT agents")
+    m.add_argument("--voters", type=int, default=3, help="majority: independent RAG-CoT agents (the DebateCV "
+                   "paper's three)")
+    m.add_argument("--prompts", metavar="DIR", help="prompt files (<name>.txt) that replace the shipped ones of "
+                   "the same name, e.g. a paper's appendix prompts word for word; each must take the same "
+                   "{placeholders} as the file it replaces (checked before any model loads)")
 
     c = p.add_argument_group("courtroom (PROClaim)")
     c.add_argument("--corpus", help="JSONL passages (id, text, optional url, date) the courtroom retrieves from "
@@ -120,7 +131,8 @@ def run_parser(description=None):
                        "--temperature given sets every courtroom role's)")
 
     r = p.add_argument_group("MADR refinement")
-    r.add_argument("--madr-iterations", type=int, default=3, help="rounds of mutual feedback revision at most")
+    r.add_argument("--madr-iterations", type=int, default=3, help="rounds of mutual feedback revision at most "
+                   "(ours: the MADR paper fixes a cap but does not give it)")
 
     o = p.add_argument_group("models")
     o.add_argument("--model", help="HF directory or .gguf file for every agent not named below "
@@ -137,18 +149,24 @@ def run_parser(description=None):
     o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
                    "(default: none, the base model)")
     o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
-                   help="on CUDA, load in bf16 instead of 4-bit NF4")
+                   help="on CUDA, load in bf16 instead of 4-bit NF4 (4-bit is ours, to fit small GPUs; the "
+                   "DebateCV paper does not say it quantised)")
 
     g = p.add_argument_group("generation")
-    g.add_argument("--batch-size", type=int, default=8, help="claims verified together")
+    g.add_argument("--batch-size", type=int, default=8, help="claims verified together (ours)")
     g.add_argument("--temperature", type=float,
-                   help="0 = greedy (default; majority samples at 0.7, as the paper did)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    g.add_argument("--seed", type=int, default=0, help="seed of the sampled turns")
+                   help=f"sampling temperature; 0 = greedy (default {PAPER_TEMPERATURE}, the DebateCV paper's, "
+                   "for DebateCV and its baselines; the courtroom's default is greedy, ours)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0, the DebateCV paper's)")
+    g.add_argument("--seed", type=int, default=0, help="random seed of the first trial (default 0, ours)")
+    g.add_argument("--trials", type=int, default=1,
+                   help="repeat the run with seeds SEED, SEED+1, ... in OUTPUT_DIR/trial-1, trial-2, ...; "
+                   "metrics.json then gives each metric's mean and standard deviation over trials "
+                   "(default 1, ours; the DebateCV paper ran every setting at least 5 times)")
     g.add_argument("--max-new-tokens", type=int,
-                   help=f"tokens per turn at most (default: {FULL_TURN}, the paper's; {DEMO_TURN} on the demo "
-                   "split, ours, so the CPU demo ends in minutes)")
-    g.add_argument("--max-rounds", type=int, help="default: 3 (DebateCV, the paper's; cooperation turns), "
+                   help=f"default {FULL_TURN}, the DebateCV paper's ({DEMO_TURN} on the demo split, ours, so the CPU "
+                   "demo ends in minutes)")
+    g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV: the paper's; cooperation turns: ours), "
                    "10 (courtroom)")
     g.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
                    help="decode every JSON answer under its prompt's schema (keys forced, verdicts chosen among "
@@ -170,7 +188,7 @@ def parse_run_args(argv=None, description=None):
     p = run_parser(description)
     args = p.parse_args(argv)
     temperature_given = args.temperature is not None  # the courtroom roles' temperatures follow it then
-    check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations"))
+    check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials"))
     if args.method == "majority" and args.temperature == 0:
         p.error("--method majority needs sampling (--temperature > 0): greedy voters would all give the same answer")
     if args.judge_models and len(args.judge_models) > MAX_JUDGES:
@@ -207,7 +225,7 @@ def check_cli(parser, args, positive):
     if args.max_rounds is None:
         args.max_rounds = ROUNDS.get(method, 3)
     if args.temperature is None:
-        args.temperature = SAMPLED.get(method, 0.0)
+        args.temperature = TEMPERATURE.get(method, PAPER_TEMPERATURE)
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

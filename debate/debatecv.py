@@ -39,12 +39,9 @@ def moderator_system(claim_text, evidence_items):
 
 def start_debate(claim):
     evidence = format_evidence(claim["evidence"])
-    convs = {
-        role: engine.Conversation(system=render(
-            "debater_meta", claim=claim["claim"], evidence=evidence,
-            stance=load_prompt(f"debater_stance_{role}").strip()))
-        for role in ("affirmative", "negative")
-    }
+    # Both Debaters share the paper's meta prompt; each learns its side from its first prompt of round 1.
+    convs = {role: engine.Conversation(system=render("debater_meta", claim=claim["claim"], evidence=evidence))
+             for role in ("affirmative", "negative")}
     convs["moderator"] = engine.Conversation(system=moderator_system(claim["claim"], claim["evidence"]))
     return ClaimDebate(claim=claim, convs=convs)
 
@@ -82,7 +79,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
         if not active:
             break
         if round_no == 1:
-            aff_prompts = [load_prompt("affirmative_opening")] * len(active)
+            aff_prompts = [render("affirmative_opening", claim=d.claim["claim"]) for d in active]
         else:
             aff_prompts = [render("debater_rebuttal", opponent_argument=d.arguments["negative"]) for d in active]
         _speak(agents, "affirmative", active, aff_prompts, round_no, settings, generator)
@@ -111,7 +108,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
     final += active
     if final:
         prompts = [render("moderator_final", affirmative_argument=d.arguments["affirmative"],
-                          negative_argument=d.arguments["negative"]) for d in final]
+                          negative_argument=d.arguments["negative"], claim=d.claim["claim"]) for d in final]
         replies = _speak(agents, "moderator", final, prompts, "final", settings, generator, "moderator_final")
         for debate, reply in zip(final, replies):
             parsed = _read(debate, reply)

@@ -1,12 +1,13 @@
 """MADR (Kim et al. 2024): a debate over a justification's errors, then a rewrite faithful to the evidence.
 
 Works on the finished records of any method. Per claim, iteration 1: Debater 1 lists the justification's
-errors by a fixed typology (prompts/madr_error_typology.txt), Debater 2 lists them without one. From
+errors by a fixed typology (prompts/madr_error_typology.txt); Debater 2 sees the same typology but finds
+the errors without going by it and only names their types with it afterwards (the paper's Figure 1). From
 iteration 2 on, each debater reads the other's feedback of the iteration before (both at once, so
 neither answers a reply to itself) and revises its own, point by point. After every iteration the
 judge says whether the two agree; a clear "Yes" stops the debate, anything else (a "No", an
-unreadable reply) goes on, up to `max_iterations`. The refiner then rewrites the justification from
-both final feedbacks, keeping the verdict.
+unreadable reply) goes on, up to `max_iterations`. The refiner then revises the justification with
+both final feedbacks, changing nothing the feedback does not ask for; the verdict is kept.
 
 A record is refined whenever its justification is non-empty, even with no readable verdict: the
 justification can still be checked against the evidence, and the verdict is never changed. An empty
@@ -55,10 +56,13 @@ def start_review(claim, prediction):
     justification = prediction["justification"]
     verdict = prediction.get("label") or load_prompt("madr_no_verdict")
     context = render("madr_context", claim=claim["claim"], evidence=format_evidence(claim["evidence"]),
-                     labels=load_prompt("verdict_labels"), verdict=verdict, justification=justification.strip())
+                     verdict=verdict, justification=justification.strip())
+    typology = load_prompt("madr_error_typology")
+    # Both debaters see the typology (the paper's Tables 8-9 open both conversations with it); the free
+    # one is told to find errors without going by it and to use it only to name what it found (Figure 1).
     systems = {
-        "madr_typology": render("madr_typology_meta", typology=load_prompt("madr_error_typology"), context=context),
-        "madr_free": render("madr_free_meta", context=context),
+        "madr_typology": render("madr_typology_meta", typology=typology, context=context),
+        "madr_free": render("madr_free_meta", typology=typology, context=context),
         "madr_judge": render("madr_judge_meta", context=context),
         "madr_refiner": render("madr_refiner_meta", context=context),
     }
@@ -117,8 +121,9 @@ def _debate(agents, reviews, settings, max_iterations, generator):
         for review, reply in zip(active, replies):
             review.iterations = i
             agreed, status = judge_agrees(reply)
-            review.turns[-1].update(parse_status=status, agreement=agreed,
-                                    **turns.structured_note(review.convs["madr_judge"]))
+            # A structured reply's note says "structured" in place of how the text was read.
+            review.turns[-1].update({"parse_status": status, "agreement": agreed,
+                                     **turns.structured_note(review.convs["madr_judge"])})
             if agreed:
                 review.stop_reason = "agreement"
                 for role in (*DEBATERS, "madr_judge"):
@@ -153,7 +158,8 @@ def refine(agents, records, claims, settings, max_iterations, streams=None):
     replies = _speak(agents, "madr_refiner", chosen, prompts, "madr-refine", settings, generator, "madr_refine")
     for review, reply in zip(chosen, replies):
         review.refined, review.refine_status = read_refined(reply, review.justification)
-        review.turns[-1].update(parse_status=review.refine_status, **turns.structured_note(review.convs["madr_refiner"]))
+        review.turns[-1].update({"parse_status": review.refine_status,
+                                 **turns.structured_note(review.convs["madr_refiner"])})
         for conv in review.convs.values():
             conv.drop_cache()
 

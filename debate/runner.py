@@ -1,4 +1,5 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
+import argparse
 import platform
 import signal
 import subprocess
@@ -159,8 +160,11 @@ def check_run(args, claims):
 
 
 def run(args, log=print):
-    """Debate every claim not yet done in `args.output_dir`; write outputs; return the metrics."""
+    """Debate every claim not yet done in `args.output_dir` (each trial's, with --trials); write outputs;
+    return the metrics (with several trials: their mean and standard deviation)."""
     models.set_offline()
+    # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
+    prompt_info = prompts.use_prompt_dir(getattr(args, "prompts", None))
     named = args.model or (args.debater_model and args.moderator_model)
     resolve_models(args, None if named else models.default_model_path())
     if args.split == data.DEMO_SPLIT and args.evidence == "retrieved":
@@ -172,9 +176,58 @@ def run(args, log=print):
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     claims = load_claims(args)
     check_run(args, claims)
+    trials = getattr(args, "trials", 1)
+    if trials == 1:
+        return _run_one(args, claims, prompt_info, {}, log)
+    # Trial k runs with seed + k - 1 in its own resumable directory; the agents are loaded once for all.
+    top, first_seed, agents, results = Path(args.output_dir), args.seed, {}, []
+    top.mkdir(parents=True, exist_ok=True)
+    for k in range(1, trials + 1):
+        trial = argparse.Namespace(**vars(args))
+        trial.seed, trial.output_dir = first_seed + k - 1, str(top / f"trial-{k}")
+        log(f"trial {k}/{trials}: seed {trial.seed}")
+        results.append(_run_one(trial, claims, prompt_info, agents, log))
+    config = dict(run_config(args), trial_seeds=[first_seed + k for k in range(trials)],
+                  trial_dirs=[f"trial-{k}" for k in range(1, trials + 1)])
+    if prompt_info:
+        config.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
+    records.write_json(top / records.CONFIG, config)
+    if any(m is None for m in results):
+        return None
+    summary = trial_summary(results)
+    records.write_json(top / records.METRICS, summary)
+    log(report.trials_table(summary))
+    return summary
+
+
+def trial_summary(results):
+    """Every numeric metric of the trials' metrics, as {"mean", "std", "values"}; nested dicts keep their shape.
+
+    std is the sample standard deviation (n - 1 in the denominator), 0 for one trial. A value that is not
+    a number in every trial (a label name, a list, a key some trial lacks) is kept as is when all trials
+    agree on it, else as the list of the trials' values.
+    """
+    def merge(values):
+        if all(isinstance(v, dict) for v in values):
+            keys = list(dict.fromkeys(k for v in values for k in v))  # a key some trials lack gets None there
+            return {k: merge([v.get(k) for v in values]) for k in keys}
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            mean = sum(values) / len(values)
+            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+            return {"mean": mean, "std": var ** 0.5, "values": list(values)}
+        return values[0] if all(v == values[0] for v in values) else list(values)
+
+    return dict(merge(results), trials=len(results))
+
+
+def _run_one(args, claims, prompt_info, agents, log):
+    """One run (one trial) into `args.output_dir`; `agents` is filled on first need and reused after."""
     method, _, options = METHODS[args.method]
     roles = model_roles(args)
     config = run_config(args, roles, models.precision(args.use_4bit))
+    if prompt_info:
+        # The files' hash, not the directory's name, identifies the prompts a run used.
+        config.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
     done = records.check(args.output_dir, config, overwrite=args.overwrite)
     kwargs = options(args)  # once per run; the courtroom loads its encoder and checks its corpus here
     if not args.overwrite:
@@ -185,7 +238,8 @@ def run(args, log=print):
     log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
 
     if todo:
-        agents = load_agents(args, roles)
+        if not agents:
+            agents.update(load_agents(args, roles))
         config["models"] = models.model_info(agents)
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache,

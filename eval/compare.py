@@ -7,10 +7,17 @@ two-sided: twice the smaller of the shares of resamples with d <= 0 and with d >
 i.e. how often the sign of the observed difference flips (a tie counts as a flip). Identical files
 give d = 0 on every resample and p = 1.
 
+A and B may also be run directories. One made with ``--trials N`` (trial-1/, trial-2/, ...) is a trial
+set: the bootstrap then resamples trials as well as claims (each draw picks the claims and, with
+replacement, the trial indices, the same ones for A and B, so trial k of A is paired with trial k of B)
+and both sets must hold the same number of trials. A directory without trials, or a predictions file,
+is a set of one trial.
+
 Run ``python -m eval.compare A B --references R [--evidence E] [--samples 10000 --seed 0] [--json]``.
 """
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -19,17 +26,24 @@ from eval.averitec import InputError, level_key, rows_from_files
 
 
 def paired_bootstrap(a, b, samples=10_000, seed=0):
-    """Bootstrap the mean difference of paired per-claim scores `a` and `b` (equal length)."""
+    """Bootstrap the mean difference of paired scores `a` and `b`: per claim (1-d, equal length) or per
+    trial and claim (2-d, trials x claims), resampling claims and, for 2-d, trials too."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape != b.shape or a.ndim != 1 or not len(a):
-        raise ValueError("paired_bootstrap needs two equally long, non-empty 1-d sequences")
-    diff = a - b
+    if a.shape != b.shape or a.ndim not in (1, 2) or not a.size:
+        raise ValueError("paired_bootstrap needs two equally shaped, non-empty 1-d or 2-d arrays")
+    diff = (a - b).reshape(-1, a.shape[-1])  # trials x claims
+    trials, claims = diff.shape
     rng = np.random.default_rng(seed)
     draws = np.empty(samples)
-    chunk = max(1, 2_000_000 // len(diff))  # bound the index matrix to ~16 MB
+    chunk = max(1, 2_000_000 // (claims * trials))  # bound the index matrix to ~16 MB
     for start in range(0, samples, chunk):
         size = min(chunk, samples - start)
-        draws[start:start + size] = diff[rng.integers(0, len(diff), (size, len(diff)))].mean(axis=1)
+        picked = diff[:, rng.integers(0, claims, (size, claims))].mean(axis=2)  # trials x size
+        if trials > 1:
+            which = rng.integers(0, trials, (size, trials))
+            draws[start:start + size] = picked[which, np.arange(size)[:, None]].mean(axis=1)
+        else:
+            draws[start:start + size] = picked[0]
     flips = min(np.mean(draws <= 0), np.mean(draws >= 0))
     low, high = np.percentile(draws, [2.5, 97.5])
     return {
@@ -38,6 +52,50 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
         "diff": float(diff.mean()),
         "ci95": [float(low), float(high)],
         "p_value": float(min(1.0, 2 * flips)),
+    }
+
+
+def trial_files(path):
+    """The predictions of each trial of `path`: a run directory with trial-*/, a run directory, or a file.
+
+    A run directory's submission.json is read (it carries the evidence the AVeriTeC score needs)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    trials = sorted((p for p in path.glob("trial-*") if p.is_dir() and p.name[6:].isdigit()),
+                    key=lambda p: int(p.name[6:]))
+    found = []
+    for run in trials or [path]:
+        if not (run / "submission.json").is_file():
+            raise InputError(f"{run}: no submission.json in it (is the run finished?)")
+        found.append(run / "submission.json")
+    return found
+
+
+def compare_trials(trials_a, trials_b, samples=10_000, seed=0, level=0.25):
+    """Bootstrap accuracy and AVeriTeC@level over claims and trials: two equally long lists of row lists."""
+    if len(trials_a) != len(trials_b):
+        raise InputError(f"A has {len(trials_a)} trials and B has {len(trials_b)}: pairing needs as many of each")
+    by_a = [{r["claim_id"]: r for r in rows} for rows in trials_a]
+    by_b = [{r["claim_id"]: r for r in rows} for rows in trials_b]
+    all_a, all_b = set().union(*by_a), set().union(*by_b)
+    shared = sorted(set.intersection(*(set(t) for t in by_a + by_b)))
+    if not shared:
+        raise InputError("the two prediction sets have no claim in common")
+
+    def scores(trials, averitec):
+        return [[float(t[c]["correct"] and (not averitec or t[c]["evidence_score"] > level)) for c in shared]
+                for t in trials]
+
+    return {
+        "n": len(shared),
+        "trials": len(trials_a),
+        "n_only_a": len(all_a - set(shared)),
+        "n_only_b": len(all_b - set(shared)),
+        "samples": samples,
+        "seed": seed,
+        "accuracy": paired_bootstrap(scores(by_a, False), scores(by_b, False), samples, seed),
+        f"averitec@{level_key(level)}": paired_bootstrap(scores(by_a, True), scores(by_b, True), samples, seed),
     }
 
 
@@ -69,17 +127,24 @@ def compare_rows(rows_a, rows_b, samples=10_000, seed=0, level=0.25):
 
 
 def compare_files(path_a, path_b, references, evidence=None, samples=10_000, seed=0, level=0.25):
-    """`compare_rows` on two prediction files scored against `references`."""
-    rows_a, _ = rows_from_files(path_a, references, evidence)
-    rows_b, _ = rows_from_files(path_b, references, evidence)
-    return compare_rows(rows_a, rows_b, samples, seed, level)
+    """`compare_rows` on two prediction files scored against `references`; `compare_trials` when either
+    is a run directory of several trials."""
+    files_a, files_b = trial_files(path_a), trial_files(path_b)
+    if len(files_a) == 1 and len(files_b) == 1:
+        rows_a, _ = rows_from_files(files_a[0], references, evidence)
+        rows_b, _ = rows_from_files(files_b[0], references, evidence)
+        return compare_rows(rows_a, rows_b, samples, seed, level)
+    trials_a = [rows_from_files(f, references, evidence)[0] for f in files_a]
+    trials_b = [rows_from_files(f, references, evidence)[0] for f in files_b]
+    return compare_trials(trials_a, trials_b, samples, seed, level)
 
 
 def format_comparison(result, name_a="A", name_b="B"):
     """A few readable lines for a `compare_rows` result."""
     lines = [f"A = {name_a}", f"B = {name_b}",
              f"claims in common {result['n']} (only A {result['n_only_a']}, only B {result['n_only_b']}),"
-             f" {result['samples']} resamples, seed {result['seed']}",
+             + (f" {result['trials']} paired trials," if "trials" in result else "")
+             + f" {result['samples']} resamples, seed {result['seed']}",
              f"{'metric (in %)':<16}{'A':>7}{'B':>7}{'A-B':>8}   95% CI of A-B       p"]
     for key, stats in result.items():
         if isinstance(stats, dict):
@@ -93,8 +158,9 @@ def format_comparison(result, name_a="A", name_b="B"):
 
 def build_parser():
     parser = Parser(prog="python -m eval.compare", description=__doc__.split("\n")[0])
-    parser.add_argument("a", help="predictions of system A (a run's submission.json, or JSONL)")
-    parser.add_argument("b", help="predictions of system B, on the same claims")
+    parser.add_argument("a", help="predictions of system A (a run's submission.json, JSONL, or a run directory, "
+                        "with trials or not)")
+    parser.add_argument("b", help="predictions of system B, on the same claims (likewise)")
     parser.add_argument("--references", required=True,
                         help="AVeriTeC dev.json-shaped file with the gold labels, evidence and justifications")
     parser.add_argument("--evidence", help="evidence for predictions that carry none (default: none)")

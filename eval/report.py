@@ -69,3 +69,24 @@ def summary_table(metrics):
     if metrics.get("parse_status"):
         lines.append("parse status    " + "  ".join(f"{k}:{v}" for k, v in metrics["parse_status"].items()))
     return "\n".join(lines)
+
+
+def trials_table(summary):
+    """The headline metrics of a `runner.trial_summary` as mean +- standard deviation over trials."""
+    def stat(node):
+        if isinstance(node, dict) and "mean" in node and "std" in node:
+            return f"{100 * node['mean']:5.1f} +- {100 * node['std']:4.1f}"
+        return "    -"
+
+    averitec = summary.get("averitec") or {}
+    fpr = summary.get("fpr") or {}
+    lines = [f"{summary.get('trials')} trials (mean +- sample standard deviation, in %)",
+             f"accuracy        {stat(summary.get('accuracy'))}",
+             f"macro-F1        {stat(summary.get('macro_f1'))}",
+             f"AVeriTeC@0.25   {stat(averitec.get('0.25'))}",
+             f"FPR NEE         {stat(fpr.get(NEE))}",
+             f"FPR CEC         {stat(fpr.get(CEC))}"]
+    rounds = (summary.get("rounds") or {}).get("mean")
+    if isinstance(rounds, dict) and "std" in rounds:
+        lines.append(f"rounds          {rounds['mean']:5.2f} +- {rounds['std']:4.2f}")
+    return "\n".join(lines)

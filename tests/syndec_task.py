@@ -7,7 +7,7 @@ A Moderator that reads the debate can get every claim right; one that ignores it
 import json
 
 from debate.labels import REFUTED, SUPPORTED
-from debate.prompts import load_prompt, render
+from debate.prompts import render
 
 JUSTIFICATION = "The debate settles it."
 PROCEED = json.dumps({"Primary Insight": "both sides repeat", "Evidence Gaps": "", "Justification for Proceeding": "",
@@ -24,16 +24,17 @@ def record(i, gold, predicted=None, corrected=None):
     word = "supported" if gold == SUPPORTED else "refuted"
     aff = " ".join([f"The claim is {word} by the evidence."] * 4)
     neg = " ".join([f"The claim is {word}."] * 8)
+    claim = f"Claim {i}: the minister said it."
     return {
-        "claim_id": i, "claim": f"Claim {i}: the minister said it.",
+        "claim_id": i, "claim": claim,
         "evidence": [{"question": "Who said it?", "answer": "The minister.", "url": ""}],
         "debate": [
-            {"round": 1, "role": "affirmative", "prompt": load_prompt("affirmative_opening"), "response": aff},
+            {"round": 1, "role": "affirmative", "prompt": render("affirmative_opening", claim=claim), "response": aff},
             {"round": 1, "role": "negative", "prompt": render("negative_opening", opponent_argument=aff), "response": neg},
             {"round": 1, "role": "moderator", "response": PROCEED,
              "prompt": render("moderator_round", round=1, affirmative_argument=aff, negative_argument=neg)},
             {"round": "final", "role": "moderator", "response": final_reply(predicted),
-             "prompt": render("moderator_final", affirmative_argument=aff, negative_argument=neg)},
+             "prompt": render("moderator_final", affirmative_argument=aff, negative_argument=neg, claim=claim)},
         ],
         "gold_label": gold, "predicted_label": predicted, "predicted_justification": JUSTIFICATION,
         "correct": predicted == gold, "corrected_justification": corrected,

@@ -17,7 +17,9 @@ def verdict(label, why="because"):
 
 
 def claim_of(conv):
-    return int(conv.system.split("Claim number ")[1][0])
+    """The claim a conversation is about: from its system prompt, else its first message (RAG-CoT has none)."""
+    text = conv.system or conv.messages[0]["content"]
+    return int(text.split("Claim number ")[1][0])
 
 
 def test_rag_cot_reads_the_verdict_and_keeps_an_unreadable_reply_as_text(monkeypatch):
@@ -30,8 +32,10 @@ def test_rag_cot_reads_the_verdict_and_keeps_an_unreadable_reply_as_text(monkeyp
     assert second["justification"] == "I think it is hard to say."  # what the system said, not an invented label
     assert len(calls) == 1 and len(calls[0].prompts) == 2  # one batched turn for both claims
     system, prompt = calls[0].systems[0], calls[0].prompts[0]
-    assert "Claim number 0." in system and "Answer 0." in system and "Cherrypicking" in system
-    assert "step by step" in prompt and '"Verdict"' in prompt
+    assert system == ""  # HerO's prompt is one user message
+    assert "Claim: Claim number 0." in prompt and "Answer 0." in prompt and "Cherrypicking" in prompt
+    assert "Claim number 1." in calls[0].prompts[1]
+    assert prompt.index("step by step") < prompt.index("Claim number 0.") < prompt.index('"Verdict"')
     assert first["prompt_tokens"] == 10 and first["completion_tokens"] == 5
 
 
@@ -46,11 +50,19 @@ def test_majority_vote_and_tie_rule(votes, expected):
     assert baselines.majority_vote(votes) == expected
 
 
-def test_majority_voters_sample_from_their_own_seeded_streams(monkeypatch):
+def test_majority_voters_sample_from_their_own_seeded_streams_and_a_voting_call_decides(monkeypatch):
     # Voter v's vote depends on its stream's seed, so the test sees which stream answered.
-    by_seed = {10: verdict(NEE, "voter 1 says"), 11: verdict(REFUTED, "voter 2 says"), 12: verdict(REFUTED, "v3")}
+    by_seed = {10: verdict(NEE, "voter 1 says"), 1010: verdict(REFUTED, "voter 2 says"),
+               2010: verdict(REFUTED, "v3")}
     current = {}
-    calls = scripted.install(monkeypatch, lambda model, conv, prompt: by_seed[current["seed"]])
+
+    def reply(model, conv, prompt):
+        if prompt.startswith("This is a fact-checking task. Vote on the 3 answers"):
+            # FACT-AUDIT's voting call: claim 0's vote merges into a label; claim 1's names none.
+            return verdict(CEC, "merged") if claim_of(conv) == 0 else "I cannot tell."
+        return by_seed[current["seed"]]
+
+    calls = scripted.install(monkeypatch, reply)
     fake = engine.generate
 
     def seeded(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
@@ -61,16 +73,24 @@ def test_majority_voters_sample_from_their_own_seeded_streams(monkeypatch):
     streams = turns.Streams("cpu")
     settings = engine.Settings(temperature=0.7, seed=10)
     records = baselines.majority(scripted.agents(["verifier"]), CLAIMS[:2], settings, voters=3, streams=streams)
-    assert [c.generator.initial_seed() for c in calls] == [10, 11, 12]  # one batched call per voter
-    pred = records[0]["prediction"]
-    assert (pred["label"], pred["vote_counts"], pred["tie"]) == (REFUTED, {NEE: 1, REFUTED: 2}, False)
-    assert pred["votes"] == [NEE, REFUTED, REFUTED] and pred["voter_seeds"] == [10, 11, 12]
-    assert pred["justification"] == "voter 2 says"  # the first voter that voted with the majority
-    assert pred["prompt_tokens"] == 30  # every voter's conversation counts
-    assert [t["role"] for t in records[0]["transcript"]["turns"]] == ["voter_1", "voter_2", "voter_3"]
+    # One batched call per voter, voter v on seed + 1000 v, then the vote on voter 1's stream.
+    assert [c.generator.initial_seed() for c in calls] == [10, 1010, 2010, 10]
+    assert calls[3].generator is calls[0].generator
+    vote_prompt = calls[3].prompts[0]
+    assert vote_prompt.index("Answer 1:\n" + by_seed[10]) < vote_prompt.index("Answer 3:\n" + by_seed[2010])
+    assert "Claim: Claim number 0." in vote_prompt
+    first, second = records[0]["prediction"], records[1]["prediction"]
+    # The voting call's verdict is the claim's, even against the count.
+    assert (first["label"], first["justification"], first["stop_reason"]) == (CEC, "merged", "vote")
+    assert (first["vote_counts"], first["tie"]) == ({NEE: 1, REFUTED: 2}, False)
+    assert first["votes"] == [NEE, REFUTED, REFUTED] and first["voter_seeds"] == [10, 1010, 2010]
+    # A vote that names no label: the counted majority decides, with its first winning voter's justification.
+    assert (second["label"], second["justification"], second["stop_reason"]) == (REFUTED, "voter 2 says", "vote_count")
+    assert first["prompt_tokens"] == 40  # every voter's conversation and the vote's count
+    assert [t["role"] for t in records[0]["transcript"]["turns"]] == ["voter_1", "voter_2", "voter_3", "vote"]
     # The next batch goes on drawing from the same three streams, not from fresh copies of them.
     baselines.majority(scripted.agents(["verifier"]), CLAIMS[2:], settings, voters=3, streams=streams)
-    assert all(calls[3 + v].generator is calls[v].generator for v in range(3))
+    assert all(calls[4 + v].generator is calls[v].generator for v in range(3))
 
 
 def test_cooperation_user_leads_assistant_answers_until_task_done(monkeypatch):
@@ -80,7 +100,7 @@ def test_cooperation_user_leads_assistant_answers_until_task_done(monkeypatch):
         if model == "user":
             # Claim 0's lead closes after seeing one solution; claim 1's never does.
             return "TASK_DONE" if claim == 0 and turn == 2 else f"Instruction: step {turn} of claim {claim}"
-        if "lead has closed" in prompt:
+        if prompt.startswith("The task is done."):
             return verdict(SUPPORTED if claim == 0 else CEC, f"final {claim}")
         return f"Solution: result {turn} of claim {claim}"
 

@@ -41,6 +41,7 @@ def test_round_one_order_and_what_each_side_sees(scripted):
     records = debatecv.run_batch(agents, CLAIMS[:1], engine.Settings(), max_rounds=3)
     turns = records[0]["transcript"]["turns"]
     assert [t["role"] for t in turns] == ["affirmative", "negative", "moderator"]
+    assert turns[0]["prompt"].startswith("Claim: Claim number 0.")  # the paper's opening shows the claim
     assert "AFF-0-1" in turns[1]["prompt"]  # the Negative rebuts the Affirmative's opening
     assert "AFF-0-1" in turns[2]["prompt"] and "NEG-0-1" in turns[2]["prompt"]
     assert "Claim number 0." in records[0]["transcript"]["claim"]
@@ -80,7 +81,9 @@ def test_final_prompt_after_max_rounds_and_unparsed_verdict_is_recorded_not_gues
     pred = records[0]["prediction"]
     turns = records[0]["transcript"]["turns"]
     assert turns[-1]["round"] == "final" and turns[-1]["role"] == "moderator"
-    assert "Verdict" in turns[-1]["prompt"]
+    # The paper's final prompt: both last arguments, the claim, a step-by-step justification before the JSON.
+    final = turns[-1]["prompt"]
+    assert "Claim number 0." in final and final.index("step by step") < final.index('"Verdict"')
     assert (pred["label"], pred["parse_status"], pred["stop_reason"], pred["rounds"]) == (
         None, "unparsed", "max_rounds", 2)
 

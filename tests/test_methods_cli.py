@@ -43,8 +43,9 @@ def test_each_method_runs_end_to_end(tiny, tmp_path, method, fields):
     assert all(t["turns"] for t in read(out, records.TRANSCRIPTS))
     config = json.loads((out / records.CONFIG).read_text())
     assert config["method"] == method
-    if method == "majority":
-        assert config["temperature"] == 0.7  # majority samples by default
+    if method != "courtroom":
+        # The DebateCV paper sampled every LLM at 0.7, top-p 1.0 (Appendix C): the baselines' default too.
+        assert (config["temperature"], config["top_p"]) == (0.7, 1.0)
     if method == "courtroom":
         assert config["max_rounds"] == 2 and config["judge_models"] == [config["moderator_model"]] * 3
         assert "repeat one vote" in preds[0]["panel"]["note"]

@@ -7,33 +7,31 @@ from debate.prompts import PromptError, format_evidence, load_prompt, placeholde
 
 # The protocol code relies on these names; a renamed placeholder must fail here first.
 PLACEHOLDERS = {
-    "debater_meta": {"claim", "evidence", "stance"},
-    "debater_stance_affirmative": set(),
-    "debater_stance_negative": set(),
-    "affirmative_opening": set(),
+    "debater_meta": {"claim", "evidence"},
+    "affirmative_opening": {"claim"},
     "negative_opening": {"opponent_argument"},
     "debater_rebuttal": {"opponent_argument"},
     "moderator_meta": {"claim", "evidence", "labels"},
     "moderator_round": {"round", "affirmative_argument", "negative_argument"},
-    "moderator_final": {"affirmative_argument", "negative_argument"},
+    "moderator_final": {"affirmative_argument", "negative_argument", "claim"},
     "evidence_item": {"index", "question", "answer", "url"},
     "no_evidence": set(),
-    "corrector_meta": set(),
-    "corrector": {"claim", "evidence", "debate", "insights", "predicted_verdict", "gold_verdict"},
+    "corrector": {"debate", "insights", "gold_verdict"},
     "debate_turn": {"round", "speaker", "argument"},
     "verdict_labels": set(),
     "verdict_answer": set(),
-    "ragcot_meta": {"claim", "evidence", "labels"},
-    "ragcot": {"answer"},
-    "cooperation_user_meta": {"claim", "evidence", "labels"},
-    "cooperation_assistant_meta": {"claim", "evidence", "labels"},
+    "ragcot": {"claim", "evidence", "answer"},
+    "majority_vote": {"count", "answers", "claim", "evidence", "answer"},
+    "majority_ballot": {"index", "reply"},
+    "cooperation_user_meta": {"claim", "evidence"},
+    "cooperation_assistant_meta": {"claim", "evidence"},
     "cooperation_start": set(),
     "cooperation_final": {"answer"},
     "madr_error_typology": set(),
-    "madr_context": {"claim", "evidence", "labels", "verdict", "justification"},
+    "madr_context": {"claim", "evidence", "verdict", "justification"},
     "madr_no_verdict": set(),
     "madr_typology_meta": {"typology", "context"},
-    "madr_free_meta": {"context"},
+    "madr_free_meta": {"typology", "context"},
     "madr_judge_meta": {"context"},
     "madr_refiner_meta": {"context"},
     "madr_typology_feedback": set(),
@@ -121,7 +119,7 @@ def test_moderator_prompts_name_every_json_key_and_label():
     final_text = render("moderator_final", **sample_fields("moderator_final"))
     assert '"Justification for Verdict"' in final_text and '"Verdict"' in final_text
     # the JSON examples must survive str.format as single braces
-    assert "{\n" in round_text and "{\n" in final_text
+    assert '{"Primary Insight"' in round_text and '{"Justification for Verdict"' in final_text
     meta = render("moderator_meta", **dict(sample_fields("moderator_meta"), labels=load_prompt("verdict_labels")))
     for label in ("Supported", "Refuted", "Not Enough Evidence", "Conflicting Evidence/Cherrypicking"):
         assert label in meta
@@ -130,14 +128,15 @@ def test_moderator_prompts_name_every_json_key_and_label():
 def test_a_prompt_without_fields_reads_with_single_braces():
     # What the model reads: a JSON example written {{ }} in the file must reach it as { }.
     text = load_prompt("verdict_answer")
-    assert "{\n" in text and "{{" not in text and "}}" not in text
+    assert '{"Justification' in text and "{{" not in text and "}}" not in text
     with pytest.raises(PromptError, match="missing field"):
         load_prompt("ragcot")  # it takes a field: only render() can fill it
 
 
-def test_stances_name_the_side():
-    assert "Affirmative" in load_prompt("debater_stance_affirmative")
-    assert "Negative" in load_prompt("debater_stance_negative")
+def test_openings_give_each_debater_its_side():
+    # The paper's meta prompt is shared; the side comes with each Debater's first prompt.
+    assert "affirms that the claim is true" in render("affirmative_opening", claim="C")
+    assert "argue that it is false" in render("negative_opening", opponent_argument="A")
 
 
 def test_format_evidence_numbers_items_and_handles_empty_sets():
@@ -159,3 +158,97 @@ def test_stray_brace_in_a_prompt_file_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(prompts, "PROMPT_DIR", tmp_path)
     with pytest.raises(PromptError, match="prompt 'broken'.*bad braces"):
         render("broken")
+
+
+# --- what each paper asks for, and what it does not -------------------------------------------------
+
+LABELS = ("Supported", "Refuted", "Not Enough Evidence", "Conflicting Evidence/Cherrypicking")
+# Instructions the papers never give that change what the agents do (issue 12).
+REMOVED = ("do not repeat", "say so", "convinced", "generally known", "already clear", "answer only",
+           "nothing before or after", "the moderator was wrong", "wrong verdict", "should have given",
+           "rightly point out", "remove statements", "keep what is right")
+
+
+def rendered_all():
+    return {name: render(name, **sample_fields(name)) for name in PLACEHOLDERS
+            if not name.startswith(("court", "counsel", "critic", "judge", "witness"))}
+
+
+@pytest.mark.parametrize("name", sorted(rendered_all()))
+def test_no_prompt_carries_an_instruction_the_papers_do_not_give(name):
+    text = rendered_all()[name].lower()
+    assert not [phrase for phrase in REMOVED if phrase in text]
+
+
+def test_debater_prompts_follow_the_paper():
+    meta = render("debater_meta", claim="<C>", evidence="<E>")
+    # Role before objective, claim and evidence last, as in Appendix B.1.
+    assert meta.index("role") < meta.index("objective") < meta.index("Claim: <C>") < meta.index("<E>")
+    assert "concise" in meta and "respect" in meta
+    opening = render("affirmative_opening", claim="<C>")
+    assert opening.startswith("Claim: <C>")  # the paper shows the claim in the opening prompt
+    assert "core parts" in opening and "(content of the evidence, source URL)" in opening
+    assert "first round" in opening  # the rebuttal step may be left out in round 1
+    negative = render("negative_opening", opponent_argument="<A>")
+    assert negative.index("<A>") < negative.index("false") and "(content of the evidence, source URL)" in negative
+    rebuttal = render("debater_rebuttal", opponent_argument="<A>")
+    assert "Do you agree" in rebuttal and "weaknesses" in rebuttal
+
+
+def test_moderator_prompts_follow_the_paper():
+    meta = render("moderator_meta", claim="<C>", evidence="<E>", labels=load_prompt("verdict_labels"))
+    assert "only restate what they argued before" in meta  # the paper's one stop signal
+    assert meta.index("Claim: <C>") < meta.index("<E>") < meta.index("Verdict criteria")
+    for label in LABELS:
+        assert f"- {label}:" in meta  # each label with its definition
+    round_text = render("moderator_round", round=2, affirmative_argument="<A>", negative_argument="<N>")
+    assert round_text.startswith("Round 2") and round_text.index("<A>") < round_text.index("<N>")
+    steps = [round_text.index(f"{i}. ") for i in (1, 2, 3, 4)]
+    assert steps == sorted(steps)
+    keys = [round_text.index(f'"{key}":') for key in KEYS]
+    assert keys == sorted(keys)  # the paper's key order
+    final = render("moderator_final", affirmative_argument="<A>", negative_argument="<N>", claim="<C>")
+    # Summary, then the claim, then the labels, then a step-by-step justification BEFORE the JSON.
+    assert (final.index("<N>") < final.index("main insights") < final.index("<C>") < final.index(LABELS[3])
+            < final.index("step by step") < final.index('{"Justification for Verdict"'))
+    assert final.index('"Justification for Verdict"') < final.index('"Verdict"')
+
+
+def test_corrector_gets_exactly_the_papers_inputs():
+    text = render("corrector", debate="<D>", insights="<I>", gold_verdict="Refuted")
+    assert text.index("<D>") < text.index("<I>") < text.index("this claim is Refuted")
+    assert '{"Justification for Verdict": "..."}' in text
+    assert "corrector_meta" not in PLACEHOLDERS  # no system prompt of its own
+
+
+def test_rag_cot_follows_heros_prompt():
+    text = render("ragcot", claim="<C>", evidence="<E>", answer=load_prompt("verdict_answer"))
+    assert text.index("predict the verdict") < text.index(LABELS[0]) < text.index("do not bear on the claim")
+    assert text.index("step by step") < text.index("Claim: <C>") < text.index("<E>") < text.index('{"Justification')
+
+
+def test_majority_vote_prompt_follows_fact_audit():
+    text = render("majority_vote", count=3, answers="<ANSWERS>", claim="<C>", evidence="<E>",
+                  answer=load_prompt("verdict_answer"))
+    assert "Vote on the 3 answers" in text and "two answers that are most alike" in text
+    assert "contradict each other" in text and text.index("<ANSWERS>") < text.index("Claim: <C>")
+
+
+def test_madr_debaters_both_see_the_typology_and_the_free_one_is_told_not_to_go_by_it():
+    typology = load_prompt("madr_error_typology")
+    for name in ("madr_typology_meta", "madr_free_meta"):
+        text = render(name, typology=typology, context="<CTX>")
+        assert text.index("Intrinsic entity-related") < text.index("<CTX>")  # typology first, as in Tables 8-9
+    assert "without going by the error types" in render("madr_free_meta", typology="<T>", context="<CTX>")
+    for name in ("madr_typology_feedback", "madr_free_feedback"):
+        text = load_prompt(name)
+        assert "exact sentence" in text and "not a revised explanation" in text
+    revise = render("madr_revise", other_feedback="<F>")
+    assert [revise.index(f"Step {i}") for i in (1, 2, 3, 4)] == sorted(revise.index(f"Step {i}") for i in (1, 2, 3, 4))
+    assert "do not copy" in revise and revise.rstrip().endswith("<F>")
+
+
+def test_madr_refiner_changes_only_what_the_feedback_asks():
+    text = render("madr_refine", typology_feedback="<F1>", free_feedback="<F2>")
+    assert "make no change beyond what the feedback asks for" in text
+    assert text.index("<F1>") < text.index("<F2>") < text.index('{"Refined Justification"')

@@ -21,9 +21,10 @@ def tiny(tmp_path_factory):
 
 
 def argv(model, out, *extra):
+    # Greedy: these runs are compared token for token (after a crash, with an adapter).
     return ["--split", "demo", "--evidence", "golden", "--debater-model", model, "--moderator-model", model,
-            "--max-new-tokens", "6", "--max-rounds", "2", "--batch-size", "3", "--output-dir", str(out),
-            "--no-structured", *extra]
+            "--max-new-tokens", "6", "--max-rounds", "2", "--batch-size", "3", "--temperature", "0",
+            "--output-dir", str(out), "--no-structured", *extra]
 
 
 def read(out, name):

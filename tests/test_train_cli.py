@@ -15,7 +15,7 @@ from tests.tiny_models import build_tiny_llama
 from train import corrector, loop, stages, syndec
 
 TINY_TRAIN = ["--max-new-tokens", "8", "--max-rounds", "2", "--lora-r", "8", "--lora-alpha", "16", "--lr", "5e-3",
-              "--epochs", "1", "--grad-accum", "2", "--save-every", "2", "--no-structured"]
+              "--epochs", "1", "--grad-accum", "2", "--save-every", "2", "--temperature", "0", "--no-structured"]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_rerunning_skips_the_stages_that_are_done(trained, tiny):
 def test_the_adapter_changes_what_run_debate_says(trained, tiny, tmp_path):
     out, _ = trained
     common = ["--split", "demo", "--evidence", "golden", "--debater-model", tiny, "--moderator-model", tiny,
-              "--max-new-tokens", "8", "--max-rounds", "1", "--limit", "3", "--no-structured"]
+              "--max-new-tokens", "8", "--max-rounds", "1", "--limit", "3", "--temperature", "0", "--no-structured"]
     run_debate.main(common + ["--output-dir", str(tmp_path / "plain")])
     run_debate.main(common + ["--output-dir", str(tmp_path / "tuned"), "--moderator-adapter", str(out / "dpo/adapter")])
     plain, tuned = responses(tmp_path / "plain"), responses(tmp_path / "tuned")
@@ -153,14 +153,15 @@ def test_leftover_checkpoints_need_resume_or_overwrite(trained, tiny, tmp_path, 
 
 # --- the Corrector --------------------------------------------------------------------------------
 
-def test_corrector_prompt_carries_the_debate_the_insights_and_the_gold_verdict():
+def test_corrector_prompt_carries_the_debate_the_insights_and_the_gold_verdict_and_nothing_else():
     record = syndec_task.record(4, REFUTED, predicted=SUPPORTED)
     text = corrector.prompt_for(record)
     assert "Round 1, Affirmative Debater:\nThe claim is refuted" in text
     assert "Round 1, Negative Debater:\nThe claim is refuted." in text
     assert "Round 1: both sides repeat" in text  # the Moderator's Primary Insight
-    assert "The moderator's verdict was: Supported" in text and "The correct verdict is: Refuted" in text
-    assert record["claim"] in text and "The minister." in text
+    assert "this claim is Refuted" in text
+    # Only the paper's inputs (Appendix B.3): not the wrong verdict, the claim or the evidence.
+    assert SUPPORTED not in text and record["claim"] not in text and "The minister." not in text
 
 
 @pytest.mark.parametrize("reply, expected", [

@@ -1,7 +1,9 @@
 """The Corrector: for each wrong SynDeC prediction, a justification of how the gold verdict follows.
 
-It reads the debate (both Debaters' arguments, round by round), the Moderator's "Primary Insight" of
-each round, the wrong verdict and the gold one, and answers with "Justification for Verdict" in JSON.
+It reads exactly the paper's inputs (Appendix B.3): the debate recording (both Debaters' arguments,
+round by round), the Moderator's "Primary Insight" of each round and the gold verdict, with no system
+prompt; it answers with "Justification for Verdict" in JSON. The claim, evidence and wrong verdict are
+left out as the paper leaves them out.
 The justification comes from the key when it can be found (status "field", JSON or not); a reply
 without it keeps its whole text (status "text"); an empty one is recorded with
 status "empty" and that record stays out of D-DPO.
@@ -13,7 +15,7 @@ from pathlib import Path
 from debate import engine, records, schema
 from debate.models import adapter_scope
 from debate.parsing import parse_moderator
-from debate.prompts import format_evidence, load_prompt, render
+from debate.prompts import render
 
 SPEAKERS = {"affirmative": "Affirmative Debater", "negative": "Negative Debater"}
 
@@ -29,10 +31,8 @@ def prompt_for(record):
             insight = parse_moderator(t["response"])["fields"].get("Primary Insight")
             if isinstance(insight, str) and insight.strip():
                 insights.append(f"Round {t.get('round')}: {insight.strip()}")
-    return render("corrector", claim=record["claim"], evidence=format_evidence(record["evidence"]),
-                  debate=debate or "(no arguments were recorded)", insights="\n".join(insights) or "(none)",
-                  predicted_verdict=record.get("predicted_label") or "no readable verdict",
-                  gold_verdict=record["gold_label"])
+    return render("corrector", debate=debate or "(no arguments were recorded)",
+                  insights="\n".join(insights) or "(none)", gold_verdict=record["gold_label"])
 
 
 def read_justification(reply, structured=None):
@@ -57,11 +57,10 @@ def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
     """Write a correction for every wrong record not yet in `out_path` (JSONL, appended batch by batch)."""
     done = read_done(out_path)
     todo = [r for r in rows if not r["correct"] and r["claim_id"] not in done]
-    system = load_prompt("corrector_meta")
     with open(out_path, "a", encoding="utf-8") as f:
         for i in range(0, len(todo), batch_size):
             batch = todo[i:i + batch_size]
-            convs = [engine.Conversation(system=system) for _ in batch]
+            convs = [engine.Conversation(system="") for _ in batch]
             compiled = schema.compile_for("corrector", agent.tokenizer) if settings.structured else None
             with adapter_scope(agent):
                 replies = engine.generate(agent.model, agent.tokenizer, convs, [prompt_for(r) for r in batch],
