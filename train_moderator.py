@@ -50,17 +50,18 @@ def build_parser():
                    "the paper trained LoRA on a 40GB A100 and does not say it quantised)")
     t = p.add_argument_group("training (the DebateCV paper's Appendix C gives AdamW, lr, epochs, LoRA rank and "
                              "alpha; every other default is ours)")
-    t.add_argument("--syndec", help="train on this SynDeC file instead of OUT's")
+    t.add_argument("--syndec", help="train on this SynDeC file (default: OUT's corrected one, else "
+                   "OUT/syndec.jsonl)")
     t.add_argument("--sft-include-corrected", action="store_true",
                    help="D-SFT also on wrong records, with the gold verdict and corrected justification as target")
     t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter (default: a new one)")
     t.add_argument("--sft-adapter", help="D-DPO's starting point and reference (default: OUT/sft/adapter)")
-    t.add_argument("--lora-r", type=int, default=128, help="LoRA rank (the paper's 128)")
-    t.add_argument("--lora-alpha", type=int, default=256, help="LoRA alpha (the paper's 256)")
+    t.add_argument("--lora-r", type=int, default=128, help="LoRA rank")
+    t.add_argument("--lora-alpha", type=int, default=256, help="LoRA alpha")
     t.add_argument("--lora-dropout", type=float, default=0.05,
                    help="LoRA dropout (ours; the paper does not give it); LoRA targets every linear layer (ours)")
-    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (the paper's 2e-5)")
-    t.add_argument("--epochs", type=int, default=2, help="per stage (the paper's 2)")
+    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate")
+    t.add_argument("--epochs", type=int, default=2, help="passes over the records, per stage")
     t.add_argument("--micro-batch", type=int, default=1, help="examples (DPO: pairs) per forward pass (ours)")
     t.add_argument("--grad-accum", type=int, default=8, help="micro-batches per optimizer step (ours; the paper "
                    "gives no batch size)")
@@ -74,7 +75,7 @@ def build_parser():
                    help="keep activations instead of recomputing them (checkpointing is ours, to save memory)")
     t.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints (ours)")
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
-    t.add_argument("--seed", type=int, default=0, help="random seed (ours)")
+    t.add_argument("--seed", type=int, default=0, help="random seed")
     cli.label_sources(p, TRAIN_SOURCES)
     return p
 

@@ -82,7 +82,8 @@ def run_parser(description=None):
                    "paper's three)")
     m.add_argument("--prompts", metavar="DIR", help="prompt files (<name>.txt) that replace the shipped ones of "
                    "the same name, e.g. a paper's appendix prompts word for word; each must take the same "
-                   "{placeholders} as the file it replaces (checked before any model loads)")
+                   "{placeholders} as the file it replaces (checked before any model loads; default: the shipped "
+                   "prompts/)")
 
     c = p.add_argument_group("courtroom (PROClaim)")
     c.add_argument("--corpus", help="JSONL passages (id, text, optional url, date) the courtroom retrieves from "

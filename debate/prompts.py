@@ -15,20 +15,19 @@ _override_dir = None  # set by use_prompt_dir
 # Every prompt the code renders (tests/test_prompts.py checks the code names no other), so that a run
 # can check them all before it loads a model or writes a file.
 NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final", "cooperation_start",
-         "cooperation_user_meta", "corrector", "corrector_meta", "counsel_argument", "counsel_disclosure",
-         "counsel_expert", "counsel_gap", "counsel_instruction_defense", "counsel_instruction_plaintiff",
-         "counsel_meta", "counsel_reflection", "counsel_search", "counsel_stance_defense",
-         "counsel_stance_plaintiff", "court_admissibility", "court_meta", "court_query", "court_ready",
-         "court_witness", "courtroom_argument", "courtroom_critic", "courtroom_hearing", "courtroom_no_switch",
-         "courtroom_passage", "courtroom_prag", "courtroom_query", "courtroom_reflection", "courtroom_request",
-         "courtroom_round", "courtroom_switch", "courtroom_testimony", "critic_consistency", "critic_meta",
-         "critic_premises", "critic_round", "debate_turn", "debater_meta", "debater_rebuttal",
-         "debater_stance_affirmative", "debater_stance_negative", "evidence_item", "judge_case", "judge_meta",
+         "cooperation_user_meta", "corrector", "counsel_argument", "counsel_disclosure", "counsel_expert",
+         "counsel_gap", "counsel_instruction_defense", "counsel_instruction_plaintiff", "counsel_meta",
+         "counsel_reflection", "counsel_search", "counsel_stance_defense", "counsel_stance_plaintiff",
+         "court_admissibility", "court_meta", "court_query", "court_ready", "court_witness", "courtroom_argument",
+         "courtroom_critic", "courtroom_hearing", "courtroom_no_switch", "courtroom_passage", "courtroom_prag",
+         "courtroom_query", "courtroom_reflection", "courtroom_request", "courtroom_round", "courtroom_switch",
+         "courtroom_testimony", "critic_consistency", "critic_meta", "critic_premises", "critic_round",
+         "debate_turn", "debater_meta", "debater_rebuttal", "evidence_item", "judge_case", "judge_meta",
          "madr_context", "madr_error_typology", "madr_free_feedback", "madr_free_meta", "madr_judge",
          "madr_judge_meta", "madr_no_verdict", "madr_refine", "madr_refiner_meta", "madr_revise",
-         "madr_typology_feedback", "madr_typology_meta", "moderator_final", "moderator_meta", "moderator_round",
-         "negative_opening", "no_evidence", "ragcot", "ragcot_meta", "verdict_answer", "verdict_labels",
-         "witness_meta", "witness_testimony")
+         "madr_typology_feedback", "madr_typology_meta", "majority_ballot", "majority_vote", "moderator_final",
+         "moderator_meta", "moderator_round", "negative_opening", "no_evidence", "ragcot", "verdict_answer",
+         "verdict_labels", "witness_meta", "witness_testimony")
 
 
 class PromptError(ValueError):

@@ -22,7 +22,10 @@ IDENTITY_KEYS = ("method", "refine", "split", "data_dir", "evidence", "retrieved
                  "temperature", "top_p", "seed", "max_new_tokens", "max_rounds", "voters", "corpus", "embedder",
                  "top_k", "novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold",
                  "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight", "role_switch", "witness",
-                 "madr_iterations", "structured", "prompts_hash")
+                 "madr_iterations", "structured", "prompts_hash", "switch_rounds", "seed_k", "redundancy_limit",
+                 "relevance_gain", "confidence_floor", "split_decision", "chief_justice", "inconclusive",
+                 "counsel_temperature", "court_temperature", "judge_temperature", "witness_temperature",
+                 "critic_temperature")
 
 
 class RunConflict(RuntimeError):

@@ -138,7 +138,7 @@ def test_bad_method_settings_are_refused_before_anything_runs(extra, message, ca
     ("rag-cot", ["--refine", "madr", "--madr-iterations", "1"]),
     ("majority", []),
     ("cooperation", []),
-    ("courtroom", ["--top-k", "2"]),
+    ("courtroom", ["--top-k", "2", "--switch-rounds", "1", "--seed-k", "2", "--no-witness"]),
 ])
 def test_embedded_gemma_smoke(tmp_path, method, extra):
     """Each method on the real Gemma 3 270M, one demo claim, short turns, as a user would run it."""

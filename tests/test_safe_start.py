@@ -325,9 +325,8 @@ def test_every_prompt_the_code_names_is_checked_up_front():
     named = set()
     for path in [*ROOT.glob("debate/*.py"), *ROOT.glob("train/*.py")]:
         named |= set(re.findall(r'(?:render|load_prompt|raw_prompt)\("([a-z_]+)"', path.read_text()))
-    named |= {f"{prefix}_{side}" for prefix, sides in (("debater_stance", ("affirmative", "negative")),
-                                                       ("counsel_stance", ("plaintiff", "defense")))
-              for side in sides}
+    # Names the code builds from a side: counsel_stance_<side>, counsel_instruction_<side>.
+    named |= {f"counsel_{kind}_{side}" for kind in ("stance", "instruction") for side in ("plaintiff", "defense")}
     assert named <= set(prompts.NAMES)
     assert {p.stem for p in prompts.PROMPT_DIR.glob("*.txt")} == set(prompts.NAMES)
 
