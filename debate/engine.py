@@ -180,8 +180,10 @@ def _choice_logprobs(model, cache, row, start, candidates, first_logits, pad_id)
                 past_key_values=DynamicCache(ddp_cache_data=layers), use_cache=True)
     logp = torch.log_softmax(out.logits.float(), dim=-1)
     for j, c in enumerate(candidates):
-        picks = logp[j, torch.arange(len(c) - 1, device=device), torch.tensor(c[1:], device=device)]
-        totals[j] += float(picks.sum())
+        if len(c) > 1:  # a one-token candidate is scored by its first token alone
+            picks = logp[j, torch.arange(len(c) - 1, device=device), torch.tensor(c[1:], dtype=torch.long,
+                                                                                   device=device)]
+            totals[j] += float(picks.sum())
     return totals
 
 

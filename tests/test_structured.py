@@ -171,6 +171,22 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
     assert 0.01 < max(expected) < 0.99  # the test means something: the choice was not a foregone one
 
 
+def test_candidates_of_one_and_of_several_tokens_are_scored_together(tiny):
+    """A list's "go on" and "close" pieces can differ in length; each is scored as its own whole."""
+    model, tok = tiny
+    ids = engine.context_ids(tok, engine.Conversation(system="s", messages=[{"role": "user", "content": "x"}]))
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        first = int(logp.argmax())
+        totals = engine._choice_logprobs(model, out.past_key_values, 0, 0, [[first], [first, 5, 7]],
+                                         out.logits[0, -1], 0)
+        longer = torch.log_softmax(model(input_ids=torch.tensor([ids + [first, 5]])).logits[0].float(), dim=-1)
+    assert totals[0] == pytest.approx(float(logp[first]), abs=1e-5)
+    expected = float(logp[first] + longer[len(ids) - 1 + 1, 5] + longer[len(ids) + 1, 7])
+    assert totals[1] == pytest.approx(expected, abs=1e-4)
+
+
 def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch):
     model, tok = soft
     monkeypatch.setattr(schema, "PROMPT_DIR", tmp_path)
