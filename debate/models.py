@@ -252,6 +252,24 @@ def _convert_gguf(gguf_path):
     return final
 
 
+def _is_model_dir(path, given):
+    """True for a Hugging Face model directory, False for a GGUF file; ModelLoadError for anything else.
+    The one place both check_model and load_model tell the two apart."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"cannot load model {given!r}: no such file or directory (hub ids are not downloaded)")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelLoadError(f"cannot load model {path}: not a model directory (no config.json)")
+        return True
+    try:
+        is_gguf = _is_gguf_file(path)
+    except OSError as e:
+        raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
+    if not is_gguf:
+        raise ModelLoadError(f"cannot load model {path}: not a GGUF file or a model directory")
+    return False
+
+
 def check_model(path):
     """Check that `path` can be loaded, without reading weights; return its config (None for a GGUF not yet converted).
 
@@ -261,19 +279,9 @@ def check_model(path):
     """
     given = str(path)
     path = _resolve(path)
-    if not os.path.exists(path):
-        raise ModelLoadError(f"cannot load model {given!r}: no such file or directory (hub ids are not downloaded)")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ModelLoadError(f"cannot load model {path}: not a model directory (no config.json)")
+    if _is_model_dir(path, given):
         load_dir = path
     else:
-        try:
-            is_gguf = _is_gguf_file(path)
-        except OSError as e:
-            raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
-        if not is_gguf:
-            raise ModelLoadError(f"cannot load model {path}: not a GGUF file or a model directory")
         load_dir = _gguf_cache_dir(path)
         if not os.path.isfile(os.path.join(load_dir, "config.json")):
             return None  # its config and tokenizer come out of the one-time conversion
@@ -383,19 +391,9 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
     device = _pick_device(device)
     dtype = _pick_dtype(dtype)
 
-    if not os.path.exists(path):
-        raise ModelLoadError(f"cannot load model {given!r}: no such file or directory (hub ids are not downloaded)")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ModelLoadError(f"cannot load model {path}: not a model directory (no config.json)")
+    if _is_model_dir(path, given):
         load_dir = path
     else:
-        try:
-            is_gguf = _is_gguf_file(path)
-        except OSError as e:
-            raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
-        if not is_gguf:
-            raise ModelLoadError(f"cannot load model {path}: not a GGUF file or a model directory")
         try:
             load_dir = _convert_gguf(path)
         except ModelLoadError:
