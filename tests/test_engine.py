@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate import engine
-from tests.tiny_models import build_tiny_llama
+from debate import engine, generator, reference, schema
+from tests.tiny_models import build_tiny_gemma, build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -13,19 +13,107 @@ def tiny(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """Gemma 3's shape: sliding-window layers (window 16) beside a full-attention one, Gemma's turn format."""
+    path = build_tiny_gemma(tmp_path_factory.mktemp("gemma"), seed=0)
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def family(request):
+    return request.getfixturevalue("tiny" if request.param == "llama" else request.param)
+
+
 # Different lengths on purpose: rows of a batch must be padded and must not disturb each other.
 SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(8)]
 
 
-def debate_like(model, tok, reuse, batch_size, turns=3, max_new_tokens=12):
-    settings = engine.Settings(max_new_tokens=max_new_tokens, reuse_cache=reuse)
-    convs = [engine.Conversation(system=s) for s in SYSTEMS]
+def debate_like(model, tok, reuse, batch_size, turns=3, max_new_tokens=12, generate=engine.generate,
+                schema_name=None, systems=SYSTEMS, **extra):
+    settings = engine.Settings(max_new_tokens=max_new_tokens, reuse_cache=reuse, **extra)
+    compiled = schema.compile_for(schema_name, tok) if schema_name else None
+    convs = [engine.Conversation(system=s) for s in systems]
     for turn in range(turns):
         for start in range(0, len(convs), batch_size):
             rows = range(start, min(len(convs), start + batch_size))
-            engine.generate(model, tok, [convs[i] for i in rows],
-                            [f"Round {turn}: answer claim {i}." + " Really?" * (i % 3) for i in rows], settings)
+            generate(model, tok, [convs[i] for i in rows],
+                     [f"Round {turn}: answer claim {i}." + " Really?" * (i % 3) for i in rows], settings,
+                     schemas=[compiled] * len(rows) if compiled else None)
     return convs
+
+
+def test_greedy_tokens_equal_the_reference_path_for_llama_and_gemma(family):
+    """The reference decodes each conversation alone with full forward passes and no cache; the engine's
+    batches (left padding, cached prefixes, rows re-encoding part of their cache) must give its tokens."""
+    model, tok = family
+    kwargs = dict(max_new_tokens=6, systems=SYSTEMS[:4])
+    want = debate_like(model, tok, False, 1, generate=reference.generate, **kwargs)
+    tokens = [t for c in want for turn in c.generated for t in turn]
+    assert len(set(tokens)) > 10  # the model does not just repeat one token: the comparison means something
+    # The contexts outgrow Gemma's 16-token window several times over: its sliding layers really slide.
+    assert want[-1].prompt_tokens / 3 > 4 * 16
+    for reuse in (True, False):
+        for batch_size in (1, 3, 4):
+            got = debate_like(model, tok, reuse, batch_size, **kwargs)
+            assert [c.generated for c in got] == [c.generated for c in want], (reuse, batch_size)
+            assert [c.messages for c in got] == [c.messages for c in want]
+            assert [c.prompt_tokens for c in got] == [c.prompt_tokens for c in want]
+            assert [c.completion_tokens for c in got] == [c.completion_tokens for c in want]
+
+
+def test_a_memory_budget_too_small_for_the_batch_splits_it_and_changes_no_token(tiny, monkeypatch, caplog):
+    model, tok = tiny
+    kwargs = dict(turns=2, max_new_tokens=6, systems=SYSTEMS[:4])
+    whole = debate_like(model, tok, True, 4, **kwargs)
+    batches = []
+    run = generator.run
+    monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
+        model, tok, convs, *a))
+    # A budget no two rows fit in: each turn's batch of 4 runs as 4 batches of 1.
+    with caplog.at_level("INFO", logger="debate.engine"):
+        split = debate_like(model, tok, True, 4, memory_budget=1, **kwargs)
+    assert batches == [1] * 8
+    assert "memory budget" in caplog.text
+    assert [c.generated for c in split] == [c.generated for c in whole]
+    assert [c.prompt_tokens for c in split] == [c.prompt_tokens for c in whole]
+
+
+def test_an_out_of_memory_error_splits_the_batch_and_retries_it_with_the_same_tokens(tiny, monkeypatch, caplog):
+    model, tok = tiny
+    kwargs = dict(turns=2, max_new_tokens=6, systems=SYSTEMS[:4])
+    whole = debate_like(model, tok, True, 4, **kwargs)
+    forward, calls = model.forward, []
+
+    def flaky(*args, **kw):  # the third model call (a decode step of the first batch) runs out of memory, once
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("simulated")
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", flaky)
+    with caplog.at_level("WARNING", logger="debate.engine"):
+        retried = debate_like(model, tok, True, 4, **kwargs)
+    assert "out of memory in a batch of 4 conversations; retrying it as batches of 2 and 2" in caplog.text
+    assert [c.generated for c in retried] == [c.generated for c in whole]
+    assert [c.messages for c in retried] == [c.messages for c in whole]
+    assert [c.completion_tokens for c in retried] == [c.completion_tokens for c in whole]
+
+
+def test_greedy_structured_replies_equal_the_reference_path_for_llama_and_gemma(family):
+    """Under a schema too: forced keys, masked free text and whole-value choices, scored by the engine from
+    its batch cache and by the reference with fresh full passes."""
+    model, tok = family
+    limit = schema.compile_for("moderator_round", tok).fixed_cost + 16
+    kwargs = dict(turns=1, max_new_tokens=limit, schema_name="moderator_round", systems=SYSTEMS[:4])
+    want = debate_like(model, tok, False, 1, generate=reference.generate, **kwargs)
+    for reuse, batch_size in ((True, 4), (False, 3)):
+        got = debate_like(model, tok, reuse, batch_size, **kwargs)
+        assert [c.generated for c in got] == [c.generated for c in want], (reuse, batch_size)
+        for g, w in zip(got, want):
+            assert g.structured["fields"] == w.structured["fields"]
+            for key, probs in w.structured["probs"].items():
+                assert g.structured["probs"][key] == pytest.approx(probs, abs=1e-4)
 
 
 def test_greedy_tokens_identical_with_and_without_cache_reuse_and_across_batch_sizes(tiny):

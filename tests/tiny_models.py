@@ -39,8 +39,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer(vocab_size=512):
-    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with bos/eos/pad and the chat template."""
+# Gemma's turn format (debate.models.GEMMA_CHAT_TEMPLATE renders it): no system role, the assistant is "model".
+GEMMA_SPECIAL_TOKENS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<pad>"]
+
+
+def build_tiny_tokenizer(vocab_size=512, gemma=False):
+    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with bos/eos/pad and the chat template
+    (Llama-3-like; with `gemma`, Gemma's tokens and turn format)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -49,11 +54,18 @@ def build_tiny_tokenizer(vocab_size=512):
     raw.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=GEMMA_SPECIAL_TOKENS if gemma else SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     raw.train_from_iterator(_CORPUS, trainer=trainer)
+    if gemma:
+        from debate.models import GEMMA_CHAT_TEMPLATE
+
+        tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<bos>", eos_token="<end_of_turn>",
+                                      pad_token="<pad>", clean_up_tokenization_spaces=False)
+        tok.chat_template = GEMMA_CHAT_TEMPLATE
+        return tok
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token=BOS, eos_token=EOT, pad_token=PAD, clean_up_tokenization_spaces=False
     )
@@ -92,6 +104,38 @@ def build_tiny_llama(dir, seed=0, **overrides):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
+    model.eval()
+    model.save_pretrained(dir)
+    tok.save_pretrained(dir)
+    return dir
+
+
+def build_tiny_gemma(dir, seed=0, **overrides):
+    """Write a tiny random Gemma 3 text checkpoint (float32) plus a Gemma-format tokenizer to `dir`.
+
+    Two sliding-window layers (window 16 tokens, far shorter than a debate turn's context) and one
+    full-attention layer, Gemma 3's mix: what the engine's batch layout must not disturb.
+    """
+    from transformers import GenerationConfig, Gemma3ForCausalLM, Gemma3TextConfig
+
+    os.makedirs(dir, exist_ok=True)
+    tok = build_tiny_tokenizer(gemma=True)
+    settings = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=16, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=4096, initializer_range=0.1,  # varied, peaked logits (0.2 repeats a token)
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    settings.update(overrides)
+    config = Gemma3TextConfig(**settings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Gemma3ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )

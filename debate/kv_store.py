@@ -1,0 +1,176 @@
+"""Owns every conversation's KV cache: what of it is still valid, where it lives, when it goes.
+
+Layout. A batch is a block of rows, each left-padded and contiguous: `[pad][cached][new][generated]`.
+When rows have new chunks of different lengths, a row re-encodes a few of its last cached tokens instead
+of leaving a gap in the middle; gaps would change what a sliding-window layer sees, since its window is
+counted in columns.
+
+Storage. A turn's batch gets one buffer per layer, allocated once for the whole turn (cached + new +
+--max-new-tokens columns) and written in place by the prefill and by every decode step, as gpt-fast does:
+no per-step concatenation over the whole cache. When the turn ends every conversation keeps a `Slot`, a
+reference to its row and columns of that buffer, not a copy. The next turn gathers the rows it reuses into
+its own buffer (one copy per row and layer per turn, which regrouping rows needs anyway).
+
+Release. `Conversation.drop_cache()` forgets the slot; a buffer is freed once no conversation refers to
+it, that is once every conversation of its batch has ended or moved on to a later turn's buffer.
+"""
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+# A layer that runs out of room (it never should: a turn knows its length) grows by at least this much.
+GROW_COLUMNS = 256
+
+
+@dataclass
+class Slot:
+    """Where one conversation's cache lives: `length` columns from `start` of row `row` of a batch buffer."""
+
+    layers: list  # per layer (keys, values), shape (batch rows, kv_heads, capacity, head_dim)
+    row: int
+    start: int
+    length: int
+
+    def views(self):
+        """Per layer (keys, values) of shape (1, kv_heads, length, head_dim): views, nothing is copied."""
+        end = self.start + self.length
+        return [(k[self.row:self.row + 1, :, self.start:end], v[self.row:self.row + 1, :, self.start:end])
+                for k, v in self.layers]
+
+
+class BufferLayer(DynamicLayer):
+    """One layer's keys/values of a batch in a preallocated buffer, written in place.
+
+    `keys`/`values` are always views of the filled columns, so the model and the structured decoder's
+    side pass see an ordinary cache layer. Every layer keeps all its columns (no sliding-window
+    eviction): a row's columns can then be handed to its conversation after the turn.
+    """
+
+    def __init__(self, capacity, keys=None, values=None, filled=0):
+        super().__init__()
+        self.capacity, self.filled = capacity, filled
+        self.buffer_keys, self.buffer_values = keys, values
+        if keys is not None:
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self._expose()
+
+    def _expose(self):
+        self.keys = self.buffer_keys[:, :, :self.filled]
+        self.values = self.buffer_values[:, :, :self.filled]
+
+    def lazy_initialization(self, key_states, value_states):
+        rows, heads, _, dim = key_states.shape
+        # Every column is written before it is read (the prefill covers all rows' pads), so no zeroing.
+        self.buffer_keys = key_states.new_empty((rows, heads, self.capacity, dim))
+        self.buffer_values = value_states.new_empty((rows, value_states.shape[1], self.capacity,
+                                                     value_states.shape[3]))
+        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+
+    def _grow(self, needed):
+        extra = max(needed - self.capacity, GROW_COLUMNS)
+        pad = lambda t: torch.cat([t, t.new_zeros(t.shape[:2] + (extra,) + t.shape[3:])], dim=2)  # noqa: E731
+        self.buffer_keys, self.buffer_values = pad(self.buffer_keys), pad(self.buffer_values)
+        self.capacity += extra
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.filled + key_states.shape[-2]
+        if end > self.capacity:
+            self._grow(end)
+        self.buffer_keys[:, :, self.filled:end].copy_(key_states)
+        self.buffer_values[:, :, self.filled:end].copy_(value_states)
+        self.filled = end
+        self._expose()
+        return self.keys, self.values
+
+    def get_seq_length(self):
+        return self.filled
+
+    def storage(self):
+        """The whole buffers, for the slots that outlive the turn."""
+        return self.buffer_keys, self.buffer_values
+
+
+class BatchCache(DynamicCache):
+    """A transformers cache made of BufferLayers (created on first use when nothing is reused)."""
+
+    def __init__(self, capacity, layers=None):
+        if layers:
+            Cache.__init__(self, layers=layers)
+        else:
+            Cache.__init__(self, layer_class_to_replicate=lambda: BufferLayer(capacity))
+
+
+@dataclass
+class Layout:
+    """Where each row's tokens go in the batch: `reuse[row]` cached tokens kept, `chunk` columns fed now
+    (left-padded), the cached part right-aligned to column `width`."""
+
+    reuse: list
+    width: int
+    chunk: int
+
+    def start(self, row, target_len):
+        """The row's first column in the batch (its cached and new tokens run from there to width + chunk)."""
+        return self.width + self.chunk - target_len
+
+
+def common_prefix(a, b):
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def usable(conv, target, reuse_cache):
+    """How many of `target`'s first tokens `conv`'s cache still holds (at least one token must be fed)."""
+    if not reuse_cache or conv.slot is None:
+        return 0
+    return min(common_prefix(conv.cached_ids, target), len(target) - 1)
+
+
+def layout(targets, usables):
+    """The batch layout for rows whose contexts are `targets`, `usables[row]` of them cached."""
+    chunk = max(len(t) - u for t, u in zip(targets, usables))
+    reuse = [max(0, len(t) - chunk) for t in targets]  # <= usable: rows with short deltas re-encode a bit
+    return Layout(reuse, max(reuse), chunk)
+
+
+def batch_cache(convs, plan, capacity, device):
+    """A BatchCache of `capacity` columns holding each row's reused keys/values right-aligned to
+    `plan.width`: one copy per reused row and layer; empty (filled by the prefill) when nothing is reused."""
+    if plan.width == 0:
+        return BatchCache(capacity)
+    template = next(c.slot for c, r in zip(convs, plan.reuse) if r)
+    layers = []
+    for layer, (k0, v0) in enumerate(template.layers):
+        rows = len(convs)
+        # Zeros, not empty: pad columns are read (masked out, but a NaN would still poison the softmax).
+        keys = torch.zeros((rows, k0.shape[1], capacity, k0.shape[3]), dtype=k0.dtype, device=device)
+        values = torch.zeros((rows, v0.shape[1], capacity, v0.shape[3]), dtype=v0.dtype, device=device)
+        for row, (conv, r) in enumerate(zip(convs, plan.reuse)):
+            if r:
+                s = conv.slot
+                src_k, src_v = s.layers[layer]
+                keys[row, :, plan.width - r:plan.width] = src_k[s.row, :, s.start:s.start + r]
+                values[row, :, plan.width - r:plan.width] = src_v[s.row, :, s.start:s.start + r]
+        layers.append(BufferLayer(capacity, keys, values, filled=plan.width))
+    return BatchCache(capacity, layers)
+
+
+def slots(cache, plan, targets, lengths):
+    """Each row's Slot after the turn: its `lengths[row]` fed tokens, from its start column on."""
+    storage = [layer.storage() for layer in cache.layers]
+    return [Slot(storage, row, plan.start(row, len(t)), n) for row, (t, n) in enumerate(zip(targets, lengths))]
+
+
+def kv_bytes_per_token(config, dtype_bytes):
+    """Bytes of keys and values one token takes over all layers, from a transformers config."""
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * dtype_bytes
