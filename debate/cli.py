@@ -175,6 +175,10 @@ def run_parser(description=None):
                    "tolerant parsing, as the papers ran")
     g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
                    help="re-encode each conversation every turn (for measurement)")
+    g.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+                   help="share of the GPU memory free before a batch that its KV cache and activations may take; "
+                   "a batch that would not fit runs as smaller ones, and one that runs out of memory is split and "
+                   "retried (default 0.9, ours; CUDA only; 0: no budget)")
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr]")
@@ -194,7 +198,8 @@ def parse_run_args(argv=None, description=None):
         p.error("--method majority needs sampling (--temperature > 0): greedy voters would all give the same answer")
     if args.judge_models and len(args.judge_models) > MAX_JUDGES:
         p.error(f"--judge-models takes at most {MAX_JUDGES} paths, got {len(args.judge_models)}")
-    fractions = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold")
+    fractions = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
+                 "gpu_memory_fraction")
     for name in fractions:
         if not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name.replace('_', '-')} must be in [0, 1]")

@@ -243,7 +243,8 @@ def _run_one(args, claims, prompt_info, agents, log):
         config["models"] = models.model_info(agents)
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache,
-                                   structured=args.structured)
+                                   structured=args.structured,
+                                   gpu_memory_fraction=getattr(args, "gpu_memory_fraction", 0.9))
         turns.check_schemas(agents, SCHEMAS[args.method] + (madr.SCHEMAS if args.refine == "madr" else ()),
                             settings)
         # One random stream per seed for the whole run, not one per batch.
