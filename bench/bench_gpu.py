@@ -1,0 +1,256 @@
+"""DebateCV throughput on one GPU with a random-weight model of Llama-3.1-8B's shape, through the real runner.
+
+    python bench/bench_gpu.py --claims 32 --batch-size 32                 # the full matrix on a GPU
+    python bench/bench_gpu.py --tiny --claims 4 --batch-size 4 --turns 16  # CPU smoke run, a tiny model
+
+It builds the checkpoint itself, once, under --cache: a byte-level BPE tokenizer trained on the AVeriTeC dev
+claim text (Llama-3's special tokens and a Llama-3-like chat template) and random bf16 weights of the 8B
+shape (16 GB; --tiny: a 4-layer model of the same family). Then for each setting of the matrix (KV reuse
+on/off x 4-bit NF4/bf16 x --turns token limits) it runs DebateCV, 3 rounds + final, greedy, over the first
+--claims dev claims with HerO's retrieved evidence, by `run_debate.main`, and prints claims/h, completion
+tokens/s, peak GPU memory, mean GPU utilisation (sampled in a thread) and the engine's Python time per model
+call (engine time outside the model's forward, over the forward calls). 4-bit needs bitsandbytes and CUDA;
+on CPU only bf16/fp32 rows run. A random model never ends a turn early; with --no-structured (the default
+here) its Moderator never stops the debate either, so every claim takes the heaviest shape a debate can.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import run_debate  # noqa: E402
+from debate import engine  # noqa: E402
+from tests.tiny_models import CHAT_TEMPLATE, EOT, PAD, BOS, SPECIAL_TOKENS  # noqa: E402
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0)
+TINY = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=4, max_position_embeddings=16384)
+
+
+def claim_texts(data_dir):
+    claims = json.loads((Path(data_dir) / "dev.json").read_text())
+    return [c["claim"] for c in claims]
+
+
+def build_tokenizer(texts, vocab_size):
+    """Byte-level BPE learnt from `texts`, with Llama-3's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=BOS, eos_token=EOT, pad_token=PAD,
+                                  clean_up_tokenization_spaces=False)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def checkpoint(cache, tiny, data_dir, vocab_size):
+    """The random checkpoint's directory, built on first use (weights made on the GPU when there is one)."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out = Path(cache) / f"random-{'tiny' if tiny else 'llama-3.1-8b'}-averitec-bpe{vocab_size}"
+    if (out / "config.json").exists():
+        return out
+    tok = build_tokenizer(claim_texts(data_dir), vocab_size)
+    config = LlamaConfig(**(TINY if tiny else LLAMA_8B), vocab_size=len(tok), tie_word_embeddings=False,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         initializer_range=0.2 if tiny else 0.02)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id)
+    tmp = out.with_name(out.name + ".partial")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+class Utilisation:
+    """Mean GPU utilisation (%) sampled every 0.2 s in a thread: torch.cuda.utilization (pynvml) or nvidia-smi."""
+
+    def __init__(self):
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self):
+        try:
+            return torch.cuda.utilization()
+        except Exception:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i",
+                                  str(torch.cuda.current_device())], capture_output=True, text=True, timeout=5)
+            return float(out.stdout.split()[0])
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            try:
+                self.samples.append(self._sample())
+            except Exception:
+                return
+
+    def __enter__(self):
+        if torch.cuda.is_available():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def mean(self):
+        return round(sum(self.samples) / len(self.samples), 1) if self.samples else None
+
+
+class EngineClock:
+    """Time inside engine.generate and inside the model's forward calls, to tell Python overhead apart."""
+
+    def __init__(self):
+        self.engine_s = self.forward_s = 0.0
+        self.calls = 0
+        self._hooked, self._start = set(), None
+
+    def _pre(self, module, args, kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._start = time.perf_counter()
+
+    def _post(self, module, args, kwargs, output):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.forward_s += time.perf_counter() - self._start
+        self.calls += 1
+
+    def wrap(self, generate):
+        def timed(model, *args, **kwargs):
+            if id(model) not in self._hooked:
+                self._hooked.add(id(model))
+                model.register_forward_pre_hook(self._pre, with_kwargs=True)
+                model.register_forward_hook(self._post, with_kwargs=True)
+            start = time.perf_counter()
+            try:
+                return generate(model, *args, **kwargs)
+            finally:
+                self.engine_s += time.perf_counter() - start
+        return timed
+
+
+def run_once(path, args, reuse, four_bit, turn_tokens, out_dir):
+    argv = ["--split", "dev", "--data-dir", args.data_dir, "--evidence", "retrieved", "--method", "debatecv",
+            "--model", str(path), "--limit", str(args.claims), "--batch-size", str(args.batch_size),
+            "--max-new-tokens", str(turn_tokens), "--max-rounds", "3", "--temperature", "0",
+            "--output-dir", str(out_dir)]
+    argv += [] if reuse else ["--no-cache-reuse"]
+    argv += [] if four_bit else ["--no-4bit"]
+    argv += [] if args.structured else ["--no-structured"]
+    argv += ["--gpu-memory-fraction", str(args.gpu_memory_fraction)] if args.gpu_memory_fraction is not None else []
+    clock = EngineClock()
+    original = engine.generate
+    engine.generate = clock.wrap(original)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    try:
+        with Utilisation() as util:
+            code = run_debate.main(argv)
+    finally:
+        engine.generate = original
+    seconds = time.perf_counter() - start
+    preds = [json.loads(line) for line in (Path(out_dir) / "predictions.jsonl").read_text().splitlines()]
+    completion = sum(p["completion_tokens"] for p in preds)
+    return {
+        "reuse_cache": reuse, "4bit": four_bit, "turn_tokens": turn_tokens, "claims": len(preds), "exit": code,
+        "seconds": round(seconds, 1), "claims_per_hour": round(len(preds) / seconds * 3600, 1),
+        "completion_tokens_per_s": round(completion / seconds, 1),
+        "completion_tokens_per_claim": round(completion / len(preds)),
+        "context_tokens_per_claim": round(sum(p["prompt_tokens"] for p in preds) / len(preds)),
+        "encoded_tokens_per_claim": round(sum(p["encoded_tokens"] for p in preds) / len(preds)),
+        "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available()
+        else None,
+        "mean_gpu_utilisation_pct": util.mean(),
+        "engine_python_ms_per_model_call": round((clock.engine_s - clock.forward_s) / max(clock.calls, 1) * 1000, 2),
+        "model_calls": clock.calls,
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="a small random model of the same family (CPU smoke run)")
+    p.add_argument("--claims", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--turns", type=int, nargs="+", default=[192, 512], help="--max-new-tokens values to run")
+    p.add_argument("--reuse", choices=("on", "off", "both"), default="both")
+    p.add_argument("--precision", choices=("4bit", "bf16", "both"), default="both",
+                   help="4-bit runs only on CUDA with bitsandbytes; bf16 means fp32 on CPU (the loader's choice)")
+    p.add_argument("--structured", action="store_true", help="decode the Moderator's JSON under its schema "
+                   "(the run's default); off here so every claim runs 3 rounds + final")
+    p.add_argument("--gpu-memory-fraction", type=float, help="passed to the run (default: the run's own)")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--data-dir", default=os.environ.get("DEBATECV_DATA", str(ROOT.parent / "shared/data/averitec")))
+    p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"))
+    p.add_argument("--out", help="also write the JSON result here")
+    args = p.parse_args()
+    if not (Path(args.data_dir) / "dev.json").exists():
+        print(f"error: {args.data_dir}/dev.json not found (--data-dir)", file=sys.stderr)
+        return 2
+    path = checkpoint(args.cache, args.tiny, args.data_dir, args.vocab_size)
+    try:
+        import bitsandbytes  # noqa: F401
+        four_bit_ok = torch.cuda.is_available()
+    except ImportError:
+        four_bit_ok = False
+    precisions = {"4bit": [True], "bf16": [False], "both": [True, False]}[args.precision]
+    precisions = [q for q in precisions if four_bit_ok or not q] or [False]
+    reuses = {"on": [True], "off": [False], "both": [True, False]}[args.reuse]
+    rows = []
+    for turn_tokens in args.turns:
+        for four_bit in precisions:
+            for reuse in reuses:
+                out_dir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
+                try:
+                    rows.append(run_once(path, args, reuse, four_bit, turn_tokens, out_dir))
+                except torch.OutOfMemoryError as e:  # the engine splits batches; this is the model itself
+                    rows.append({"reuse_cache": reuse, "4bit": four_bit, "turn_tokens": turn_tokens,
+                                 "error": f"out of memory: {str(e).splitlines()[0]}"})
+                finally:
+                    shutil.rmtree(out_dir, ignore_errors=True)
+                print(json.dumps(rows[-1]), flush=True)
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": torch.cuda.get_device_name() if torch.cuda.is_available()
+        else f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        "torch": torch.__version__, "model": f"random {'tiny Llama (hidden 256, 4 layers)' if args.tiny else 'Llama-3.1-8B shape'}"
+        f", vocabulary {args.vocab_size} (BPE on AVeriTeC dev claims)", "claims": args.claims,
+        "batch_size": args.batch_size, "structured": args.structured, "runs": rows,
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
