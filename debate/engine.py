@@ -73,7 +73,8 @@ def batch_bytes(model, targets, usables, settings):
     plan = kv_store.layout(targets, usables)
     rows, columns = len(targets), plan.width + plan.chunk + settings.max_new_tokens
     kv = rows * columns * kv_store.kv_bytes_per_token(config, size)
-    hidden = rows * plan.chunk * (4 * config.hidden_size + 2 * config.intermediate_size) * size
+    mlp = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    hidden = rows * plan.chunk * (4 * config.hidden_size + 2 * mlp) * size
     scores = rows * plan.chunk * (plan.width + plan.chunk) * (config.num_attention_heads * 4 + 1)
     logits = rows * config.vocab_size * 4 * 2
     return kv + hidden + scores + logits
