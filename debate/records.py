@@ -8,6 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+# The settings that change what a run predicts (config fields marked identity, and the prompts' hash).
+from debate.config import IDENTITY_KEYS
+
 PREDICTIONS = "predictions.jsonl"
 TRANSCRIPTS = "transcripts.jsonl"
 CONFIG = "config.json"
@@ -15,18 +18,6 @@ METRICS = "metrics.json"
 SUBMISSION = "submission.json"
 RUN_FILES = (PREDICTIONS, TRANSCRIPTS, CONFIG, METRICS, SUBMISSION)
 ASIDE = ".replaced-run"  # where --overwrite keeps the earlier run until the new one has written a claim
-
-# Settings that change what a run predicts; resuming under different ones would mix two experiments.
-IDENTITY_KEYS = ("method", "refine", "split", "data_dir", "evidence", "retrieved_file", "debater_model",
-                 "moderator_model", "defense_model", "judge_models", "refine_model", "moderator_adapter", "use_4bit",
-                 "temperature", "top_p", "seed", "max_new_tokens", "max_rounds", "voters", "corpus", "embedder",
-                 "top_k", "novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold",
-                 "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight", "role_switch", "witness",
-                 "madr_iterations", "structured", "prompts_hash", "switch_rounds", "seed_k", "redundancy_limit",
-                 "relevance_gain", "confidence_floor", "split_decision", "chief_justice", "inconclusive",
-                 "counsel_temperature", "court_temperature", "judge_temperature", "witness_temperature",
-                 "critic_temperature")
-
 
 class RunConflict(RuntimeError):
     pass
