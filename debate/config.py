@@ -181,7 +181,8 @@ def save(config, path):
 
 def load(path):
     """The RunConfig of a config.json (a run directory's, old ones included): keys that are no setting
-    (versions, models, precision, ...) are skipped, settings it leaves out get their defaults."""
+    (versions, models, precision, ...) are skipped, settings it leaves out get their defaults. A run's
+    config.json says `use_4bit` as it really was (false on a CPU), not as asked."""
     saved = json.loads(Path(path).read_text(encoding="utf-8"))
     return build(**{k: v for k, v in saved.items() if k in GROUP_OF})
 
