@@ -164,8 +164,6 @@ def run(config, log=print):
     models.set_offline()
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
     prompt_info = prompts.use_prompt_dir(config.method.prompts)
-    if config.data.split == data.DEMO_SPLIT and config.data.evidence == "golden":
-        log("the demo set has no retrieved evidence: using its golden evidence")
 
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     claims = load_claims(config)

@@ -48,12 +48,13 @@ def test_the_readme_example_runs_as_written(tiny, tmp_path, monkeypatch, capsys)
 
 
 def test_run_writes_what_the_cli_writes_and_verify_gives_one_record_per_claim(tiny, tmp_path, capsys):
-    flags = ["--split", "demo", "--method", "rag-cot", "--model", tiny, "--limit", "2", "--max-new-tokens", "24",
+    # --max-new-tokens 64: room for RAG-CoT's JSON answer under structured decoding (checked before a run).
+    flags = ["--split", "demo", "--method", "rag-cot", "--model", tiny, "--limit", "1", "--max-new-tokens", "64",
              "--temperature", "0"]
     cli_metrics = run_debate.main(flags + ["--output-dir", str(tmp_path / "cli")])
     from debate import build, run, verify
 
-    cfg = build(split="demo", method="rag-cot", model=tiny, limit=2, max_new_tokens=24, temperature=0,
+    cfg = build(split="demo", method="rag-cot", model=tiny, limit=1, max_new_tokens=64, temperature=0,
                 output_dir=tmp_path / "api")
     assert run(cfg, log=lambda *a: None) == cli_metrics
     strip = lambda rows: [dict(r, encoded_tokens=None) for r in rows]  # noqa: E731
