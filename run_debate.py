@@ -17,5 +17,11 @@ def main(argv=None):
     return runner.main_guard(lambda: runner.run(args))
 
 
+def console_main():
+    """The `debatecv-run` console script: main() with nothing returned, as the script exits with
+    whatever its function returns and the metrics are not an exit status."""
+    main()
+
+
 if __name__ == "__main__":
     main()
