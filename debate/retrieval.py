@@ -133,7 +133,8 @@ def load_corpus(path):
     return passages
 
 
-def _sha256(path):
+def file_sha256(path):
+    """The sha256 hex digest of a file, read in 1 MiB blocks: a corpus's identity in its embedding cache key."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -149,7 +150,7 @@ def cache_path(corpus_path, embedder):
 def corpus_index(corpus_path, embedder, log_fn=log.info):
     """The corpus with its embeddings, computed once and cached beside the corpus file."""
     passages = load_corpus(corpus_path)
-    key = {"corpus_sha256": _sha256(corpus_path), "embedder": embedder.path, "max_length": embedder.max_length}
+    key = {"corpus_sha256": file_sha256(corpus_path), "embedder": embedder.path, "max_length": embedder.max_length}
     cache = cache_path(corpus_path, embedder)
     if cache.is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)

@@ -72,7 +72,9 @@ def lr_factor(step, total, warmup, schedule):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _autocast(device):
+def autocast(device):
+    """Mixed precision for a forward pass on `device`: bf16 (fp16 where the card lacks bf16) on CUDA, where the
+    4-bit base computes in it; nothing on CPU, where training runs in fp32."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     return contextlib.nullcontext()
@@ -181,7 +183,7 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
         for i, indices in enumerate(group):
             batch = make_batch([examples[j] for j in indices])
             sync = i == len(group) - 1
-            with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), _autocast(accelerator.device):
+            with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), autocast(accelerator.device):
                 loss, metrics, n = step_loss(model, batch)
             accelerator.backward(loss / len(group))
             tokens += int(batch["attention_mask"].sum())  # every token through the model
