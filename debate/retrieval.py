@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from debate import models
+from debate import jsonl, models
 from debate.data import json_problem
 
 log = logging.getLogger(__name__)
@@ -102,32 +102,29 @@ def load_corpus(path):
     if not path.is_file():
         raise RetrievalError(f"{path}: no such corpus file")
     passages, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RetrievalError(f"{where}: not valid JSON ({json_problem(e)})") from None
-            if not isinstance(row, dict):
-                raise RetrievalError(f"{where}: expected a JSON object")
-            for field in ("id", "text"):
-                if field not in row:
-                    raise RetrievalError(f"{where}: missing field '{field}'")
-            if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
-                raise RetrievalError(f"{where}: field 'id': expected a string or an integer")
-            if not isinstance(row["text"], str) or not row["text"].strip():
-                raise RetrievalError(f"{where}: field 'text': expected a non-empty string")
-            for field in ("url", "date"):
-                if row.get(field) is not None and not isinstance(row[field], str):
-                    raise RetrievalError(f"{where}: field '{field}': expected a string")
-            key = str(row["id"])
-            if key in seen:
-                raise RetrievalError(f"{where}: field 'id': {key!r} repeats line {seen[key]}")
-            seen[key] = number
-            passages.append(dict(row, id=key, url=row.get("url") or ""))
+    with open(path, encoding="utf-8", newline="\n") as f:
+        try:  # line by line: a corpus can be large
+            for number, row in jsonl.numbered(f):
+                where = f"{path}: line {number}"
+                if not isinstance(row, dict):
+                    raise RetrievalError(f"{where}: expected a JSON object")
+                for field in ("id", "text"):
+                    if field not in row:
+                        raise RetrievalError(f"{where}: missing field '{field}'")
+                if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
+                    raise RetrievalError(f"{where}: field 'id': expected a string or an integer")
+                if not isinstance(row["text"], str) or not row["text"].strip():
+                    raise RetrievalError(f"{where}: field 'text': expected a non-empty string")
+                for field in ("url", "date"):
+                    if row.get(field) is not None and not isinstance(row[field], str):
+                        raise RetrievalError(f"{where}: field '{field}': expected a string")
+                key = str(row["id"])
+                if key in seen:
+                    raise RetrievalError(f"{where}: field 'id': {key!r} repeats line {seen[key]}")
+                seen[key] = number
+                passages.append(dict(row, id=key, url=row.get("url") or ""))
+        except jsonl.BadLine as e:
+            raise RetrievalError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e.error)})") from None
     if not passages:
         raise RetrievalError(f"{path}: the corpus has no passages")
     return passages
