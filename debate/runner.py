@@ -90,12 +90,16 @@ def run_config(args, roles=None, precision=None):
             config["versions"][package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    try:
-        config["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-            text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        config["git_commit"] = None
+    config["git_commit"] = None
+    checkout = Path(__file__).resolve().parent.parent
+    # Only a checkout has a commit: an installed wheel's site-packages may sit inside some other repository.
+    if (checkout / ".git").exists():
+        try:
+            config["git_commit"] = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True,
+                timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
     return config
 
 
