@@ -18,5 +18,11 @@ def main(argv=None):
     return runner.main_guard(lambda: runner.run(config))
 
 
+def console_main():
+    """The `debatecv-run` console script: main() with nothing returned, as the script exits with
+    whatever its function returns and the metrics are not an exit status."""
+    main()
+
+
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate import cli, data, engine, madr, models, records, runner, turns  # noqa: E402
+from debate import cli, data, engine, jsonl, madr, models, records, runner, turns  # noqa: E402
 from debate.labels import CEC, NEE  # noqa: E402
 from eval import averitec  # noqa: E402
 
@@ -86,12 +86,12 @@ def main():
     for name in args.methods:
         saved = out / f"{name}.jsonl"
         if saved.exists():
-            row = json.loads(saved.read_text().splitlines()[0])
+            row = jsonl.read(saved)[0]
         else:
             plain, refined, seconds, madr_seconds = run_method(name, flags, claims, args.madr_iterations, print)
             row = {"method": name, "seconds": seconds, "madr_seconds": madr_seconds,
                    "plain": [r["prediction"] for r in plain], "refined": [r["prediction"] for r in refined]}
-            saved.write_text(json.dumps(row, ensure_ascii=False) + "\n")
+            jsonl.write(saved, [row])
         plain, refined = row["plain"], row["refined"]
         n = len(plain)
         tokens = lambda preds: sum(p["prompt_tokens"] + p["completion_tokens"] for p in preds) / n  # noqa: E731

@@ -87,12 +87,16 @@ def config_json(config, roles=None, precision=None):
             saved["versions"][package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    try:
-        saved["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-            text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        saved["git_commit"] = None
+    saved["git_commit"] = None
+    checkout = Path(__file__).resolve().parent.parent
+    # Only a checkout has a commit: an installed wheel's site-packages may sit inside some other repository.
+    if (checkout / ".git").exists():
+        try:
+            saved["git_commit"] = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True,
+                timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
     return saved
 
 

@@ -9,7 +9,7 @@ import pytest
 import run_debate
 from debate import config, models, records
 from debate.labels import LABELS
-from tests.tiny_models import build_tiny_llama
+from debate.testing import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
