@@ -9,12 +9,19 @@ from debate import cli, runner
 
 
 def parse_args(argv=None):
+    """The run's RunConfig (debate.config), built once from the flags."""
     return cli.parse_run_args(argv, description=__doc__)
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    return runner.main_guard(lambda: runner.run(args))
+    config = parse_args(argv)
+    return runner.main_guard(lambda: runner.run(config))
+
+
+def console_main():
+    """The `debatecv-run` console script: main() with nothing returned, as the script exits with
+    whatever its function returns and the metrics are not an exit status."""
+    main()
 
 
 if __name__ == "__main__":

@@ -103,5 +103,11 @@ def main(argv=None):
     return runner.main_guard(go)
 
 
+def console_main():
+    """The `debatecv-train` console script: main() with nothing returned, as the script exits with
+    whatever its function returns and what the stages return is not an exit status."""
+    main()
+
+
 if __name__ == "__main__":
     main()

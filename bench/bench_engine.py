@@ -22,8 +22,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from debate import data, debatecv, engine, models  # noqa: E402
-from tests.resources import averitec_dir  # noqa: E402
-from tests.tiny_models import build_tiny_llama  # noqa: E402
+from debate.testing import averitec_dir, build_tiny_llama  # noqa: E402
 
 
 def bench_claims(n):

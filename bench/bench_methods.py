@@ -26,25 +26,24 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate import cli, data, engine, madr, models, records, runner, turns  # noqa: E402
+from debate import cli, data, engine, jsonl, madr, models, records, runner, turns  # noqa: E402
 from debate.labels import CEC, NEE  # noqa: E402
 from eval import averitec  # noqa: E402
 
 
 def run_method(name, flags, claims, refine_iterations, log):
     """(records before MADR, records after, seconds of the method, seconds of MADR)."""
-    args = cli.parse_run_args(["--method", name, *flags])
-    runner.resolve_models(args, models.default_model_path() if not args.model else None)
+    config = cli.parse_run_args(["--method", name, *flags])
     method, _, options = runner.METHODS[name]
-    kwargs = options(args)
-    roles = dict(runner.model_roles(args), **madr.MODEL_OF)
-    agents = runner.load_agents(args, roles)
-    settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                               seed=args.seed)
+    kwargs = options(config)
+    roles = dict(runner.model_roles(config), **madr.MODEL_OF)
+    agents = runner.load_agents(config, roles)
+    g = config.generation
+    settings = engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed)
     streams = turns.Streams(next(next(iter(agents.values())).model.parameters()).device)
     plain, refined, method_seconds, madr_seconds = [], [], 0.0, 0.0
-    for i in range(0, len(claims), args.batch_size):
-        batch = claims[i:i + args.batch_size]
+    for i in range(0, len(claims), g.batch_size):
+        batch = claims[i:i + g.batch_size]
         start = time.perf_counter()
         done = method(agents, batch, settings, streams=streams, **kwargs)
         method_seconds += time.perf_counter() - start
@@ -87,12 +86,12 @@ def main():
     for name in args.methods:
         saved = out / f"{name}.jsonl"
         if saved.exists():
-            row = json.loads(saved.read_text().splitlines()[0])
+            row = jsonl.read(saved)[0]
         else:
             plain, refined, seconds, madr_seconds = run_method(name, flags, claims, args.madr_iterations, print)
             row = {"method": name, "seconds": seconds, "madr_seconds": madr_seconds,
                    "plain": [r["prediction"] for r in plain], "refined": [r["prediction"] for r in refined]}
-            saved.write_text(json.dumps(row, ensure_ascii=False) + "\n")
+            jsonl.write(saved, [row])
         plain, refined = row["plain"], row["refined"]
         n = len(plain)
         tokens = lambda preds: sum(p["prompt_tokens"] + p["completion_tokens"] for p in preds) / n  # noqa: E731

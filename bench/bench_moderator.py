@@ -14,7 +14,8 @@ counts, beside the majority-class baseline (always Refuted).
     python bench/bench_moderator.py --claims 160 --folds 2 --out bench/out/moderator
 
 Writes OUT/results.json and prints a markdown table. Resumable: synthesis resumes claim by claim, a
-stage whose output exists is skipped, each re-judged fold is saved as it finishes.
+stage whose output exists is skipped, each re-judged fold is saved as it finishes. `--report-only` runs
+nothing and tabulates the folds judged so far.
 """
 import argparse
 import json
@@ -104,13 +105,15 @@ def main():
     p.add_argument("--batch-size", default="8")
     p.add_argument("--train", nargs=argparse.REMAINDER, default=TRAIN_FLAGS,
                    help="train_moderator.py flags for both training stages (put last; default: CPU-sized)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: tabulate the folds whose three Moderators are judged so far (an interim table)")
     args = p.parse_args()
     out = ROOT / args.out
     common = ["--out", str(out), "--split", "dev", "--data-dir", args.data_dir, "--limit", str(args.claims),
               "--max-rounds", args.max_rounds, "--max-new-tokens", args.max_new_tokens,
               "--batch-size", args.batch_size, "--temperature", "0"]
     timings = {}
-    for stage in ("synth", "correct"):
+    for stage in () if args.report_only else ("synth", "correct"):
         start = time.time()
         sh("train_moderator.py", "--stage", stage, *common)
         timings[stage] = round(time.time() - start, 1)
@@ -122,8 +125,18 @@ def main():
     base = models.default_model_path()
     systems = ("zero-shot", "D-SFT", "D-SFT + D-DPO")
     judged = {s: {} for s in systems}
+    finished = []  # the folds every system has judged
     for k in range(args.folds):
         fold_dir = out / f"fold-{k}"
+        if args.report_only:
+            saved = [fold_dir / f"judged-{s.replace(' ', '').replace('+', '-')}.json" for s in systems]
+            if not all(f.exists() for f in saved):
+                continue
+            for system, f in zip(systems, saved):
+                for r, (verdict, probs) in zip(folds[k], json.loads(f.read_text())):
+                    judged[system][r["claim_id"]] = (verdict, probs)
+            finished.append(k)
+            continue
         train_file = fold_dir / "train.syndec.jsonl"
         syndec.write(train_file, [r for j, fold in enumerate(folds) if j != k for r in fold])
         for stage in ("sft", "dpo"):
@@ -141,8 +154,11 @@ def main():
                 timings[f"fold{k}_judge_{system}"] = round(time.time() - start, 1)
             for r, (verdict, probs) in zip(folds[k], json.loads(saved.read_text())):
                 judged[system][r["claim_id"]] = (verdict, probs)
+        finished.append(k)
 
-    held = [r for fold in folds for r in fold]
+    if not finished:
+        sys.exit(f"error: no fold of {out} has all three Moderators judged yet")
+    held = [r for k in finished for r in folds[k]]
     golds = [r["gold_label"] for r in held]
     table = {"always Refuted (majority class)": row_of(golds, [REFUTED] * len(held), [None] * len(held)),
              "zero-shot (debate as run)": row_of(golds, [r["predicted_label"] for r in held],
@@ -150,13 +166,13 @@ def main():
     for system in systems:
         table[f"{system} (re-judged)"] = row_of(golds, [judged[system][r["claim_id"]][0] for r in held],
                                                 [judged[system][r["claim_id"]][1] for r in held])
-    report = {"claims": len(held), "folds": args.folds, "labels": dict(Counter(golds)), "table": table,
+    report = {"claims": len(held), "folds": args.folds, "folds_judged": finished, "labels": dict(Counter(golds)), "table": table,
               "timings_s": timings, "synth_correct": sum(r["correct"] for r in rows), "train_flags": args.train,
               "settings": {"max_rounds": args.max_rounds, "max_new_tokens": args.max_new_tokens,
                            "judge_tokens": args.judge_tokens}}
-    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / ("results.interim.json" if args.report_only else "results.json")).write_text(json.dumps(report, indent=2))
     short = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC"}
-    print(f"{len(held)} held-out claims ({args.folds} folds); gold labels {dict(Counter(golds))}")
+    print(f"{len(held)} held-out claims (folds {finished} of {args.folds}); gold labels {dict(Counter(golds))}")
     print("| Moderator | accuracy [95% CI] | macro-F1 [95% CI] | F1 SUP / REF / NEE / CEC | FPR NEE | FPR CEC | ECE | Brier | predicted |")
     print("|---|---|---|---|---|---|---|---|---|")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731

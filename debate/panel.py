@@ -28,7 +28,6 @@ _PANEL_ALIASES = {
 }
 TO_AVERITEC = {PANEL_SUPPORTED: SUPPORTED, PANEL_NOT_SUPPORTED: REFUTED, PANEL_INCONCLUSIVE: NEE}
 INCONCLUSIVE_AS = {"nee": NEE, "supported": SUPPORTED}  # --inconclusive: ours (default), the paper's
-SPLIT_RULES = ("chief-justice", "conflicting")  # --split-decision: the paper's (default), ours
 
 
 def panel_label(value):

@@ -6,10 +6,13 @@ placeholders of the prompt it replaces: the protocol code fills those and nothin
 """
 import functools
 import hashlib
+import importlib.resources
 import string
 from pathlib import Path
 
-PROMPT_DIR = Path(__file__).resolve().parent.parent / "prompts"
+# The `prompts` package's folder: the checkout's prompts/ or, installed from a wheel, its copy in
+# site-packages (package data), whatever the current directory.
+PROMPT_DIR = Path(str(importlib.resources.files("prompts")))
 _override_dir = None  # set by use_prompt_dir
 
 # Every prompt the code renders (tests/test_prompts.py checks the code names no other), so that a run

@@ -8,6 +8,10 @@ import os
 import shutil
 from pathlib import Path
 
+from debate import jsonl
+# The settings that change what a run predicts (config fields marked identity, and the prompts' hash).
+from debate.config import IDENTITY_KEYS
+
 PREDICTIONS = "predictions.jsonl"
 TRANSCRIPTS = "transcripts.jsonl"
 CONFIG = "config.json"
@@ -15,18 +19,6 @@ METRICS = "metrics.json"
 SUBMISSION = "submission.json"
 RUN_FILES = (PREDICTIONS, TRANSCRIPTS, CONFIG, METRICS, SUBMISSION)
 ASIDE = ".replaced-run"  # where --overwrite keeps the earlier run until the new one has written a claim
-
-# Settings that change what a run predicts; resuming under different ones would mix two experiments.
-IDENTITY_KEYS = ("method", "refine", "split", "data_dir", "evidence", "retrieved_file", "debater_model",
-                 "moderator_model", "defense_model", "judge_models", "refine_model", "moderator_adapter", "use_4bit",
-                 "temperature", "top_p", "seed", "max_new_tokens", "max_rounds", "voters", "corpus", "embedder",
-                 "top_k", "novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold",
-                 "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight", "role_switch", "witness",
-                 "madr_iterations", "structured", "prompts_hash", "switch_rounds", "seed_k", "redundancy_limit",
-                 "relevance_gain", "confidence_floor", "split_decision", "chief_justice", "inconclusive",
-                 "counsel_temperature", "court_temperature", "judge_temperature", "witness_temperature",
-                 "critic_temperature")
-
 
 class RunConflict(RuntimeError):
     pass
@@ -42,15 +34,11 @@ def read_jsonl(path, repair=True):
     if len(keep) != len(raw) and repair:
         with open(path, "r+b") as f:
             f.truncate(len(keep))
-    rows = []
-    for number, line in enumerate(keep.decode("utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise RunConflict(f"{path}:{number}: not JSON ({err.msg}); fix or remove the line, "
-                                  "or start over with --overwrite") from None
-    return rows
+    try:
+        return [row for _, row in jsonl.numbered(keep.decode("utf-8"))]
+    except jsonl.BadLine as err:
+        raise RunConflict(f"{path}:{err.lineno}: not JSON ({err.error.msg}); fix or remove the line, "
+                          "or start over with --overwrite") from None
 
 
 def _by_claim(rows):
@@ -164,8 +152,8 @@ class RunDir:
                 if row["claim_id"] in self.done and row["claim_id"] not in seen:
                     kept.append(row)
                     seen.add(row["claim_id"])
-            _rewrite(out / TRANSCRIPTS, kept)
-            _rewrite(out / PREDICTIONS, list(self.done.values()))
+            jsonl.write(out / TRANSCRIPTS, kept)
+            jsonl.write(out / PREDICTIONS, list(self.done.values()))
         write_json(out / CONFIG, self.config)
         self._writer = Writer(out)
         return self
@@ -195,14 +183,6 @@ class RunDir:
         return False
 
 
-def _rewrite(path, rows):
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def write_json(path, obj):
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -214,14 +194,13 @@ class Writer:
 
     def __init__(self, output_dir):
         out = Path(output_dir)
-        self._transcripts = open(out / TRANSCRIPTS, "a", encoding="utf-8")
-        self._predictions = open(out / PREDICTIONS, "a", encoding="utf-8")
+        self._transcripts = open(out / TRANSCRIPTS, "a", encoding="utf-8", newline="\n")
+        self._predictions = open(out / PREDICTIONS, "a", encoding="utf-8", newline="\n")
 
     def write(self, record):
+        # The transcript is durable before the prediction that marks the claim done is written.
         for f, row in ((self._transcripts, record["transcript"]), (self._predictions, record["prediction"])):
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            jsonl.append_durably(f, [row])
 
     def close(self):
         self._transcripts.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from debate import models
+from debate import jsonl, models
 from debate.data import json_problem
 
 log = logging.getLogger(__name__)
@@ -102,38 +102,36 @@ def load_corpus(path):
     if not path.is_file():
         raise RetrievalError(f"{path}: no such corpus file")
     passages, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RetrievalError(f"{where}: not valid JSON ({json_problem(e)})") from None
-            if not isinstance(row, dict):
-                raise RetrievalError(f"{where}: expected a JSON object")
-            for field in ("id", "text"):
-                if field not in row:
-                    raise RetrievalError(f"{where}: missing field '{field}'")
-            if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
-                raise RetrievalError(f"{where}: field 'id': expected a string or an integer")
-            if not isinstance(row["text"], str) or not row["text"].strip():
-                raise RetrievalError(f"{where}: field 'text': expected a non-empty string")
-            for field in ("url", "date"):
-                if row.get(field) is not None and not isinstance(row[field], str):
-                    raise RetrievalError(f"{where}: field '{field}': expected a string")
-            key = str(row["id"])
-            if key in seen:
-                raise RetrievalError(f"{where}: field 'id': {key!r} repeats line {seen[key]}")
-            seen[key] = number
-            passages.append(dict(row, id=key, url=row.get("url") or ""))
+    with open(path, encoding="utf-8", newline="\n") as f:
+        try:  # line by line: a corpus can be large
+            for number, row in jsonl.numbered(f):
+                where = f"{path}: line {number}"
+                if not isinstance(row, dict):
+                    raise RetrievalError(f"{where}: expected a JSON object")
+                for field in ("id", "text"):
+                    if field not in row:
+                        raise RetrievalError(f"{where}: missing field '{field}'")
+                if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
+                    raise RetrievalError(f"{where}: field 'id': expected a string or an integer")
+                if not isinstance(row["text"], str) or not row["text"].strip():
+                    raise RetrievalError(f"{where}: field 'text': expected a non-empty string")
+                for field in ("url", "date"):
+                    if row.get(field) is not None and not isinstance(row[field], str):
+                        raise RetrievalError(f"{where}: field '{field}': expected a string")
+                key = str(row["id"])
+                if key in seen:
+                    raise RetrievalError(f"{where}: field 'id': {key!r} repeats line {seen[key]}")
+                seen[key] = number
+                passages.append(dict(row, id=key, url=row.get("url") or ""))
+        except jsonl.BadLine as e:
+            raise RetrievalError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e.error)})") from None
     if not passages:
         raise RetrievalError(f"{path}: the corpus has no passages")
     return passages
 
 
-def _sha256(path):
+def file_sha256(path):
+    """The sha256 hex digest of a file, read in 1 MiB blocks: a corpus's identity in its embedding cache key."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -149,7 +147,7 @@ def cache_path(corpus_path, embedder):
 def corpus_index(corpus_path, embedder, log_fn=log.info):
     """The corpus with its embeddings, computed once and cached beside the corpus file."""
     passages = load_corpus(corpus_path)
-    key = {"corpus_sha256": _sha256(corpus_path), "embedder": embedder.path, "max_length": embedder.max_length}
+    key = {"corpus_sha256": file_sha256(corpus_path), "embedder": embedder.path, "max_length": embedder.max_length}
     cache = cache_path(corpus_path, embedder)
     if cache.is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)

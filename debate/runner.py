@@ -1,16 +1,17 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
-import argparse
 import platform
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import fields, replace
 from importlib import metadata
 from pathlib import Path
 
 from debate import (baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, retrieval,
                     turns)
+from debate.config import ConfigError, Courtroom, to_dict
 from debate.prompts import PromptError
 from debate.retrieval import RetrievalError
 from debate.schema import SchemaBudgetError
@@ -21,125 +22,125 @@ from eval.wordnet import WordNetMissingError
 
 
 def _fixed(table):
-    return lambda args: dict(table)
+    return lambda config: dict(table)
 
 
 # The JSON answers each method asks for, checked against --max-new-tokens before any claim runs.
 SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS}
 
-# name -> (function over a batch of claims, its roles -> model flag, its keyword options from the CLI)
+# name -> (function over a batch of claims, its roles -> model flag, its keyword options from the config)
 METHODS = {
-    "debatecv": (debatecv.run_batch, _fixed(debatecv.MODEL_OF), lambda a: {"max_rounds": a.max_rounds}),
-    "rag-cot": (baselines.rag_cot, _fixed(baselines.RAG_COT_MODELS), lambda a: {}),
-    "majority": (baselines.majority, _fixed(baselines.RAG_COT_MODELS), lambda a: {"voters": a.voters}),
+    "debatecv": (debatecv.run_batch, _fixed(debatecv.MODEL_OF), lambda c: {"max_rounds": c.generation.max_rounds}),
+    "rag-cot": (baselines.rag_cot, _fixed(baselines.RAG_COT_MODELS), lambda c: {}),
+    "majority": (baselines.majority, _fixed(baselines.RAG_COT_MODELS), lambda c: {"voters": c.method.voters}),
     "cooperation": (baselines.cooperation, _fixed(baselines.COOPERATION_MODELS),
-                    lambda a: {"max_rounds": a.max_rounds}),
-    "courtroom": (courtroom.run_batch, lambda a: courtroom.model_of(len(a.judge_models)),
-                  lambda a: {"options": courtroom.options_from(a), "library": courtroom.library_from(a)}),
+                    lambda c: {"max_rounds": c.generation.max_rounds}),
+    "courtroom": (courtroom.run_batch, lambda c: courtroom.model_of(len(c.models.judge_models)),
+                  lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom,
+                             "library": courtroom.library_from(c.courtroom)}),
 }
 
 
 # The most turns one claim can take, per method, for the time left before a batch has finished (an
 # upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
-TURNS_AT_MOST = {"debatecv": lambda a: 3 * a.max_rounds + 1, "rag-cot": lambda a: 1, "majority": lambda a: a.voters,
-                 "cooperation": lambda a: 2 * a.max_rounds + 1}
+TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
+                 "majority": lambda c: c.method.voters, "cooperation": lambda c: 2 * c.generation.max_rounds + 1}
 
 
-# Model flag of a role (as model_roles names it) -> the argument holding its path.
+# Model flag of a role (as model_roles names it) -> the setting holding its path.
 FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defense": "defense_model",
              "refine": "refine_model"}
 
 
-COURTROOM_OPTIONS = ("corpus", "embedder", "top_k", "novelty_threshold", "novelty_stop", "plateau_delta",
-                     "admit_threshold", "dispute_threshold", "reflection_weights", "vote_weight", "quality_weight",
-                     "role_switch", "witness")
-
-
-def _unused_options(args):
-    """The method flags this run's method and refinement never read: they are left out of config.json."""
-    unused = [] if args.method == "courtroom" else list(COURTROOM_OPTIONS)
-    unused += [] if args.method == "majority" else ["voters"]
-    unused += [] if args.refine == "madr" else ["madr_iterations"]
+def _unused_options(config):
+    """The method settings this run's method and refinement never read: they are left out of config.json."""
+    unused = [] if config.method.method == "courtroom" else [f.name for f in fields(Courtroom)]
+    unused += [] if config.method.method == "majority" else ["voters"]
+    unused += [] if config.method.refine == "madr" else ["madr_iterations"]
     return unused
 
 
-def run_config(args, roles=None, precision=None):
-    """Every setting of the run, with what identifies the software it ran on.
+def config_json(config, roles=None, precision=None):
+    """config.json: every setting of the run (flat, by flag name), with what identifies the software it ran on.
 
-    With `roles`, only the model flags those roles use are kept (a DebateCV run names no judges), the
+    With `roles`, only the model settings those roles use are kept (a DebateCV run names no judges), the
     adapter only when the Moderator's model is used, and only the options of the method and refinement
     run; with `precision` (models.precision), `use_4bit` says whether 4-bit was really used and
     `precision` how the weights are held.
     """
-    config = dict(vars(args))
+    saved = to_dict(config)
     if roles is not None:
         used = {FLAG_ARGS.get(flag, "judge_models") for flag in roles.values()}
         for key in (*FLAG_ARGS.values(), "judge_models"):
             if key not in used:
-                config.pop(key, None)
+                saved.pop(key, None)
         if "moderator_model" not in used:
-            config.pop("moderator_adapter", None)
-        for key in _unused_options(args):
-            config.pop(key, None)
+            saved.pop("moderator_adapter", None)
+        for key in _unused_options(config):
+            saved.pop(key, None)
     if precision is not None:
-        config["use_4bit"] = precision["quantized"]
-        config["precision"] = "nf4" if precision["quantized"] else precision["dtype"]
-    config["versions"] = {"python": platform.python_version()}
+        saved["use_4bit"] = precision["quantized"]
+        saved["precision"] = "nf4" if precision["quantized"] else precision["dtype"]
+    saved["versions"] = {"python": platform.python_version()}
     for package in ("debatecv", "torch", "transformers", "peft", "bitsandbytes", "accelerate"):
         try:
-            config["versions"][package] = metadata.version(package)
+            saved["versions"][package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    try:
-        config["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-            text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        config["git_commit"] = None
-    return config
+    saved["git_commit"] = None
+    checkout = Path(__file__).resolve().parent.parent
+    # Only a checkout has a commit: an installed wheel's site-packages may sit inside some other repository.
+    if (checkout / ".git").exists():
+        try:
+            saved["git_commit"] = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True,
+                timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return saved
 
 
-def load_claims(args):
-    data_dir = None if args.split == "demo" else data.resolve_data_dir(args.data_dir)
-    claims = data.load_split(args.split, data_dir)
-    retrieved = args.retrieved_file or data.retrieved_path(args.split, data_dir)
-    claims = data.attach_evidence(claims, args.evidence, retrieved)
-    return claims[: args.limit] if args.limit else claims
+def load_claims(config):
+    d = config.data
+    data_dir = None if d.split == data.DEMO_SPLIT else data.resolve_data_dir(d.data_dir)
+    claims = data.load_split(d.split, data_dir)
+    retrieved = d.retrieved_file or data.retrieved_path(d.split, data_dir)
+    claims = data.attach_evidence(claims, d.evidence, retrieved)
+    return claims[: d.limit] if d.limit else claims
 
 
-def resolve_models(args, default=None):
-    """Fill every model flag the user left out: --model, else the embedded default; in place."""
-    base = args.model or default
-    args.debater_model = args.debater_model or base
-    args.moderator_model = args.moderator_model or base
-    args.defense_model = args.defense_model or args.debater_model
-    args.judge_models = list(args.judge_models or [args.moderator_model] * 3)
-    args.refine_model = args.refine_model or args.moderator_model
-
-
-def model_roles(args):
+def model_roles(config):
     """{role: model flag} of the chosen method, plus MADR's roles when refining."""
-    roles = METHODS[args.method][1](args)
-    if args.refine == "madr":
+    roles = METHODS[config.method.method][1](config)
+    if config.method.refine == "madr":
         roles.update(madr.MODEL_OF)
     return roles
 
 
-def role_models(args, roles):
-    """({role: model path}, {role: adapter}) of `roles` ({role: model flag}) under the CLI's flags."""
-    paths = {"debater": args.debater_model, "moderator": args.moderator_model, "defense": args.defense_model,
-             "refine": args.refine_model, **{f"judge_{i + 1}": p for i, p in enumerate(args.judge_models)}}
+def role_models(config, roles):
+    """({role: model path}, {role: adapter}) of `roles` ({role: model flag}) under the config's models."""
+    m = config.models
+    paths = {"debater": m.debater_model, "moderator": m.moderator_model, "defense": m.defense_model,
+             "refine": m.refine_model, **{f"judge_{i + 1}": p for i, p in enumerate(m.judge_models)}}
     role_paths = {role: paths[flag] for role, flag in roles.items()}
-    adapters = {role: args.moderator_adapter for role, flag in roles.items() if flag == "moderator"}
+    adapters = {role: m.moderator_adapter for role, flag in roles.items() if flag == "moderator"}
     return role_paths, adapters
 
 
-def load_agents(args, roles):
-    role_paths, adapters = role_models(args, roles)
-    return models.load_roles(role_paths, adapters, use_4bit=args.use_4bit)
+def load_agents(config, roles):
+    role_paths, adapters = role_models(config, roles)
+    return models.load_roles(role_paths, adapters, use_4bit=config.models.use_4bit)
 
 
-def check_run(args, claims):
+def settings_of(config):
+    """The engine's generation settings of a run."""
+    g = config.generation
+    return engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed,
+                           reuse_cache=g.reuse_cache, structured=g.structured,
+                           gpu_memory_fraction=g.gpu_memory_fraction)
+
+
+def check_run(config, claims):
     """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet,
     the courtroom's encoder directory and corpus.
 
@@ -147,51 +148,47 @@ def check_run(args, claims):
     seconds and never an earlier run. Raises the toolkit's own errors (main_guard prints them).
     """
     prompts.check_files()
-    role_paths, adapters = role_models(args, model_roles(args))
+    role_paths, adapters = role_models(config, model_roles(config))
     models.check_roles(role_paths, adapters)
     if any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
-    if args.method == "courtroom":
-        encoder = Path(args.embedder or retrieval.default_embedder_path())
+    if config.method.method == "courtroom":
+        encoder = Path(config.courtroom.embedder or retrieval.default_embedder_path())
         if not (encoder / "config.json").is_file():
             raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
-        if args.corpus:
-            retrieval.load_corpus(args.corpus)  # a bad line is named now, not after the encoder has loaded
+        if config.courtroom.corpus:
+            retrieval.load_corpus(config.courtroom.corpus)  # a bad line is named now, not after the encoder has loaded
 
 
-def run(args, log=print):
-    """Debate every claim not yet done in `args.output_dir` (each trial's, with --trials); write outputs;
-    return the metrics (with several trials: their mean and standard deviation)."""
+def run(config, log=print):
+    """Debate every claim not yet done in the config's output directory (each trial's, with several
+    trials); write outputs; return the metrics (with several trials: their mean and standard deviation).
+
+    `config` is a RunConfig from config.build (the CLI's, or one made in Python); it is never changed.
+    """
     models.set_offline()
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
-    prompt_info = prompts.use_prompt_dir(getattr(args, "prompts", None))
-    named = args.model or (args.debater_model and args.moderator_model)
-    resolve_models(args, None if named else models.default_model_path())
-    if args.split == data.DEMO_SPLIT and args.evidence == "retrieved":
-        log("the demo set has no retrieved evidence: using its golden evidence")
-        args.evidence = "golden"
-    suffix = "-madr" if args.refine == "madr" else ""
-    args.output_dir = args.output_dir or f"runs/{args.split}-{args.evidence}-{args.method}{suffix}"
+    prompt_info = prompts.use_prompt_dir(config.method.prompts)
 
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
-    claims = load_claims(args)
-    check_run(args, claims)
-    trials = getattr(args, "trials", 1)
+    claims = load_claims(config)
+    check_run(config, claims)
+    trials = config.generation.trials
     if trials == 1:
-        return _run_one(args, claims, prompt_info, {}, log)
+        return _run_one(config, claims, prompt_info, {}, log)
     # Trial k runs with seed + k - 1 in its own resumable directory; the agents are loaded once for all.
-    top, first_seed, agents, results = Path(args.output_dir), args.seed, {}, []
+    top, first_seed, agents, results = Path(config.output.output_dir), config.generation.seed, {}, []
     top.mkdir(parents=True, exist_ok=True)
     for k in range(1, trials + 1):
-        trial = argparse.Namespace(**vars(args))
-        trial.seed, trial.output_dir = first_seed + k - 1, str(top / f"trial-{k}")
-        log(f"trial {k}/{trials}: seed {trial.seed}")
+        trial = replace(config, generation=replace(config.generation, seed=first_seed + k - 1),
+                        output=replace(config.output, output_dir=str(top / f"trial-{k}")))
+        log(f"trial {k}/{trials}: seed {trial.generation.seed}")
         results.append(_run_one(trial, claims, prompt_info, agents, log))
-    config = dict(run_config(args), trial_seeds=[first_seed + k for k in range(trials)],
-                  trial_dirs=[f"trial-{k}" for k in range(1, trials + 1)])
+    saved = dict(config_json(config), trial_seeds=[first_seed + k for k in range(trials)],
+                 trial_dirs=[f"trial-{k}" for k in range(1, trials + 1)])
     if prompt_info:
-        config.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
-    records.write_json(top / records.CONFIG, config)
+        saved.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
+    records.write_json(top / records.CONFIG, saved)
     if any(m is None for m in results):
         return None
     summary = trial_summary(results)
@@ -220,62 +217,73 @@ def trial_summary(results):
     return dict(merge(results), trials=len(results))
 
 
-def _run_one(args, claims, prompt_info, agents, log):
-    """One run (one trial) into `args.output_dir`; `agents` is filled on first need and reused after."""
-    method, _, options = METHODS[args.method]
-    roles = model_roles(args)
-    config = run_config(args, roles, models.precision(args.use_4bit))
+def _run_one(config, claims, prompt_info, agents, log):
+    """One run (one trial) into the config's output directory; `agents` is filled on first need and reused after."""
+    out_dir, overwrite = config.output.output_dir, config.output.overwrite
+    roles = model_roles(config)
+    saved = config_json(config, roles, models.precision(config.models.use_4bit))
     if prompt_info:
         # The files' hash, not the directory's name, identifies the prompts a run used.
-        config.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
-    done = records.check(args.output_dir, config, overwrite=args.overwrite)
-    kwargs = options(args)  # once per run; the courtroom loads its encoder and checks its corpus here
-    if not args.overwrite:
-        records.recover(args.output_dir)  # every check has passed: what a killed --overwrite left can be settled
+        saved.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
+    done = records.check(out_dir, saved, overwrite=overwrite)
+    kwargs = METHODS[config.method.method][2](config)  # once per run; the courtroom loads its encoder here
+    if not overwrite:
+        records.recover(out_dir)  # every check has passed: what a killed --overwrite left can be settled
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
     todo = sorted((c for c in claims if c["claim_id"] not in done),
                   key=lambda c: sum(len(e["question"]) + len(e["answer"]) for e in c["evidence"]))
-    log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {args.output_dir}, {len(todo)} to go")
+    log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {out_dir}, {len(todo)} to go")
 
     if todo:
         if not agents:
-            agents.update(load_agents(args, roles))
-        config["models"] = models.model_info(agents)
-        settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   top_p=args.top_p, seed=args.seed, reuse_cache=args.reuse_cache,
-                                   structured=args.structured,
-                                   gpu_memory_fraction=getattr(args, "gpu_memory_fraction", 0.9))
-        turns.check_schemas(agents, SCHEMAS[args.method] + (madr.SCHEMAS if args.refine == "madr" else ()),
-                            settings)
+            agents.update(load_agents(config, roles))
+        saved["models"] = models.model_info(agents)
+        settings = settings_of(config)
+        check_schemas(config, agents, settings)
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
-        hint = TURNS_AT_MOST.get(args.method) if args.refine == "none" else None
-        bar = progress.ClaimBar(total=len(claims), done=len(claims) - len(todo), desc=args.method,
-                                turns_hint=hint and hint(args))
+        hint = TURNS_AT_MOST.get(config.method.method) if config.method.refine == "none" else None
+        bar = progress.ClaimBar(total=len(claims), done=len(claims) - len(todo), desc=config.method.method,
+                                turns_hint=hint and hint(config))
         start = time.time()
         # The earlier run (--overwrite) is moved aside here, and deleted once the first claim is written.
-        with records.RunDir(args.output_dir, config, overwrite=args.overwrite) as out, bar:
+        with records.RunDir(out_dir, saved, overwrite=overwrite) as out, bar:
             def write(record):
                 out.write(record)
                 bar.claim_done()
 
-            for i in range(0, len(todo), args.batch_size):
-                batch = todo[i:i + args.batch_size]
-                bar.batch(len(batch))
-                if args.refine == "madr":
-                    # A claim is written once its justification is refined, so a crash redoes the batch.
-                    done_batch = method(agents, batch, settings, streams=streams, **kwargs)
-                    for record in madr.refine(agents, done_batch, batch, settings, args.madr_iterations, streams):
-                        write(record)
-                else:
-                    method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
+            verify_batches(config, agents, todo, settings, streams, kwargs, write, bar)
         log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
-    return finish(args, claims, log)
+    return finish(config, claims, log)
 
 
-def finish(args, claims, log=print):
+def check_schemas(config, agents, settings):
+    """Refuse a --max-new-tokens too short for the JSON answers the method (and MADR) ask for."""
+    names = SCHEMAS[config.method.method] + (madr.SCHEMAS if config.method.refine == "madr" else ())
+    turns.check_schemas(agents, names, settings)
+
+
+def verify_batches(config, agents, claims, settings, streams, kwargs, write, bar=None):
+    """Verify `claims` batch by batch with the config's method (and MADR); `write(record)` gets each claim's
+    record as it is decided. `kwargs`: the method's options (METHODS[method][2](config))."""
+    method = METHODS[config.method.method][0]
+    size = config.generation.batch_size
+    for i in range(0, len(claims), size):
+        batch = claims[i:i + size]
+        if bar:
+            bar.batch(len(batch))
+        if config.method.refine == "madr":
+            # A claim is written once its justification is refined, so a crash redoes the batch.
+            done_batch = method(agents, batch, settings, streams=streams, **kwargs)
+            for record in madr.refine(agents, done_batch, batch, settings, config.madr.madr_iterations, streams):
+                write(record)
+        else:
+            method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
+
+
+def finish(config, claims, log=print):
     """Score the run directory's predictions against the claims' gold labels and write the reports."""
-    out = Path(args.output_dir)
+    out = Path(config.output.output_dir)
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
@@ -286,7 +294,7 @@ def finish(args, claims, log=print):
         log("no gold labels for this split: predictions written, nothing scored")
         return None
     metrics = averitec.score(submission, data.as_references(references))
-    metrics["evidence_condition"] = args.evidence
+    metrics["evidence_condition"] = config.data.evidence
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
     return metrics
@@ -306,7 +314,7 @@ def main_guard(fn):
     previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         return fn()
-    except (data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
+    except (ConfigError, data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
             WordNetMissingError, RetrievalError, SchemaBudgetError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

@@ -75,11 +75,8 @@ class Spec:
 
 
 def schema_path(name):
+    """The schema file of prompt `name`, prompts/<name>.schema.json (it may not exist)."""
     return PROMPT_DIR / f"{name}.schema.json"
-
-
-def has_schema(name):
-    return schema_path(name).is_file()
 
 
 def _number_values(spec, where):

@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from debate import jsonl
 from debate.labels import CEC, LABELS, NEE, canonical_label
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -50,14 +51,10 @@ def read_records(path):
             ) from None
         located = [(f"entry {i}", record) for i, record in enumerate(data)]
     else:
-        located = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                located.append((f"line {number}", json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}: line {number} is not valid JSON: {err.msg}") from None
+        try:
+            located = [(f"line {number}", record) for number, record in jsonl.numbered(text)]
+        except jsonl.BadLine as err:
+            raise InputError(f"{path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
     for where, record in located:
         if not isinstance(record, dict):
             raise InputError(f"{path}: {where} is not a JSON object")

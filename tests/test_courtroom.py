@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from debate import courtroom, engine, panel, retrieval, turns
+from debate import config, courtroom, engine, panel, retrieval, turns
 from debate.labels import SUPPORTED
 from tests import scripted
 
@@ -38,7 +38,7 @@ def js(**fields):
     return json.dumps(fields)
 
 
-NO_SAMPLING = {role: 0.0 for role in courtroom.COURTROOM_TEMPERATURES}
+NO_SAMPLING = {f"{role}_temperature": 0.0 for role in config.COURTROOM_TEMPERATURES}
 
 
 class Court:
@@ -120,11 +120,11 @@ class Court:
 ROLES = courtroom.model_of(3)
 
 
-def run(monkeypatch, court, lib, models=None, settings=None, **options):
+def run(monkeypatch, court, lib, models=None, settings=None, max_rounds=10, **options):
     calls = scripted.install(monkeypatch, court)
     agents = scripted.agents(ROLES, models or {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
-    opts = courtroom.Options(**dict({"max_rounds": 10, "role_switch": False, "temperatures": NO_SAMPLING}, **options))
-    record = courtroom.run_batch(agents, [CLAIM], settings or engine.Settings(), opts, lib,
+    opts = config.Courtroom(**dict({"role_switch": False, **NO_SAMPLING}, **options))
+    record = courtroom.run_batch(agents, [CLAIM], settings or engine.Settings(), opts, lib, max_rounds=max_rounds,
                                  streams=turns.Streams("cpu"))[0]
     return record["prediction"], record["transcript"]["turns"], calls
 
@@ -291,7 +291,7 @@ def test_the_same_judge_model_three_times_votes_once_under_greedy_and_says_so(mo
     assert "repeat one vote" in pred["panel"]["note"]
     # Sampling: each seat draws its own vote from its own stream.
     pred, _, calls = run(monkeypatch, Court(ready=lambda r: "Yes"), library(embedder), models=models,
-                         temperatures=dict(NO_SAMPLING, judge=0.3))
+                         judge_temperature=0.3)
     judge_calls = [c for c in calls if any("six stages" in p for p in c.prompts)]
     assert len(judge_calls) == 3 and len({c.generator.initial_seed() for c in judge_calls}) == 3
     assert "sample independently" in pred["panel"]["note"]
@@ -311,7 +311,7 @@ def test_claims_without_a_corpus_search_their_own_evidence(monkeypatch, embedder
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     other = dict(CLAIM, claim_id=8, evidence=[{"question": "What is in bananas?", "answer": TOPICS[1], "url": ""}])
     records = courtroom.run_batch(agents, [CLAIM, other], engine.Settings(),
-                                  courtroom.Options(role_switch=False, temperatures=NO_SAMPLING),
+                                  config.Courtroom(role_switch=False, **NO_SAMPLING),
                                   courtroom.Library(embedder))
     evidence = {r["prediction"]["claim_id"]: [e["answer"] for e in r["prediction"]["evidence"]] for r in records}
     assert evidence == {7: [TOPICS[0]], 8: [TOPICS[1]]}  # each claim only ever sees its own items
@@ -325,7 +325,7 @@ def test_a_claim_with_no_evidence_and_no_corpus_still_goes_to_the_panel(monkeypa
     calls = scripted.install(monkeypatch, Court(ready=lambda r: "Yes" if r == 2 else "No"))
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     record = courtroom.run_batch(agents, [dict(CLAIM, evidence=[])], engine.Settings(),
-                                 courtroom.Options(role_switch=False, temperatures=NO_SAMPLING),
+                                 config.Courtroom(role_switch=False, **NO_SAMPLING),
                                  courtroom.Library(embedder))[0]
     pred = record["prediction"]
     assert pred["evidence"] == [] and pred["negotiation"] == {"admitted": 0, "disputed": 0, "dropped": 0, "unscored": 0}
@@ -380,7 +380,7 @@ def test_rerun_after_the_role_switch_is_capped_at_two_rounds(monkeypatch, embedd
 def test_one_counsel_model_reruns_the_role_switch_when_counsels_sample(monkeypatch, embedder):
     pred, said, _ = run(monkeypatch, Court(ready=lambda r: "Yes"), library(embedder),
                         models={"plaintiff": "M", "defense": "M"}, role_switch=True,
-                        temperatures=dict(NO_SAMPLING, counsel=0.5))
+                        counsel_temperature=0.5)
     assert pred["role_switch"] == "rerun" and len(pred["hearings"]) == 2
 
 
@@ -436,7 +436,7 @@ def test_each_role_samples_at_its_own_temperature(monkeypatch, embedder):
     monkeypatch.setattr(engine, "generate", logged)
     agents = scripted.agents(ROLES, {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2",
                                      "judge_3": "j3"})
-    courtroom.run_batch(agents, [CLAIM], engine.Settings(), courtroom.Options(), library(embedder),
+    courtroom.run_batch(agents, [CLAIM], engine.Settings(), config.Courtroom(), library(embedder),
                         streams=turns.Streams("cpu"))
     temperatures = {}
     for model, temperature, sampled in seen:
@@ -470,13 +470,13 @@ def test_a_three_way_split_goes_to_the_chief_justice(monkeypatch, embedder):
 def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
     from debate import cli
 
-    opts = courtroom.options_from(cli.parse_run_args(["--method", "courtroom"]))
+    opts = cli.parse_run_args(["--method", "courtroom", "--model", "m"]).courtroom
     assert opts.temperatures == {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
     assert (opts.switch_rounds, opts.seed_k, opts.redundancy_limit, opts.relevance_gain, opts.confidence_floor) == \
         (2, 5, 0.70, 0.05, 0.10)
     assert (opts.split_decision, opts.chief_justice, opts.inconclusive) == ("chief-justice", 1, "nee")
-    greedy = courtroom.options_from(cli.parse_run_args(["--method", "courtroom", "--temperature", "0",
-                                                        "--judge-temperature", "0.7"]))
+    greedy = cli.parse_run_args(["--method", "courtroom", "--model", "m", "--temperature", "0",
+                                 "--judge-temperature", "0.7"]).courtroom
     assert greedy.temperatures == {"counsel": 0.0, "court": 0.0, "judge": 0.7, "witness": 0.0, "critic": 0.0}
 
 

@@ -8,7 +8,7 @@ import pytest
 from debate.data import (DataError, NO_ANSWER, attach_evidence, load_retrieved, load_split,
                          resolve_data_dir, retrieved_path)
 from debate.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED
-from tests.resources import averitec_dir, missing
+from debate.testing import averitec_dir, missing
 
 SHARED = averitec_dir()
 

@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from debate import engine, generator, reference, schema
-from tests.tiny_models import build_tiny_gemma, build_tiny_llama
+from debate.testing import build_tiny_gemma, build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from debate.labels import CEC, NEE, REFUTED, SUPPORTED
-from tests.resources import averitec_dir, missing
+from debate.testing import averitec_dir, missing
 from eval import averitec, compare, meteor, report, wordnet
 from eval.averitec import InputError
 

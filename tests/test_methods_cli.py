@@ -7,7 +7,7 @@ import pytest
 import run_debate
 from debate import records
 from debate.labels import LABELS
-from tests.tiny_models import build_tiny_llama
+from debate.testing import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

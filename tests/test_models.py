@@ -7,7 +7,7 @@ import torch
 
 from debate import models
 from debate.models import ModelLoadError, adapter_scope, load_model, load_roles, model_info
-from tests.tiny_models import build_random_lora, build_tiny_llama
+from debate.testing import build_random_lora, build_tiny_llama
 
 
 @pytest.fixture(scope="module")

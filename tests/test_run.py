@@ -10,7 +10,7 @@ import run_debate
 from debate import records
 from debate.labels import LABELS
 from eval import averitec
-from tests.tiny_models import build_random_lora, build_tiny_llama
+from debate.testing import build_random_lora, build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 import run_debate
 from debate import models, progress, prompts, records
 from eval import wordnet
-from tests.tiny_models import build_tiny_llama
+from debate.testing import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,7 +208,7 @@ def test_progress_estimates_time_left_from_turns():
 def finished_training(tiny, tmp_path):
     """An OUT whose synth, correct and sft stages are done: SynDeC files and a D-SFT adapter."""
     from tests import syndec_task
-    from tests.tiny_models import build_random_lora
+    from debate.testing import build_random_lora
     from train import stages, syndec
 
     out = tmp_path / "syndec"

@@ -11,7 +11,7 @@ import run_debate
 from debate import engine, schema, turns
 from debate.labels import LABELS
 from debate.prompts import PROMPT_DIR, PromptError, raw_prompt
-from tests.tiny_models import build_tiny_llama
+from debate.testing import build_tiny_llama
 
 SCHEMA_NAMES = sorted(p.name[: -len(".schema.json")] for p in PROMPT_DIR.glob("*.schema.json"))
 

@@ -11,7 +11,7 @@ from debate import debatecv, engine
 from debate.labels import REFUTED, SUPPORTED
 from debate.parsing import KEYS, parse_moderator
 from tests import syndec_task
-from tests.tiny_models import build_tiny_llama
+from debate.testing import build_tiny_llama
 from train import examples, lora, loop, losses, stages
 
 CPU = torch.device("cpu")

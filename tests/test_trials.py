@@ -10,7 +10,7 @@ import run_debate
 from debate import prompts, records, runner
 from eval import compare
 from eval.averitec import InputError
-from tests.tiny_models import build_tiny_llama
+from debate.testing import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

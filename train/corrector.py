@@ -8,11 +8,9 @@ The justification comes from the key when it can be found (status "field", JSON 
 without it keeps its whole text (status "text"); an empty one is recorded with
 status "empty" and that record stays out of D-DPO.
 """
-import json
-import os
 from pathlib import Path
 
-from debate import engine, records, schema
+from debate import engine, jsonl, records, schema
 from debate.models import adapter_scope
 from debate.parsing import parse_moderator
 from debate.prompts import render
@@ -57,7 +55,7 @@ def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
     """Write a correction for every wrong record not yet in `out_path` (JSONL, appended batch by batch)."""
     done = read_done(out_path)
     todo = [r for r in rows if not r["correct"] and r["claim_id"] not in done]
-    with open(out_path, "a", encoding="utf-8") as f:
+    with open(out_path, "a", encoding="utf-8", newline="\n") as f:
         for i in range(0, len(todo), batch_size):
             batch = todo[i:i + batch_size]
             convs = [engine.Conversation(system="") for _ in batch]
@@ -65,14 +63,13 @@ def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
             with adapter_scope(agent):
                 replies = engine.generate(agent.model, agent.tokenizer, convs, [prompt_for(r) for r in batch],
                                           settings, schemas=[compiled] * len(batch) if compiled else None)
+            rows = []
             for record, reply, conv in zip(batch, replies, convs):
                 justification, status = read_justification(reply, conv.structured)
-                row = {"claim_id": record["claim_id"], "corrected_justification": justification,
-                       "status": status, "response": reply}
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                done[record["claim_id"]] = row
-            f.flush()
-            os.fsync(f.fileno())
+                rows.append({"claim_id": record["claim_id"], "corrected_justification": justification,
+                             "status": status, "response": reply})
+                done[record["claim_id"]] = rows[-1]
+            jsonl.append_durably(f, rows)  # a batch is durable before the next one runs
             if on_batch:
                 on_batch(len(batch))
     return done

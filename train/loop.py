@@ -10,7 +10,6 @@ so all processes take the same number of steps) and the gradients are averaged b
 micro-batch of each step; with one process nothing changes.
 """
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from debate import jsonl
 from train import lora
 
 CHECKPOINTS = "checkpoints"
@@ -72,7 +72,9 @@ def lr_factor(step, total, warmup, schedule):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _autocast(device):
+def autocast(device):
+    """Mixed precision for a forward pass on `device`: bf16 (fp16 where the card lacks bf16) on CUDA, where the
+    4-bit base computes in it; nothing on CPU, where training runs in fp32."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     return contextlib.nullcontext()
@@ -124,8 +126,7 @@ def _resume(model, optimizer, scheduler, ckpt, cfg, fingerprint):
 def _keep_metrics_until(path, step):
     """Drop log lines of steps after `step`: they belong to the run that died and will be redone."""
     if path.exists():
-        lines = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= step]
-        path.write_text("".join(l + "\n" for l in lines))
+        jsonl.write(path, [row for row in jsonl.read(path) if row["step"] <= step])
 
 
 def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelerator, *, resume=False,
@@ -168,7 +169,8 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
     model.train()
     bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
                disable=not accelerator.is_main_process)
-    log = open(metrics_path, "a") if accelerator.is_main_process else None
+    log_file = open(metrics_path, "a", encoding="utf-8", newline="\n") if accelerator.is_main_process else None
+    log = jsonl.writer(log_file) if log_file else None
     t0, seen_tokens, last = time.time(), 0, {}
     end = total if stop_after is None else min(total, start + stop_after)
     order_epoch, order = None, []
@@ -181,7 +183,7 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
         for i, indices in enumerate(group):
             batch = make_batch([examples[j] for j in indices])
             sync = i == len(group) - 1
-            with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), _autocast(accelerator.device):
+            with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), autocast(accelerator.device):
                 loss, metrics, n = step_loss(model, batch)
             accelerator.backward(loss / len(group))
             tokens += int(batch["attention_mask"].sum())  # every token through the model
@@ -203,8 +205,8 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
                 **{key: round(v, 6) for key, v in zip(sums, values)}, "grad_norm": round(float(grad_norm), 4),
                 "tokens": tokens, "target_tokens": targets, "tokens_per_s": round(tokens / max(time.time() - t_step, 1e-9), 1)}
         if log:
-            log.write(json.dumps(last) + "\n")
-            log.flush()
+            log.write(last)
+            log_file.flush()
         bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
         bar.update(1)
         if (step + 1) % cfg.save_every == 0 or step + 1 == total:
@@ -212,8 +214,8 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
                 _save_checkpoint(inner, optimizer, scheduler, step + 1, out, loaded, cfg, fingerprint)
             accelerator.wait_for_everyone()
     bar.close()
-    if log:
-        log.close()
+    if log_file:
+        log_file.close()
     elapsed = time.time() - t0
     summary = {"steps": end, "total_steps": total, "epochs": cfg.epochs, "examples": len(examples),
                "processes": world, "seconds": round(elapsed, 1), "tokens": seen_tokens,

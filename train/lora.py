@@ -27,12 +27,12 @@ def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, u
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if adapter:
-        models._check_adapter_dir(adapter, str(adapter))
+        models.check_adapter_dir(adapter, str(adapter))
         models.check_adapter_base(adapter, model.config, loaded.path)
         try:
             model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         except Exception as e:
-            raise models.ModelLoadError(f"cannot load adapter {adapter}: {models._one_line(e)}") from e
+            raise models.ModelLoadError(f"cannot load adapter {adapter}: {models.one_line(e)}") from e
     else:
         config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear",
                             task_type="CAUSAL_LM")

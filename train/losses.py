@@ -1,4 +1,10 @@
-"""Batches and the two objectives: masked next-token loss (D-SFT) and the DPO preference loss (D-DPO)."""
+"""Batches and the two objectives: masked next-token loss (D-SFT) and the DPO preference loss (D-DPO).
+
+Shapes: B rows in a batch, T its width in tokens (the longest row), V the vocabulary; a DPO batch holds P
+pairs as B = 2P rows, every chosen row first, then the rejected rows in the same order. Labels are the
+input ids on target tokens and IGNORE (-100) elsewhere; sequence log-probabilities are sums over the
+target tokens only. tests/test_trl_oracle.py checks them and the DPO loss against trl's.
+"""
 import torch
 import torch.nn.functional as F
 
@@ -7,6 +13,9 @@ from train.examples import IGNORE
 
 def collate(sequences, pad_id, device):
     """Left-pad {"input_ids", "labels"} rows into tensors.
+
+    Returns {"input_ids", "attention_mask", "position_ids", "labels"}, each (B, T) long, and "keep": the int
+    number of last positions whose logits are needed (the longest target + 1, at most T).
 
     Left padding puts every target at the end of its row, so logits are only computed for the last
     `keep` positions (the longest target): with a 128k vocabulary the full logits of a 4k-token row
@@ -30,7 +39,11 @@ def collate(sequences, pad_id, device):
 
 
 def sequence_logps(model, batch):
-    """(sum of target-token log-probabilities per row, target tokens per row)."""
+    """(sum of target-token log-probabilities per row, target tokens per row), both (B,).
+
+    The model's logits come as (B, keep, V); position j predicts the label at j + 1, so the last one
+    predicts nothing. Float32 sums, whatever the model computes in.
+    """
     keep = batch["keep"]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False).logits
@@ -43,7 +56,10 @@ def sequence_logps(model, batch):
 
 
 def sft_loss(model, batch):
-    """Mean negative log-likelihood of the target tokens of the batch; (loss, metrics, tokens)."""
+    """Mean negative log-likelihood of the target tokens of the batch; (loss, metrics, tokens).
+
+    loss: a scalar, every target token of the batch weighing the same (not every row).
+    """
     logps, counts = sequence_logps(model, batch)
     tokens = counts.sum()
     loss = -logps.sum() / tokens.clamp(min=1)
@@ -51,7 +67,12 @@ def sft_loss(model, batch):
 
 
 def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
-    """The DPO loss (Rafailov et al. 2023) and the implicit rewards beta * (policy - reference)."""
+    """The DPO loss (Rafailov et al. 2023) and the implicit rewards beta * (policy - reference).
+
+    Each argument is (P,): a pair's sequence log-probability of its chosen or rejected reply under the
+    policy or the reference. Returns (loss: scalar, the mean over pairs of -log sigmoid(chosen reward -
+    rejected reward); chosen rewards (P,); rejected rewards (P,)), the rewards detached.
+    """
     chosen_rewards = beta * (policy_chosen - ref_chosen)
     rejected_rewards = beta * (policy_rejected - ref_rejected)
     loss = -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
@@ -59,7 +80,11 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
 
 
 def dpo_step_loss(model, batch, beta):
-    """Chosen and rejected of every pair in one concatenated forward pass; (loss, metrics, tokens)."""
+    """Chosen and rejected of every pair in one concatenated forward pass; (loss, metrics, tokens).
+
+    `batch` is collate()'s over 2P rows (chosen rows, then rejected) plus "ref": (P, 2), the reference
+    model's sequence log-probabilities of each pair's chosen (column 0) and rejected (column 1) reply.
+    """
     logps, counts = sequence_logps(model, batch)
     n = logps.shape[0] // 2
     loss, chosen, rejected = dpo_loss(logps[:n], logps[n:], batch["ref"][:, 0], batch["ref"][:, 1], beta)

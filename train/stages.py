@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate import cli, engine, models, prompts, records, runner
+from debate import config, engine, models, prompts, records, runner
 from train import corrector, examples, lora, loop, losses, syndec
 
 STAGES = ("synth", "correct", "sft", "dpo")
@@ -91,26 +91,22 @@ def replacing(stage, out, overwrite):
             (Path(out) / REPLACED).rmdir()  # only once empty
 
 
-def _run_args(args):
-    """The run_debate.py arguments of the synth stage's zero-shot run."""
-    p = paths(args.out)
-    flags = {"--method": "debatecv", "--split": args.split, "--data-dir": args.data_dir, "--evidence": "golden",
-             "--limit": args.limit, "--debater-model": args.debater_model, "--moderator-model": args.model,
-             "--batch-size": args.batch_size, "--temperature": args.temperature, "--top-p": args.top_p,
-             "--seed": args.seed, "--max-new-tokens": args.max_new_tokens, "--max-rounds": args.max_rounds,
-             "--output-dir": p["debates"]}
-    return cli.parse_run_args([str(x) for k, v in flags.items() if v is not None for x in (k, v)]
-                              + ([] if args.use_4bit else ["--no-4bit"])
-                              + ([] if args.structured else ["--no-structured"])
-                              + (["--overwrite"] if args.overwrite else []))
+def synth_config(args):
+    """The RunConfig of the synth stage's zero-shot run: DebateCV on golden evidence into OUT/debates."""
+    return config.build(method="debatecv", split=args.split, data_dir=args.data_dir, evidence="golden",
+                        limit=args.limit, debater_model=args.debater_model, moderator_model=args.model,
+                        batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                        max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, use_4bit=args.use_4bit,
+                        structured=args.structured, output_dir=str(paths(args.out)["debates"]),
+                        overwrite=args.overwrite)
 
 
 def synth(args, log=print):
     """Zero-shot DebateCV with golden evidence over the split, then SynDeC records from its outputs."""
     p = paths(args.out)
-    run_args = _run_args(args)
-    runner.run(run_args, log=log)
-    rows = syndec.build(p["debates"], runner.load_claims(run_args))
+    synth_run = synth_config(args)
+    runner.run(synth_run, log=log)
+    rows = syndec.build(p["debates"], runner.load_claims(synth_run))
     syndec.write(p["syndec"], rows)
     right = sum(r["correct"] for r in rows)
     log(f"synth: {len(rows)} SynDeC records in {p['syndec']}: {right} correct (for D-SFT), "
@@ -200,7 +196,7 @@ def reference_logps(model, data, pad, accelerator, batch_pairs=1):
     rank, world = accelerator.process_index, accelerator.num_processes
     mine = list(range(rank, len(data), world))
     rows = []
-    with torch.no_grad(), loop._autocast(accelerator.device):
+    with torch.no_grad(), loop.autocast(accelerator.device):
         for i in tqdm(range(0, len(mine), batch_pairs), desc="reference", unit="pair",
                       disable=not accelerator.is_main_process, dynamic_ncols=True):
             idx = mine[i:i + batch_pairs]
@@ -274,12 +270,12 @@ def check(args, todo):
     configs = {path: models.check_model(path) for path in needed}
     prompts.check_files()
     if "synth" in todo:
-        run_args = _run_args(args)
-        runner.resolve_models(run_args)
-        runner.check_run(run_args, runner.load_claims(run_args))
-        precision = models.precision(run_args.use_4bit)
-        records.check(run_args.output_dir, runner.run_config(run_args, runner.model_roles(run_args), precision),
-                      overwrite=run_args.overwrite)
+        synth_run = synth_config(args)
+        runner.check_run(synth_run, runner.load_claims(synth_run))
+        precision = models.precision(synth_run.models.use_4bit)
+        records.check(synth_run.output.output_dir,
+                      runner.config_json(synth_run, runner.model_roles(synth_run), precision),
+                      overwrite=args.overwrite)
     if "correct" in todo and "synth" not in todo:
         syndec.load(p["syndec"])
     if ("sft" in todo or "dpo" in todo) and not {"synth", "correct"} & set(todo):

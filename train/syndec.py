@@ -7,10 +7,9 @@ A record is one JSON line:
 
 The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 """
-import json
-import os
 from pathlib import Path
 
+from debate import jsonl
 from debate import records as run_records
 from debate.data import json_problem
 from debate.labels import LABELS, canonical_label
@@ -47,11 +46,7 @@ def write(path, rows):
     """Write records atomically: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    jsonl.write(path, rows)
 
 
 def load(path):
@@ -59,15 +54,10 @@ def load(path):
     path = Path(path)
     if not path.is_file():
         raise SynDeCError(f"{path}: no such SynDeC file")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SynDeCError(f"{path}:{n}: not valid JSON ({json_problem(e)})") from None
-        rows.append(_check(row, f"{path}:{n}"))
+    try:
+        rows = [_check(row, f"{path}:{n}") for n, row in jsonl.numbered(path.read_text(encoding="utf-8"))]
+    except jsonl.BadLine as e:
+        raise SynDeCError(f"{path}:{e.lineno}: not valid JSON ({json_problem(e.error)})") from None
     if not rows:
         raise SynDeCError(f"{path}: no SynDeC records (the file is empty); run --stage synth first")
     return rows

@@ -1,4 +1,5 @@
-"""Tiny random-weight models for tests: built locally in a second, no hub access needed.
+"""What the tests and the benchmarks share: tiny random-weight models built locally in a second (no hub
+access needed), and where the shared AVeriTeC data is.
 
 `build_tiny_llama(dir)` writes a complete Hugging Face checkpoint (config, float32 safetensors,
 generation config, a byte-level BPE tokenizer with a Llama-3-like chat template) that
@@ -7,6 +8,7 @@ The same seed gives the same tokenizer and the same weights, so tests in differe
 compare outputs across builds.
 """
 import os
+from pathlib import Path
 
 import torch
 
@@ -159,3 +161,21 @@ def build_random_lora(model_dir, out_dir, seed=1):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
     peft_model.save_pretrained(out_dir)
     return out_dir
+
+
+def missing(reason):
+    """A test's outside resource (shared data, WordNet) is absent: skip on a developer's machine; fail in CI,
+    where .ci/run installs WordNet and shared/ is beside the clone."""
+    import pytest  # only the tests call this; the benchmarks and the package do not need pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must have it)")
+    pytest.skip(reason)
+
+
+def averitec_dir():
+    """The shared AVeriTeC folder: $DEBATECV_SHARED_DATA (the data folder or its averitec/), else
+    ../shared/data beside the checkout."""
+    env = os.environ.get("DEBATECV_SHARED_DATA")
+    base = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return base if (base / "dev.json").is_file() else base / "averitec"

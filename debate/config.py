@@ -1,0 +1,295 @@
+"""One run's settings: frozen dataclasses, the single source of every default and of the resume identity.
+
+    config = build(split="demo", method="rag-cot", limit=2)    # checked, every derived default filled in
+    save(config, "config.json"); load("config.json") == config
+
+The groups follow `run_debate.py --help`: data, method, models, generation, courtroom, MADR, output. A
+field's name is its flag's (`top_k` is `--top-k`), and config.json holds the fields flat under those
+names, as it always has, so a run directory written before these classes existed still resumes. The
+flags take their defaults from the fields (cli.run_parser), so a default is written once, here.
+
+A field marked `identity` changes what a run predicts: resuming a directory whose config.json differs in
+one would mix two experiments (records.check refuses it). The others (how many claims, batch size,
+where to write) may change between a run and its resumption.
+
+`build` is the only place a config is made from settings: it refuses values that make no run, with the
+flag named as the CLI prints it, and fills in the defaults that depend on other settings (tokens per turn
+on the demo split, rounds and temperature per method, the models of roles not named). A config is
+never changed afterwards; a trial is a new config made with dataclasses.replace.
+"""
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
+DEMO_SPLIT = "demo"
+METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom")
+ROUNDS = {"courtroom": 10}  # default max_rounds per method; 3 for the others
+# Default temperature: the DebateCV paper's 0.7 for every LLM of its methods (Appendix C); the
+# courtroom keeps its own default.
+PAPER_TEMPERATURE = 0.7
+TEMPERATURE = {"courtroom": 0.0}
+MAX_JUDGES = 3
+# The courtroom roles' sampling temperatures in PROClaim (Appendix B.3): counsels and the expert witness
+# 0.5, the presiding court 0.2, the judges 0.3, the critic 0.3 (its model also mines the premises and
+# scores the role-switch consistency).
+COURTROOM_TEMPERATURES = {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
+# Recorded in config.json at run time, not set: the hash of the --prompts files a run read.
+RECORDED_IDENTITY = ("prompts_hash",)
+
+
+class ConfigError(ValueError):
+    """Settings that make no run; the message names the flag."""
+
+
+def identity(default=None):
+    """A field that is part of the run's identity (see the module doc)."""
+    return field(default=default, metadata={"identity": True})
+
+
+@dataclass(frozen=True)
+class Data:
+    split: str = identity("dev")  # AVeriTeC split file DATA_DIR/<split>.json, or "demo" (embedded)
+    data_dir: str = identity()  # None: $DEBATECV_DATA, else data/averitec
+    evidence: str = identity("retrieved")  # golden | retrieved | none; the demo split has golden only
+    retrieved_file: str = identity()  # None: DATA_DIR/<split>.retrieved.hero.jsonl
+    limit: int = None  # only the first N claims; None: all
+
+
+@dataclass(frozen=True)
+class Method:
+    method: str = identity("debatecv")  # one of METHOD_NAMES
+    refine: str = identity("none")  # none | madr
+    voters: int = identity(3)  # majority: independent RAG-CoT agents (the DebateCV paper's three)
+    prompts: str = None  # a directory of prompt files replacing the shipped ones; its files' hash is the identity
+
+
+@dataclass(frozen=True)
+class Courtroom:
+    """PROClaim's numbers (the paper's, but `inconclusive`, see panel.py); the courtroom runs with this group."""
+    corpus: str = identity()  # JSONL passages; None: each claim's own evidence
+    embedder: str = identity()  # sentence encoder directory; None: the shipped all-MiniLM-L6-v2
+    top_k: int = identity(3)
+    novelty_threshold: float = identity(0.20)
+    novelty_stop: float = identity(0.10)
+    plateau_delta: float = identity(0.05)
+    admit_threshold: float = identity(0.5)
+    dispute_threshold: float = identity(0.1)
+    reflection_weights: tuple = identity((0.4, 0.3, 0.3))
+    vote_weight: float = identity(0.8)
+    quality_weight: float = identity(0.3)
+    role_switch: bool = identity(True)
+    witness: bool = identity(True)
+    switch_rounds: int = identity(2)  # rounds of the rerun after the role switch (Appendix K)
+    seed_k: int = identity(5)  # passages retrieved with the claim itself for the seed pool (Appendix J's example)
+    redundancy_limit: float = identity(0.70)  # P-RAG early exits (Appendix I)
+    relevance_gain: float = identity(0.05)
+    confidence_floor: float = identity(0.10)
+    split_decision: str = identity("chief-justice")
+    chief_justice: int = identity(1)  # the judge seat (1-based) that breaks a three-way split
+    inconclusive: str = identity("nee")  # ours: AVeriTeC has a Not Enough Evidence label; "supported" is the paper's
+    # Per role; None: the paper's (COURTROOM_TEMPERATURES), or the run's temperature when one was given.
+    counsel_temperature: float = identity()
+    court_temperature: float = identity()
+    judge_temperature: float = identity()
+    witness_temperature: float = identity()
+    critic_temperature: float = identity()
+
+    @property
+    def temperatures(self):
+        """{role: sampling temperature} of the courtroom's roles."""
+        return {role: COURTROOM_TEMPERATURES[role] if getattr(self, f"{role}_temperature") is None
+                else getattr(self, f"{role}_temperature") for role in COURTROOM_TEMPERATURES}
+
+
+@dataclass(frozen=True)
+class Madr:
+    madr_iterations: int = identity(3)  # ours: the MADR paper fixes a cap but does not give it
+
+
+@dataclass(frozen=True)
+class Models:
+    """Model paths (HF directory or .gguf file); None: --model, else the embedded Gemma 3 270M."""
+    model: str = None  # every agent not named below; what the roles really used is in their own fields
+    debater_model: str = identity()
+    moderator_model: str = identity()
+    defense_model: str = identity()  # None: debater_model
+    judge_models: tuple = identity()  # None: moderator_model three times
+    refine_model: str = identity()  # None: moderator_model
+    moderator_adapter: str = identity()
+    use_4bit: bool = identity(True)  # on CUDA only
+
+
+@dataclass(frozen=True)
+class Generation:
+    batch_size: int = 8  # claims verified together (ours)
+    temperature: float = identity()  # None: the method's (PAPER_TEMPERATURE, greedy for the courtroom)
+    top_p: float = identity(1.0)
+    seed: int = identity(0)
+    trials: int = 1
+    max_new_tokens: int = identity()  # None: FULL_TURN, DEMO_TURN on the demo split
+    max_rounds: int = identity()  # None: ROUNDS of the method, else 3
+    structured: bool = identity(True)
+    reuse_cache: bool = True
+    gpu_memory_fraction: float = 0.9  # of the GPU memory free before a batch (ours); 0: no budget
+
+
+@dataclass(frozen=True)
+class Output:
+    output_dir: str = None  # None: runs/<split>-<evidence>-<method>[-madr]
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    data: Data = field(default_factory=Data)
+    method: Method = field(default_factory=Method)
+    models: Models = field(default_factory=Models)
+    generation: Generation = field(default_factory=Generation)
+    courtroom: Courtroom = field(default_factory=Courtroom)
+    madr: Madr = field(default_factory=Madr)
+    output: Output = field(default_factory=Output)
+
+
+GROUPS = {f.name: f.type for f in fields(RunConfig)}
+GROUP_OF = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}  # setting -> its group
+IDENTITY_KEYS = tuple(f.name for cls in GROUPS.values() for f in fields(cls) if f.metadata.get("identity")) \
+    + RECORDED_IDENTITY
+
+
+def defaults():
+    """{setting: default} of every field, flat; the CLI's flags take theirs from here."""
+    return to_dict(RunConfig(), plain=False)
+
+
+def to_dict(config, plain=True):
+    """Every setting of `config` flat, by name; `plain`: as JSON holds it (tuples as lists)."""
+    flat = {name: value for group in GROUPS for name, value in asdict(getattr(config, group)).items()}
+    if plain:
+        flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
+    return flat
+
+
+def _from_flat(settings):
+    return RunConfig(**{group: cls(**{f.name: settings[f.name] for f in fields(cls) if f.name in settings})
+                        for group, cls in GROUPS.items()})
+
+
+def save(config, path):
+    Path(path).write_text(json.dumps(to_dict(config), indent=2) + "\n", encoding="utf-8")
+
+
+def load(path):
+    """The RunConfig of a config.json (a run directory's, old ones included): keys that are no setting
+    (versions, models, precision, ...) are skipped, settings it leaves out get their defaults. A run's
+    config.json says `use_4bit` as it really was (false on a CPU), not as asked."""
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    return build(**{k: v for k, v in saved.items() if k in GROUP_OF})
+
+
+def _value(value):
+    """A setting as the config holds it: paths as strings, sequences as tuples (the config is frozen)."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_value(v) for v in value)
+    return value
+
+
+def build(**settings):
+    """The RunConfig of `settings` (flat, by field name; the rest take their defaults): checked, and every
+    default that depends on other settings filled in. Raises ConfigError naming the flag.
+
+    Building a built config's settings again (`build(**to_dict(config))`) gives the same config.
+    """
+    unknown = sorted(set(settings) - set(GROUP_OF))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; the settings are the flags' names: "
+                          f"{', '.join(GROUP_OF)}")
+    s = dict(defaults(), **{k: _value(v) for k, v in settings.items()})
+    temperature_given = s["temperature"] is not None  # the courtroom roles' temperatures follow it then
+    method, courtroom = s["method"], s["method"] == "courtroom"
+    if method not in METHOD_NAMES:
+        raise ConfigError(f"--method must be one of {', '.join(METHOD_NAMES)}, not {method!r}")
+    if s["max_new_tokens"] is None:
+        s["max_new_tokens"] = DEMO_TURN if s["split"] == DEMO_SPLIT else FULL_TURN
+    if s["max_rounds"] is None:
+        s["max_rounds"] = ROUNDS.get(method, 3)
+    if s["temperature"] is None:
+        s["temperature"] = TEMPERATURE.get(method, PAPER_TEMPERATURE)
+    _check(s)
+    for role, paper in COURTROOM_TEMPERATURES.items():
+        name = f"{role}_temperature"
+        if s[name] is not None and s[name] < 0:
+            raise ConfigError(f"--{role}-temperature must be >= 0")
+        if courtroom and s[name] is None:
+            s[name] = s["temperature"] if temperature_given else paper
+    if s["split"] == DEMO_SPLIT and s["evidence"] == "retrieved":
+        s["evidence"] = "golden"  # the demo set has no retrieved evidence
+    if s["output_dir"] is None:
+        suffix = "-madr" if s["refine"] == "madr" else ""
+        s["output_dir"] = f"runs/{s['split']}-{s['evidence']}-{method}{suffix}"
+    _fill_models(s)
+    return _from_flat(s)
+
+
+def _fill_models(s):
+    """Every model setting the user left out: --model, else the embedded default (found only when needed)."""
+    base = s["model"]
+    if not base and not (s["debater_model"] and s["moderator_model"]):
+        from debate import models  # torch: only when the embedded default is really needed
+
+        try:
+            base = models.default_model_path()
+        except models.ModelLoadError as err:
+            raise ConfigError(str(err)) from None
+    s["debater_model"] = s["debater_model"] or base
+    s["moderator_model"] = s["moderator_model"] or base
+    s["defense_model"] = s["defense_model"] or s["debater_model"]
+    s["judge_models"] = s["judge_models"] or (s["moderator_model"],) * MAX_JUDGES
+    s["refine_model"] = s["refine_model"] or s["moderator_model"]
+
+
+POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials")
+FRACTIONS = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
+             "gpu_memory_fraction")
+
+
+def _check(s):
+    """Refuse values that make no run; each message names the flag as `run_debate.py` spells it."""
+    def flag(name):
+        return "--" + name.replace("_", "-")
+
+    for name, choices in (("refine", ("none", "madr")), ("evidence", ("golden", "retrieved", "none")),
+                          ("split_decision", ("chief-justice", "conflicting")), ("inconclusive", ("nee", "supported"))):
+        if s[name] not in choices:
+            raise ConfigError(f"{flag(name)} must be one of {', '.join(choices)}, not {s[name]!r}")
+    for name in POSITIVE:
+        if s[name] < 1:
+            raise ConfigError(f"{flag(name)} must be at least 1")
+    if s["limit"] is not None and s["limit"] < 1:
+        raise ConfigError("--limit must be at least 1")
+    if s["temperature"] < 0 or not 0 < s["top_p"] <= 1:
+        raise ConfigError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if s["method"] == "majority" and s["temperature"] == 0:
+        raise ConfigError("--method majority needs sampling (--temperature > 0): greedy voters would all give the "
+                          "same answer")
+    judges = s["judge_models"]
+    if judges is not None and len(judges) > MAX_JUDGES:
+        raise ConfigError(f"--judge-models takes at most {MAX_JUDGES} paths, got {len(judges)}")
+    for name in FRACTIONS:
+        if not 0 <= s[name] <= 1:
+            raise ConfigError(f"{flag(name)} must be in [0, 1]")
+    if s["dispute_threshold"] > s["admit_threshold"]:
+        raise ConfigError("--dispute-threshold must not be above --admit-threshold")
+    if len(s["reflection_weights"]) != 3:
+        raise ConfigError("--reflection-weights takes three weights: LOGIC NOVELTY REBUTTAL")
+    if any(w < 0 for w in (*s["reflection_weights"], s["vote_weight"], s["quality_weight"])):
+        raise ConfigError("--reflection-weights, --vote-weight and --quality-weight must not be negative")
+    if s["switch_rounds"] < 1 or s["seed_k"] < 0:
+        raise ConfigError("--switch-rounds must be at least 1 and --seed-k at least 0")
+    if not 0 <= s["redundancy_limit"] <= 1 or not 0 <= s["confidence_floor"] <= 1:
+        raise ConfigError("--redundancy-limit and --confidence-floor must be in [0, 1]")
+    if s["method"] == "courtroom" and not 1 <= s["chief_justice"] <= len(judges or [None] * MAX_JUDGES):
+        raise ConfigError("--chief-justice must name one of the judge seats (1 to the number of --judge-models)")

@@ -1,0 +1,78 @@
+"""The Python API: README's example runs as written, run(config) writes what the CLI writes, verify works in memory."""
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import run_debate
+from debate import config, models, records
+from debate.labels import LABELS
+from debate.testing import build_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def readme_example():
+    section = (ROOT / "README.md").read_text().split("## From Python", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def read(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_the_readme_example_runs_as_written(tiny, tmp_path, monkeypatch, capsys):
+    # The example uses the embedded model; a tiny random one stands in for it, nothing else changes.
+    monkeypatch.setattr(models, "default_model_path", lambda: tiny)
+    monkeypatch.chdir(tmp_path)
+    code = readme_example()
+    assert len(code.strip().splitlines()) <= 12
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    out = tmp_path / "runs/api-demo"
+    assert sorted(p["claim_id"] for p in read(out / records.PREDICTIONS)) == [0, 1]
+    assert scope["metrics"] == json.loads((out / records.METRICS).read_text())
+    # The run directory's config.json reads back into the config that made it (4-bit as really used: not on a CPU).
+    made = scope["config"]
+    assert config.load(out / records.CONFIG) == replace(made, models=replace(made.models, use_4bit=False))
+    # verify: one prediction of the one claim, with one of the four labels (structured decoding).
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert any(last.startswith(label) for label in LABELS)
+
+
+def test_run_writes_what_the_cli_writes_and_verify_gives_one_record_per_claim(tiny, tmp_path, capsys):
+    # --max-new-tokens 64: room for RAG-CoT's JSON answer under structured decoding (checked before a run).
+    flags = ["--split", "demo", "--method", "rag-cot", "--model", tiny, "--limit", "1", "--max-new-tokens", "64",
+             "--temperature", "0"]
+    cli_metrics = run_debate.main(flags + ["--output-dir", str(tmp_path / "cli")])
+    from debate import build, run, verify
+
+    cfg = build(split="demo", method="rag-cot", model=tiny, limit=1, max_new_tokens=64, temperature=0,
+                output_dir=tmp_path / "api")
+    assert run(cfg, log=lambda *a: None) == cli_metrics
+    strip = lambda rows: [dict(r, encoded_tokens=None) for r in rows]  # noqa: E731
+    assert strip(read(tmp_path / "api" / records.PREDICTIONS)) == strip(read(tmp_path / "cli" / records.PREDICTIONS))
+    saved = [json.loads((tmp_path / d / records.CONFIG).read_text()) for d in ("cli", "api")]
+    assert {k for k in saved[0] if saved[0][k] != saved[1][k]} == {"output_dir"}
+
+    claims = [{"claim": "The river flooded the town.", "claim_id": "a",
+               "evidence": [{"question": "Did it flood?", "answer": "Yes, in May."}]},
+              "Oak trees can live for centuries."]
+    predictions = verify(claims, cfg)
+    assert [p["claim_id"] for p in predictions] == ["a", 1]
+    assert all(p["label"] in LABELS and p["parse_status"] == "structured" for p in predictions)
+    assert sum(predictions[0]["label_probs"].values()) == pytest.approx(1, abs=1e-4)
+
+
+def test_verify_names_a_bad_claim():
+    from debate import data, verify
+
+    with pytest.raises(data.DataError, match="claim 1: evidence 0: a dict with 'question' and 'answer'"):
+        verify(["fine", {"claim": "x", "evidence": [{"answer": "no question"}]}], config.build(model="m"))
