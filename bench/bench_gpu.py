@@ -6,7 +6,7 @@
 It builds the checkpoint itself, once, under --cache: a byte-level BPE tokenizer trained on the AVeriTeC dev
 claim text (Llama-3's special tokens and a Llama-3-like chat template) and random bf16 weights of the 8B
 shape (16 GB; --tiny: a 4-layer model of the same family). Then for each setting of the matrix (KV reuse
-on/off x 4-bit NF4/bf16 x --turns token limits) it runs DebateCV, 3 rounds + final, greedy, over the first
+on/off x 4-bit NF4/bf16 x --turns token limits x continuous/fixed batching) it runs DebateCV, 3 rounds + final, greedy, over the first
 --claims dev claims with HerO's retrieved evidence, by `run_debate.main`, and prints claims/h, completion
 tokens/s, peak GPU memory, mean GPU utilisation (sampled in a thread) and the engine's Python time per model
 call (engine time outside the model's forward, over the forward calls). 4-bit needs bitsandbytes and CUDA;
@@ -156,7 +156,7 @@ class EngineClock:
         return timed
 
 
-def run_once(path, args, reuse, four_bit, turn_tokens, out_dir):
+def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None):
     argv = ["--split", "dev", "--data-dir", args.data_dir, "--evidence", "retrieved", "--method", "debatecv",
             "--model", str(path), "--limit", str(args.claims), "--batch-size", str(args.batch_size),
             "--max-new-tokens", str(turn_tokens), "--max-rounds", "3", "--temperature", "0",
@@ -164,6 +164,7 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir):
     argv += [] if reuse else ["--no-cache-reuse"]
     argv += [] if four_bit else ["--no-4bit"]
     argv += [] if args.structured else ["--no-structured"]
+    argv += [] if continuous is None else ["--continuous" if continuous else "--no-continuous"]
     argv += ["--gpu-memory-fraction", str(args.gpu_memory_fraction)] if args.gpu_memory_fraction is not None else []
     clock = EngineClock()
     original = engine.generate
@@ -181,7 +182,8 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir):
     preds = [json.loads(line) for line in (Path(out_dir) / "predictions.jsonl").read_text().splitlines()]
     completion = sum(p["completion_tokens"] for p in preds)
     return {
-        "reuse_cache": reuse, "4bit": four_bit, "turn_tokens": turn_tokens, "claims": len(preds), "exit": code,
+        "reuse_cache": reuse, "4bit": four_bit, "turn_tokens": turn_tokens, "continuous": continuous,
+        "claims": len(preds), "exit": code,
         "seconds": round(seconds, 1), "claims_per_hour": round(len(preds) / seconds * 3600, 1),
         "completion_tokens_per_s": round(completion / seconds, 1),
         "completion_tokens_per_claim": round(completion / len(preds)),
@@ -206,6 +208,9 @@ def main():
                    help="4-bit runs only on CUDA with bitsandbytes; bf16 means fp32 on CPU (the loader's choice)")
     p.add_argument("--structured", action="store_true", help="decode the Moderator's JSON under its schema "
                    "(the run's default); off here so every claim runs 3 rounds + final")
+    p.add_argument("--batching", choices=("continuous", "fixed", "both", "default"), default="both",
+                   help="continuous batching, fixed batches, both, or the run's default without the flag "
+                   "(for code from before --continuous existed)")
     p.add_argument("--gpu-memory-fraction", type=float, help="passed to the run (default: the run's own)")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--data-dir", default=os.environ.get("DEBATECV_DATA", str(ROOT.parent / "shared/data/averitec")))
@@ -224,19 +229,21 @@ def main():
     precisions = {"4bit": [True], "bf16": [False], "both": [True, False]}[args.precision]
     precisions = [q for q in precisions if four_bit_ok or not q] or [False]
     reuses = {"on": [True], "off": [False], "both": [True, False]}[args.reuse]
+    batchings = {"continuous": [True], "fixed": [False], "both": [True, False], "default": [None]}[args.batching]
     rows = []
     for turn_tokens in args.turns:
         for four_bit in precisions:
             for reuse in reuses:
-                out_dir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
-                try:
-                    rows.append(run_once(path, args, reuse, four_bit, turn_tokens, out_dir))
-                except torch.OutOfMemoryError as e:  # the engine splits batches; this is the model itself
-                    rows.append({"reuse_cache": reuse, "4bit": four_bit, "turn_tokens": turn_tokens,
-                                 "error": f"out of memory: {str(e).splitlines()[0]}"})
-                finally:
-                    shutil.rmtree(out_dir, ignore_errors=True)
-                print(json.dumps(rows[-1]), flush=True)
+                for continuous in batchings:
+                    out_dir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
+                    try:
+                        rows.append(run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous))
+                    except torch.OutOfMemoryError as e:  # the engine splits batches; this is the model itself
+                        rows.append({"reuse_cache": reuse, "4bit": four_bit, "turn_tokens": turn_tokens,
+                                     "continuous": continuous, "error": f"out of memory: {str(e).splitlines()[0]}"})
+                    finally:
+                        shutil.rmtree(out_dir, ignore_errors=True)
+                    print(json.dumps(rows[-1]), flush=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": torch.cuda.get_device_name() if torch.cuda.is_available()

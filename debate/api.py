@@ -36,8 +36,8 @@ def verify(claims, config):
     runner.check_schemas(config, agents, settings)
     kwargs = runner.METHODS[config.method.method][2](config)
     done = {}
-    runner.verify_batches(config, agents, claims, settings, turns.Streams(turns.device_of(agents)), kwargs,
-                          lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
+    runner.verify_claims(config, agents, claims, settings, turns.Streams(turns.device_of(agents)), kwargs,
+                         lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
     return [done[c["claim_id"]] for c in claims]
 
 

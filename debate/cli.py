@@ -144,7 +144,7 @@ def run_parser(description=None):
                    "DebateCV paper does not say it quantised)")
 
     g = p.add_argument_group("generation")
-    g.add_argument("--batch-size", type=int, help="claims verified together (ours)")
+    g.add_argument("--batch-size", type=int, help="claims verified together: in progress at once (ours)")
     g.add_argument("--temperature", type=float,
                    help=f"sampling temperature; 0 = greedy (default {PAPER_TEMPERATURE}, the DebateCV paper's, "
                    "for DebateCV and its baselines; the courtroom's default is greedy, ours)")
@@ -165,6 +165,11 @@ def run_parser(description=None):
                    "tolerant parsing, as the papers ran")
     g.add_argument("--no-cache-reuse", dest="reuse_cache", action="store_false",
                    help="re-encode each conversation every turn (for measurement)")
+    g.add_argument("--continuous", action=argparse.BooleanOptionalAction,
+                   help="continuous batching (ours, default on): --batch-size claims in progress at once, each "
+                   "claim's next turn joining the next model call as soon as its last turn ends, and a finished "
+                   "claim's place taken at once; --no-continuous: fixed batches of claims that move from turn to "
+                   "turn together (the same records under greedy decoding; sampled draws differ)")
     g.add_argument("--gpu-memory-fraction", type=float,
                    help="share of the GPU memory free before a batch that its KV cache and activations may take; "
                    "a batch that would not fit runs as smaller ones, and one that runs out of memory is split and "

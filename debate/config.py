@@ -132,6 +132,7 @@ class Generation:
     max_rounds: int = identity()  # None: ROUNDS of the method, else 3
     structured: bool = identity(True)
     reuse_cache: bool = True
+    continuous: bool = True  # claims in progress share model calls turn by turn (ours)
     gpu_memory_fraction: float = 0.9  # of the GPU memory free before a batch (ours); 0: no budget
 
 

@@ -1,7 +1,6 @@
 """The run's progress bar: claims done, and the turns spoken inside the claims still in progress.
 
-A claim takes minutes on a CPU and a batch of claims ends together, so a bar that counts claims only
-stands still, then jumps. Every agent turn is reported by `turns.speak` (through `turns.on_turn`), and
+A claim takes minutes on a CPU, so a bar that counts claims only stands still, then jumps. Every agent turn is reported by `turns.speak` (through `turns.on_turn`), and
 the time left is estimated from turns: the claims still to do, times the turns a claim has taken so far
 (until one has finished: `turns_hint`, the most a claim can take), over the turn rate.
 """
@@ -25,8 +24,7 @@ class ClaimBar:
         self.total, self.done, self.desc, self.turns_hint, self.clock = total, done, desc, turns_hint, clock
         self.claims_finished = 0  # claims written by this process
         self.turns = 0  # claim-turns spoken by this process (a batched turn over n claims counts n)
-        self.batch_size = self.batch_finished = self.turns_at_batch = 0
-        self.measured_claims = self.measured_turns = 0  # over the batches finished
+        self.finished_turns = 0  # of those, the turns of the claims already written
         self.bar = None
 
     def __enter__(self):
@@ -42,38 +40,32 @@ class ClaimBar:
         self.bar.close()
         return False
 
-    def batch(self, size):
-        """A batch of `size` claims starts; the one before it has finished."""
-        if self.batch_size:
-            self.measured_claims += self.batch_size
-            self.measured_turns = self.turns
-        self.batch_size, self.batch_finished, self.turns_at_batch = size, 0, self.turns
-
     def turn(self, n=1):
         self.turns += n
         self._show()
 
-    def claim_done(self):
+    def claim_done(self, turns_taken):
+        """A claim is written; it spoke `turns_taken` turns (its transcript's)."""
         self.claims_finished += 1
-        self.batch_finished += 1
+        self.finished_turns += turns_taken
         self.bar.update(1)
         self._show()
 
     def turns_per_claim(self):
-        """Turns one claim takes: measured over the batches finished, else the hint (None: not known yet)."""
-        if self.measured_claims:
-            return self.measured_turns / self.measured_claims
+        """Turns one claim takes: measured over the claims written, else the hint (None: not known yet)."""
+        if self.claims_finished:
+            return self.finished_turns / self.claims_finished
         return self.turns_hint
 
     def eta(self):
-        """Seconds left, or None until a turn rate and the turns a claim takes are known."""
+        """Seconds left, or None until a turn rate and the turns a claim takes are known: the turns the
+        claims not yet written still take (those in progress have spoken some) over the turn rate."""
         elapsed = self.clock() - self.start
         per_claim = self.turns_per_claim()
         if not self.turns or elapsed <= 0 or not per_claim:
             return None
-        later = self.total - self.done - self.claims_finished - (self.batch_size - self.batch_finished)
-        in_batch = max(0.0, self.batch_size * per_claim - (self.turns - self.turns_at_batch))
-        return (max(0, later) * per_claim + in_batch) / (self.turns / elapsed)
+        left = (self.total - self.done - self.claims_finished) * per_claim - (self.turns - self.finished_turns)
+        return max(0.0, left) / (self.turns / elapsed)
 
     def _show(self):
         if self.bar is None:

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 from debate import (baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, retrieval,
-                    turns)
+                    scheduler, turns)
 from debate.config import ConfigError, Courtroom, to_dict
 from debate.prompts import PromptError
 from debate.retrieval import RetrievalError
@@ -250,9 +250,9 @@ def _run_one(config, claims, prompt_info, agents, log):
         with records.RunDir(out_dir, saved, overwrite=overwrite) as out, bar:
             def write(record):
                 out.write(record)
-                bar.claim_done()
+                bar.claim_done(len(record["transcript"].get("turns", ())))
 
-            verify_batches(config, agents, todo, settings, streams, kwargs, write, bar)
+            verify_claims(config, agents, todo, settings, streams, kwargs, write)
         log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
     return finish(config, claims, log)
 
@@ -263,22 +263,30 @@ def check_schemas(config, agents, settings):
     turns.check_schemas(agents, names, settings)
 
 
-def verify_batches(config, agents, claims, settings, streams, kwargs, write, bar=None):
-    """Verify `claims` batch by batch with the config's method (and MADR); `write(record)` gets each claim's
-    record as it is decided. `kwargs`: the method's options (METHODS[method][2](config))."""
+def verify_claims(config, agents, claims, settings, streams, kwargs, write):
+    """Verify `claims` with the config's method (and MADR); `write(record)` gets each claim's record as it is
+    decided. `kwargs`: the method's options (METHODS[method][2](config)).
+
+    Continuous (the default): --batch-size claims in progress at once, each claim's turns joining the next
+    model call of its model (debate/scheduler.py). Otherwise claims go in fixed batches that move from turn
+    to turn together. Under greedy decoding both give the same records."""
     method = METHODS[config.method.method][0]
-    size = config.generation.batch_size
-    for i in range(0, len(claims), size):
-        batch = claims[i:i + size]
-        if bar:
-            bar.batch(len(batch))
+
+    def verify(batch):
         if config.method.refine == "madr":
-            # A claim is written once its justification is refined, so a crash redoes the batch.
+            # A claim is written once its justification is refined, so a crash redoes its batch.
             done_batch = method(agents, batch, settings, streams=streams, **kwargs)
             for record in madr.refine(agents, done_batch, batch, settings, config.madr.madr_iterations, streams):
                 write(record)
         else:
             method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
+
+    size = config.generation.batch_size
+    if config.generation.continuous:
+        scheduler.run(claims, lambda claim: verify([claim]), running=size)
+    else:
+        for i in range(0, len(claims), size):
+            verify(claims[i:i + size])
 
 
 def finish(config, claims, log=print):

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from debate import engine, schema
+from debate import engine, scheduler, schema
 from debate.labels import LABELS
 from debate.models import adapter_scope
 
@@ -56,10 +56,13 @@ def speak(agent, convs, prompts, settings, generator=None, schema_name=None):
     if not convs:
         return []
     compiled = schema.compile_for(schema_name, agent.tokenizer) if schema_name and settings.structured else None
-    with adapter_scope(agent):
-        replies = engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
-                                  generator=generator if settings.temperature > 0 else None,
-                                  schemas=[compiled] * len(convs) if compiled else None)
+    generator = generator if settings.temperature > 0 else None
+    # A claim run by the scheduler (continuous batching) waits here while its turn joins a shared model call.
+    replies = scheduler.submit(agent, convs, prompts, settings, generator, compiled)
+    if replies is None:
+        with adapter_scope(agent):
+            replies = engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
+                                      generator=generator, schemas=[compiled] * len(convs) if compiled else None)
     if on_turn is not None:
         on_turn(len(replies))
     return replies

@@ -188,18 +188,16 @@ def test_progress_estimates_time_left_from_turns():
     now = [0.0]
     with progress.ClaimBar(total=4, desc="t", turns_hint=4, clock=lambda: now[0]) as bar:
         assert bar.eta() is None
-        bar.batch(2)
         now[0] = 10.0
-        bar.turn(2)  # both claims of the batch spoke once: 2 claim-turns in 10 s
-        # At most 4 turns a claim: 6 left in this batch and 8 in the next, at 0.2 turn/s.
+        bar.turn(2)  # two claims in progress spoke once: 2 claim-turns in 10 s
+        # At most 4 turns a claim: 16 for the four claims, 2 spoken, at 0.2 turn/s.
         assert bar.eta() == pytest.approx(70.0)
         now[0] = 30.0
-        bar.turn(2)
-        bar.claim_done()
-        bar.claim_done()
-        bar.batch(2)
-        # Measured: 2 turns a claim, 4 turns left at 4 turns / 30 s.
-        assert bar.turns_per_claim() == 2 and bar.eta() == pytest.approx(30.0)
+        bar.turn(3)
+        bar.claim_done(2)
+        bar.claim_done(2)
+        # Measured: 2 turns a claim; the two claims left take 4, one of them spoken, at 5 turns / 30 s.
+        assert bar.turns_per_claim() == 2 and bar.eta() == pytest.approx(18.0)
 
 
 # --- train_moderator.py: the same rules for its stages --------------------------------------------

@@ -1,0 +1,152 @@
+"""Continuous batching at the turn level: many claims run their protocol side by side, and every turn any
+of them asks for joins the next batched model call of its model.
+
+Each claim runs the method's ordinary function on a batch of one claim, in a thread of its own used as a
+coroutine: `turns.speak` hands the turn to the scheduler (`submit`) and waits for the reply. Exactly one
+thread runs at a time, the scheduler passing control back and forth, so the protocols need no locks and a
+run is deterministic (the same claims, settings and seed give the same calls in the same order).
+
+The loop: admit claims until `running` are in progress (each runs until its first turn); take the turn
+that has waited longest and every other waiting turn on the same model, adapter, settings and random
+stream; run them as one `engine.generate` call (rows of different claims, roles and prompts, each under
+its own schema or none); resume each of those claims with its reply, which runs it to its next turn or
+to its end. A claim that ends frees its place at once for the next one: no claim waits for the slowest
+claim of a batch, and no model call waits for a whole batch of claims to reach the same turn.
+
+Methods are written once, as functions over a list of claims; `run_batches` in debate/runner.py still
+runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
+"""
+import itertools
+import threading
+from dataclasses import astuple, dataclass
+
+from debate import engine
+from debate.models import adapter_scope
+
+_local = threading.local()  # the claim a thread runs, so `submit` knows whom to suspend
+
+
+class Cancelled(BaseException):
+    """Raised in a suspended claim when the run stops early (an error elsewhere, Ctrl-C): the claim unwinds
+    without a record. A BaseException, so a protocol's `except Exception` cannot swallow it."""
+
+
+@dataclass
+class Turn:
+    """One batched turn a claim asked for: what `turns.speak` was called with."""
+
+    agent: object  # models.RoleModel
+    convs: list
+    prompts: list
+    settings: object  # engine.Settings
+    generator: object  # torch.Generator or None
+    schema: object  # a schema.Compiled for every row, or None
+    order: int  # when it was asked for: the oldest turn goes first
+    replies: list = None
+
+    def key(self):
+        """Turns with equal keys can share a model call: same weights and adapter, settings and stream."""
+        return (id(self.agent.model), self.agent.adapter, astuple(self.settings), id(self.generator))
+
+
+class _Task:
+    """A claim in progress: its thread and the turn it waits on (None while it runs or once it has ended)."""
+
+    def __init__(self, index, claim, verify_one, baton):
+        self.index, self.turn, self.error = index, None, None
+        self.started = self.finished = self.cancelled = False
+        self.go = threading.Semaphore(0)
+        self.baton = baton
+        self.thread = threading.Thread(target=self._body, args=(claim, verify_one), daemon=True,
+                                       name=f"claim-{index}")
+
+    def _body(self, claim, verify_one):
+        _local.task = self
+        self.go.acquire()
+        try:
+            if not self.cancelled:
+                verify_one(claim)
+        except Cancelled:
+            pass
+        except BaseException as err:  # handed to the scheduler's thread, which raises it
+            self.error = err
+        finally:
+            self.finished, self.turn = True, None
+            self.baton.release()
+
+    def resume(self):
+        """Let the claim run until its next turn or its end; raise what it raised."""
+        if not self.started:
+            self.started = True
+            self.thread.start()
+        self.go.release()
+        self.baton.acquire()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def submit(agent, convs, prompts, settings, generator, schema):
+    """Called by `turns.speak` in a claim's thread: wait for the scheduler to run this turn; the replies.
+    None when the calling thread is not a scheduled claim (the caller then runs the turn itself)."""
+    task = getattr(_local, "task", None)
+    if task is None:
+        return None
+    task.turn = Turn(agent, list(convs), list(prompts), settings, generator, schema, next(_orders))
+    task.baton.release()
+    task.go.acquire()
+    if task.cancelled:
+        raise Cancelled
+    replies, task.turn = task.turn.replies, None
+    return replies
+
+
+_orders = itertools.count()
+
+
+def _run_turns(group):
+    """One engine.generate call over the rows of every turn in `group` (equal keys); fills their replies."""
+    first = group[0].turn
+    convs = [c for t in group for c in t.turn.convs]
+    prompts = [p for t in group for p in t.turn.prompts]
+    schemas = [t.turn.schema for t in group for _ in t.turn.convs]
+    with adapter_scope(first.agent):
+        replies = engine.generate(first.agent.model, first.agent.tokenizer, convs, prompts, first.settings,
+                                  generator=first.generator, schemas=schemas if any(schemas) else None)
+    start = 0
+    for task in group:
+        n = len(task.turn.convs)
+        task.turn.replies, start = replies[start:start + n], start + n
+
+
+def run(claims, verify_one, running):
+    """Verify `claims` with `verify_one(claim)` (a method on a one-claim batch, writing its own record),
+    at most `running` claims in progress at once."""
+    if running < 1:
+        raise ValueError(f"running must be at least 1, not {running}")
+    baton = threading.Semaphore(0)
+    waiting = list(enumerate(claims))[::-1]  # popped from the end: claims start in their given order
+    live = []
+    try:
+        while waiting or live:
+            while waiting and len(live) < running:
+                task = _Task(*waiting.pop(), verify_one, baton)
+                live.append(task)
+                task.resume()
+            live = [t for t in live if not t.finished]
+            if not live:
+                continue
+            oldest = min(live, key=lambda t: t.turn.order)
+            key = oldest.turn.key()
+            group = sorted((t for t in live if t.turn.key() == key), key=lambda t: t.turn.order)
+            _run_turns(group)
+            for task in group:
+                task.resume()
+            live = [t for t in live if not t.finished]
+    finally:
+        for task in live:  # an error or an interrupt: unwind the claims still waiting, keep nothing of them
+            if not task.finished:
+                task.cancelled = True
+                if task.started:
+                    task.go.release()
+                    task.thread.join()

@@ -1,0 +1,145 @@
+"""Continuous batching (debate/scheduler.py): claims share model calls turn by turn, a finished claim's place
+is taken at once, errors stop the run cleanly, and greedy records equal the fixed-batch run's."""
+import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import run_debate
+from debate import engine, records, scheduler, turns
+from debate.testing import build_tiny_llama
+
+SETTINGS = engine.Settings(max_new_tokens=4, temperature=0.0)
+
+
+class FakeModel:
+    active = None
+
+    def set_adapter(self, name, inference_mode=True):
+        self.active = name
+
+
+def fake_agent(adapter=None, model=None):
+    return SimpleNamespace(model=model or FakeModel(), tokenizer=None, adapter=adapter)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """engine.generate replaced by a recorder: each call's prompts; each reply is its prompt, upper-cased."""
+    seen = []
+
+    def generate(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
+        if isinstance(model, FakeModel) and model.active is not None:
+            assert all(p.endswith(model.active) for p in prompts)  # the adapter of these rows' role is active
+        seen.append(list(prompts))
+        return [p.upper() for p in prompts]
+
+    monkeypatch.setattr(scheduler.engine, "generate", generate)
+    return seen
+
+
+def talker(agent, turns_of, done):
+    """A protocol over a one-claim batch: claim c speaks turns_of[c] turns, then writes its record."""
+    def verify(claim):
+        replies = [turns.speak(agent, [None], [f"{claim}-{i}"], SETTINGS)[0] for i in range(turns_of[claim])]
+        done.append((claim, replies))
+    return verify
+
+
+def test_turns_of_different_claims_share_calls_and_a_finished_claim_is_replaced_at_once(calls):
+    done = []
+    # Claim a needs one turn, b three, c and d two; two claims in progress at a time.
+    turns_of = {"a": 1, "b": 3, "c": 2, "d": 2}
+    scheduler.run(list(turns_of), talker(fake_agent(), turns_of, done), running=2)
+    # c joins as soon as a ends: b's second turn and c's first share a call, as do b's third and c's second;
+    # d joins when b and c end together.
+    assert calls == [["a-0", "b-0"], ["b-1", "c-0"], ["b-2", "c-1"], ["d-0"], ["d-1"]]
+    assert [claim for claim, _ in done] == ["a", "b", "c", "d"]
+    assert dict(done)["b"] == ["B-0", "B-1", "B-2"]
+
+
+def test_turns_on_different_models_or_adapters_never_share_a_call(calls):
+    base = fake_agent()
+    tuned = fake_agent(adapter="moderator", model=base.model)  # one base, two roles: the adapter tells them apart
+    done = []
+
+    def verify(claim):
+        first = turns.speak(base, [None], [f"{claim}-debater"], SETTINGS)[0]
+        second = turns.speak(tuned, [None], [f"{claim}-moderator"], SETTINGS)[0]
+        done.append((claim, first, second))
+
+    scheduler.run(["x", "y"], verify, running=2)
+    assert calls == [["x-debater", "y-debater"], ["x-moderator", "y-moderator"]]
+    assert done == [("x", "X-DEBATER", "X-MODERATOR"), ("y", "Y-DEBATER", "Y-MODERATOR")]
+
+
+def test_an_error_in_one_claim_stops_the_run_and_leaves_no_thread_behind(calls):
+    threads = threading.active_count()
+    done = []
+
+    def verify(claim):
+        turns.speak(fake_agent(), [None], [claim], SETTINGS)
+        if claim == "bad":
+            raise ValueError("claim bad broke")
+        turns.speak(fake_agent(), [None], [claim + "-again"], SETTINGS)
+        done.append(claim)
+
+    with pytest.raises(ValueError, match="claim bad broke"):
+        scheduler.run(["ok", "bad", "later"], verify, running=2)
+    assert done == [] and "later" not in [p for call in calls for p in call]
+    assert threading.active_count() == threads
+
+
+def test_an_error_in_the_model_call_cancels_every_waiting_claim(monkeypatch):
+    threads = threading.active_count()
+
+    def generate(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scheduler.engine, "generate", generate)
+    unwound = []
+
+    def verify(claim):
+        try:
+            turns.speak(fake_agent(), [None], [claim], SETTINGS)
+        finally:
+            unwound.append(claim)
+
+    with pytest.raises(KeyboardInterrupt):
+        scheduler.run(["a", "b", "c"], verify, running=3)
+    assert sorted(unwound) == ["a", "b", "c"] and threading.active_count() == threads
+
+
+def test_speak_outside_the_scheduler_calls_the_engine_itself(calls):
+    assert turns.speak(fake_agent(), [None, None], ["p", "q"], SETTINGS) == ["P", "Q"]
+    assert calls == [["p", "q"]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def read(out, name):
+    return {row["claim_id"]: row for row in map(json.loads, (Path(out) / name).read_text().splitlines())}
+
+
+# Structured where the JSON budgets allow it (the tiny tokenizer needs ~100 tokens for the Moderator's
+# keys), so one model call mixes rows under a schema with free rows of other claims.
+@pytest.mark.parametrize("method, extra", [
+    ("debatecv", ("--max-rounds", "2", "--max-new-tokens", "110")),
+    ("cooperation", ("--max-rounds", "1", "--max-new-tokens", "110")),
+    ("rag-cot", ("--refine", "madr", "--madr-iterations", "1", "--max-new-tokens", "110")),
+    ("courtroom", ("--max-rounds", "1", "--max-new-tokens", "8", "--no-structured")),
+])
+def test_continuous_batching_gives_the_fixed_batches_records_under_greedy(tiny, tmp_path, method, extra):
+    outs = {}
+    for mode in ("--continuous", "--no-continuous"):
+        outs[mode] = tmp_path / mode
+        run_debate.main(["--split", "demo", "--method", method, "--model", tiny, "--batch-size", "2",
+                         "--limit", "3", "--temperature", "0", "--output-dir", str(outs[mode]), mode, *extra])
+    for name in (records.PREDICTIONS, records.TRANSCRIPTS):
+        continuous, fixed = read(outs["--continuous"], name), read(outs["--no-continuous"], name)
+        assert sorted(continuous) == [0, 1, 2] and continuous == fixed
