@@ -103,6 +103,8 @@ def main():
     p.add_argument("--max-new-tokens", default="80", help="per debate turn during synthesis")
     p.add_argument("--judge-tokens", type=int, default=96, help="for the re-judged reply")
     p.add_argument("--batch-size", default="8")
+    p.add_argument("--model", help="the base model of every role, synthesis to judging (default: the embedded "
+                   "Gemma 3 270M); 4-bit on CUDA as the run's loader decides")
     p.add_argument("--train", nargs=argparse.REMAINDER, default=TRAIN_FLAGS,
                    help="train_moderator.py flags for both training stages (put last; default: CPU-sized)")
     p.add_argument("--report-only", action="store_true",
@@ -111,7 +113,7 @@ def main():
     out = ROOT / args.out
     common = ["--out", str(out), "--split", "dev", "--data-dir", args.data_dir, "--limit", str(args.claims),
               "--max-rounds", args.max_rounds, "--max-new-tokens", args.max_new_tokens,
-              "--batch-size", args.batch_size, "--temperature", "0"]
+              "--batch-size", args.batch_size, "--temperature", "0"] + (["--model", args.model] if args.model else [])
     timings = {}
     for stage in () if args.report_only else ("synth", "correct"):
         start = time.time()
@@ -122,7 +124,7 @@ def main():
     zero_probs = {r["claim_id"]: r.get("label_probs") for r in records.read_predictions(out / "debates")}
     folds = [rows[k::args.folds] for k in range(args.folds)]
     models.set_offline()
-    base = models.default_model_path()
+    base = args.model or models.default_model_path()
     systems = ("zero-shot", "D-SFT", "D-SFT + D-DPO")
     judged = {s: {} for s in systems}
     finished = []  # the folds every system has judged
@@ -141,7 +143,8 @@ def main():
         syndec.write(train_file, [r for j, fold in enumerate(folds) if j != k for r in fold])
         for stage in ("sft", "dpo"):
             start = time.time()
-            sh("train_moderator.py", "--stage", stage, "--out", str(fold_dir), "--syndec", str(train_file), *args.train)
+            sh("train_moderator.py", "--stage", stage, "--out", str(fold_dir), "--syndec", str(train_file),
+               *(["--model", args.model] if args.model else []), *args.train)
             timings[f"fold{k}_{stage}"] = round(time.time() - start, 1)
         adapters = {"zero-shot": None, "D-SFT": fold_dir / "sft/adapter", "D-SFT + D-DPO": fold_dir / "dpo/adapter"}
         for system in systems:
@@ -149,7 +152,7 @@ def main():
             if not saved.exists():
                 start = time.time()
                 role = models.load_roles({"moderator": base}, {"moderator": adapters[system] and str(adapters[system])},
-                                         use_4bit=False)["moderator"]
+                                         use_4bit=True)["moderator"]  # 4-bit only on CUDA (models.py)
                 saved.write_text(json.dumps(rejudge(role, folds[k], 8, args.judge_tokens)))
                 timings[f"fold{k}_judge_{system}"] = round(time.time() - start, 1)
             for r, (verdict, probs) in zip(folds[k], json.loads(saved.read_text())):
