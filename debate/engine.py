@@ -93,21 +93,44 @@ def memory_budget(model, settings):
     return int(free * settings.gpu_memory_fraction)
 
 
+# A row may re-encode this many cached tokens (or as many as it feeds anew) to share a batch: cheaper than
+# the second decode pass a separate batch would cost.
+SHARED_CHUNK = 256
+
+
+def chunk_groups(targets, usables):
+    """Rows (indices) in groups of similar new-chunk length, each group one batch.
+
+    A batch feeds every row as many tokens as its longest new chunk (kv_store.layout: a row with a short
+    chunk re-encodes cached tokens rather than leave a gap), so a conversation going on by a hundred tokens
+    beside one starting with thousands would re-encode thousands. Continuous batching mixes exactly such
+    rows. Sorted by chunk, longest first, a row joins the group before it when it would re-encode no more
+    than max(its own chunk, SHARED_CHUNK) tokens there, and starts a new group otherwise."""
+    chunks = [len(t) - u for t, u in zip(targets, usables)]
+    groups = []
+    for row in sorted(range(len(targets)), key=lambda r: -chunks[r]):
+        if groups and chunks[groups[-1][0]] - chunks[row] <= max(chunks[row], SHARED_CHUNK):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return [sorted(g) for g in groups]
+
+
 def plan_batches(model, targets, usables, settings):
-    """Rows (indices) split in halves until each part's estimate fits the budget; one part if it fits."""
+    """The batches the rows run in: groups of similar new-chunk length (chunk_groups), each split in halves
+    until its estimate fits the memory budget."""
     budget = memory_budget(model, settings)
-    if budget is None:
-        return [list(range(len(targets)))]
 
     def split(rows):
-        if len(rows) == 1 or batch_bytes(model, [targets[i] for i in rows], [usables[i] for i in rows],
-                                          settings) <= budget:
+        if budget is None or len(rows) == 1 or batch_bytes(
+                model, [targets[i] for i in rows], [usables[i] for i in rows], settings) <= budget:
             return [rows]
         half = len(rows) // 2
         return split(rows[:half]) + split(rows[half:])
 
-    parts = split(list(range(len(targets))))
-    if len(parts) > 1:
+    groups = chunk_groups(targets, usables)
+    parts = [part for group in groups for part in split(group)]
+    if len(parts) > len(groups):
         log.info("memory budget %.2f GB: %d conversations run as %d batches (of %s)", budget / 2**30,
                  len(targets), len(parts), ", ".join(str(len(p)) for p in parts))
     return parts

@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate import engine, generator, reference, schema
+from debate import engine, generator, kv_store, reference, schema
 from debate.testing import build_tiny_gemma, build_tiny_llama
 
 
@@ -190,3 +190,16 @@ def test_sampling_is_reproducible_with_a_seed_and_differs_from_greedy(tiny):
         return conv.generated[0]
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)
+
+
+def test_rows_starting_a_conversation_do_not_make_continuing_rows_re_encode_their_cache():
+    # Contexts of 6,000 tokens: two rows start (nothing cached), three go on by 150, 300 and 60 tokens.
+    targets = [[0] * 6000] * 5
+    usables = [0, 5850, 0, 5700, 5940]
+    assert engine.chunk_groups(targets, usables) == [[0, 2], [1, 3, 4]]
+    # Alone, the continuing rows feed 300 tokens each at most instead of 6,000.
+    assert kv_store.layout([targets[i] for i in (1, 3, 4)], [usables[i] for i in (1, 3, 4)]).chunk == 300
+    # A row re-encodes at most max(its own chunk, SHARED_CHUNK) tokens to share a batch: 600/500/350 go
+    # together, 600/20 do not.
+    assert engine.chunk_groups([[0] * 900] * 3, [400, 300, 550]) == [[0, 1, 2]]
+    assert engine.chunk_groups([[0] * 900] * 2, [300, 880]) == [[0], [1]]
