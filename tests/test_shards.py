@@ -32,7 +32,9 @@ def read(path):
 
 
 def by_id(rows):
-    return {r["claim_id"]: r for r in rows}
+    # encoded_tokens counts a batch's shared prompt prefix once per batch: it follows the batching, which
+    # sharding changes; every other field (label, justification, every turn) must be the same.
+    return {r["claim_id"]: {k: v for k, v in r.items() if k != "encoded_tokens"} for r in rows}
 
 
 def test_world_comes_from_the_launchers_variables():
@@ -102,6 +104,17 @@ def test_device_map_reaches_the_loader_and_a_cpu_ignores_it(tiny):
     assert run_debate.parse_args(argv(tiny, "x")).models.device_map is None
     loaded = models.load_model(tiny, device_map="auto")
     assert loaded.device == "cpu" and next(loaded.model.parameters()).device.type == "cpu"
+
+
+def test_device_map_auto_asks_transformers_to_spread_the_model_on_cuda(monkeypatch):
+    import torch
+
+    # No GPU here: the from_pretrained arguments chosen for CUDA, without loading anything.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    cuda = torch.device("cuda", 0)
+    assert models._load_settings(cuda, None, False, "m", "auto")[0]["device_map"] == "auto"
+    assert models._load_settings(cuda, None, False, "m")[0]["device_map"] == {"": cuda}
+    assert "device_map" not in models._load_settings(torch.device("cpu"), None, False, "m", "auto")[0]
 
 
 def torchrun(model, out, *extra):
