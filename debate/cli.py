@@ -142,6 +142,10 @@ def run_parser(description=None):
     o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
                    help="on CUDA, load in bf16 instead of 4-bit NF4 (4-bit is ours, to fit small GPUs; the "
                    "DebateCV paper does not say it quantised)")
+    o.add_argument("--device-map", choices=("auto",),
+                   help="auto: spread each model over all GPUs of the node (transformers' device_map), for a model "
+                   "too large for one; CUDA only, ignored on a CPU; not with torchrun (default: each model whole "
+                   "on one GPU)")
 
     g = p.add_argument_group("generation")
     g.add_argument("--batch-size", type=int, help="claims verified together: in progress at once (ours)")

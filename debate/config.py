@@ -119,6 +119,7 @@ class Models:
     refine_model: str = identity()  # None: moderator_model
     moderator_adapter: str = identity()
     use_4bit: bool = identity(True)  # on CUDA only
+    device_map: str = None  # "auto": each model spread over the node's GPUs (CUDA only); None: one GPU
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,8 @@ def _check(s):
     def flag(name):
         return "--" + name.replace("_", "-")
 
+    if s["device_map"] not in (None, "auto"):
+        raise ConfigError(f"--device-map must be auto, not {s['device_map']!r}")
     for name, choices in (("refine", ("none", "madr")), ("evidence", ("golden", "retrieved", "none")),
                           ("split_decision", ("chief-justice", "conflicting")), ("inconclusive", ("nee", "supported"))):
         if s[name] not in choices:

@@ -349,14 +349,18 @@ def _set_chat_template(tokenizer, model):
         log.info("tokenizer has no chat template; using the plain '### Role' fallback")
 
 
-def _load_settings(device, dtype, use_4bit, path):
-    """from_pretrained keyword arguments for a device: (kwargs, compute dtype, quantized)."""
+def _load_settings(device, dtype, use_4bit, path, device_map=None):
+    """from_pretrained keyword arguments for a device: (kwargs, compute dtype, quantized).
+
+    device_map "auto" (CUDA only): accelerate spreads the layers over every visible GPU, filling them in
+    order, and moves the activations between them; the model's first device takes the inputs.
+    """
     kwargs = {"local_files_only": True}
     quantized = False
     if device.type == "cuda":
         if dtype is None:
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        kwargs["device_map"] = {"": device}
+        kwargs["device_map"] = "auto" if device_map == "auto" else {"": device}
         if use_4bit and _bitsandbytes_available():
             from transformers import BitsAndBytesConfig
 
@@ -378,12 +382,13 @@ def _load_settings(device, dtype, use_4bit, path):
     return kwargs, dtype, quantized
 
 
-def load_model(path, *, use_4bit=True, dtype=None, device=None):
+def load_model(path, *, use_4bit=True, dtype=None, device=None, device_map=None):
     """Load a causal LM and its tokenizer from a local HF directory or a .gguf file.
 
     CUDA: 4-bit NF4 (double quant, bf16 compute) when `use_4bit` and bitsandbytes imports, else
     bf16 (fp16 on GPUs without bf16). CPU: float32; `use_4bit` is ignored there. `dtype` overrides
-    the unquantised dtype (or the compute dtype under 4-bit). Raises ModelLoadError.
+    the unquantised dtype (or the compute dtype under 4-bit). `device_map="auto"`: on CUDA, one model
+    over all visible GPUs (see _load_settings); ignored on a CPU. Raises ModelLoadError.
     """
     given = str(path)
     path = _resolve(path)
@@ -400,7 +405,7 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
         except Exception as e:
             raise ModelLoadError(f"cannot load GGUF model {path}: {one_line(e)}") from e
 
-    kwargs, dtype, quantized = _load_settings(device, dtype, use_4bit, path)
+    kwargs, dtype, quantized = _load_settings(device, dtype, use_4bit, path, device_map)
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_dir, local_files_only=True)
@@ -423,7 +428,10 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None):
         model=model,
         tokenizer=tokenizer,
         path=path,
-        device=str(device),
+        # Spread by device_map "auto": every device the layers went to (an int is a GPU), the inputs' first.
+        device=",".join(dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d)
+                                      for d in model.hf_device_map.values()))
+        if kwargs.get("device_map") == "auto" else str(device),
         dtype=dtype,
         quantized=quantized,
         load_dir=load_dir,
@@ -491,7 +499,7 @@ def _attach_adapter(model, adapter_path, name):
     return model
 
 
-def load_roles(role_paths, role_adapters=None, *, use_4bit=True):
+def load_roles(role_paths, role_adapters=None, *, use_4bit=True, device_map=None):
     """Load the model of every role; a base named by several roles is loaded once and shared.
 
     role_paths: {role: model path}; role_adapters: {role: LoRA adapter dir or None}. A role with an
@@ -507,7 +515,7 @@ def load_roles(role_paths, role_adapters=None, *, use_4bit=True):
     for role, path in role_paths.items():
         key = _resolve(path)
         if key not in bases:
-            bases[key] = load_model(path, use_4bit=use_4bit)
+            bases[key] = load_model(path, use_4bit=use_4bit, device_map=device_map)
 
     adapter_names = {}  # (base path, adapter path) -> adapter name
     for role, adapter in role_adapters.items():

@@ -1,4 +1,5 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
+import json
 import platform
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from debate import (baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, retrieval,
-                    scheduler, turns)
+                    scheduler, shards, turns)
 from debate.config import ConfigError, Courtroom, to_dict
 from debate.prompts import PromptError
 from debate.retrieval import RetrievalError
@@ -129,7 +130,8 @@ def role_models(config, roles):
 
 def load_agents(config, roles):
     role_paths, adapters = role_models(config, roles)
-    return models.load_roles(role_paths, adapters, use_4bit=config.models.use_4bit)
+    return models.load_roles(role_paths, adapters, use_4bit=config.models.use_4bit,
+                             device_map=config.models.device_map)
 
 
 def settings_of(config):
@@ -165,17 +167,35 @@ def run(config, log=print):
     trials); write outputs; return the metrics (with several trials: their mean and standard deviation).
 
     `config` is a RunConfig from config.build (the CLI's, or one made in Python); it is never changed.
+    Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/shards.py) and
+    only rank 0 returns the metrics; the others return None.
     """
     models.set_offline()
+    world = shards.world()
+    if world.size > 1 and config.models.device_map:
+        raise ConfigError("--device-map auto spreads one model over the node's GPUs; it cannot run under a "
+                          f"{world.size}-process launch, which puts one model on each GPU")
+    if config.models.device_map and models.precision(config.models.use_4bit)["device"] == "cpu":
+        log("--device-map auto: no CUDA here, ignored")
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
     prompt_info = prompts.use_prompt_dir(config.method.prompts)
 
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     claims = load_claims(config)
     check_run(config, claims)
+    shards.start(world)
+    try:
+        return _run_trials(config, claims, prompt_info, world, log)
+    finally:
+        shards.stop(world)
+
+
+def _run_trials(config, claims, prompt_info, world, log):
     trials = config.generation.trials
+    if world.rank:
+        log = _quiet
     if trials == 1:
-        return _run_one(config, claims, prompt_info, {}, log)
+        return _run_one(config, claims, prompt_info, {}, log, world)
     # Trial k runs with seed + k - 1 in its own resumable directory; the agents are loaded once for all.
     top, first_seed, agents, results = Path(config.output.output_dir), config.generation.seed, {}, []
     top.mkdir(parents=True, exist_ok=True)
@@ -183,7 +203,9 @@ def run(config, log=print):
         trial = replace(config, generation=replace(config.generation, seed=first_seed + k - 1),
                         output=replace(config.output, output_dir=str(top / f"trial-{k}")))
         log(f"trial {k}/{trials}: seed {trial.generation.seed}")
-        results.append(_run_one(trial, claims, prompt_info, agents, log))
+        results.append(_run_one(trial, claims, prompt_info, agents, log, world))
+    if world.rank:
+        return None  # rank 0 writes the trials' summary
     saved = dict(config_json(config), trial_seeds=[first_seed + k for k in range(trials)],
                  trial_dirs=[f"trial-{k}" for k in range(1, trials + 1)])
     if prompt_info:
@@ -217,18 +239,56 @@ def trial_summary(results):
     return dict(merge(results), trials=len(results))
 
 
-def _run_one(config, claims, prompt_info, agents, log):
-    """One run (one trial) into the config's output directory; `agents` is filled on first need and reused after."""
-    out_dir, overwrite = config.output.output_dir, config.output.overwrite
-    roles = model_roles(config)
-    saved = config_json(config, roles, models.precision(config.models.use_4bit))
+def _quiet(*args, **kwargs):
+    """The log of ranks other than 0: rank 0 speaks for the run."""
+
+
+def _saved_config(config, prompt_info):
+    """The config.json of a run (before its models are loaded)."""
+    saved = config_json(config, model_roles(config), models.precision(config.models.use_4bit))
     if prompt_info:
         # The files' hash, not the directory's name, identifies the prompts a run used.
         saved.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
+    return saved
+
+
+def _run_one(config, claims, prompt_info, agents, log, world=shards.World()):
+    """One run (one trial) into the config's output directory; `agents` is filled on first need and reused
+    after. In a multi-process launch (`world`), this process's shard of it, merged by rank 0."""
+    out_dir, overwrite = config.output.output_dir, config.output.overwrite
+    shards.check(out_dir, world.size, overwrite)  # before anything is written, on every rank alike
+    if world.size == 1:
+        _verify(config, claims, prompt_info, agents, log)
+        return finish(config, claims, log)
+    if overwrite and world.rank == 0:
+        shards.clear(out_dir, keep=world.size)  # another count's shards are no part of this run
+    shard = replace(config, output=replace(config.output, output_dir=str(shards.shard_dir(out_dir, world))))
+    mine = shards.split(claims, world)
+    log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(claims)} claims")
+    _verify(shard, mine, prompt_info, agents, log)
+    shards.barrier(world)
+    if world.rank:
+        return None
+    shards.merge(out_dir, world.size)
+    saved = dict(_saved_config(config, prompt_info), shards=world.size)
+    shard_config = shards.shard_dir(out_dir, world) / records.CONFIG
+    if shard_config.exists():
+        saved["models"] = json.loads(shard_config.read_text(encoding="utf-8")).get("models")  # rank 0's devices
+    records.write_json(Path(out_dir) / records.CONFIG, saved)
+    return finish(config, claims, log)
+
+
+def _verify(config, claims, prompt_info, agents, log):
+    """Verify the claims not yet done in the config's output directory, claim by claim into its files."""
+    out_dir, overwrite = config.output.output_dir, config.output.overwrite
+    roles = model_roles(config)
+    saved = _saved_config(config, prompt_info)
     done = records.check(out_dir, saved, overwrite=overwrite)
     kwargs = METHODS[config.method.method][2](config)  # once per run; the courtroom loads its encoder here
     if not overwrite:
         records.recover(out_dir)  # every check has passed: what a killed --overwrite left can be settled
+    else:
+        shards.clear(out_dir)  # a sharded run's shards are no part of this one (a shard has none)
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
     todo = sorted((c for c in claims if c["claim_id"] not in done),
                   key=lambda c: sum(len(e["question"]) + len(e["answer"]) for e in c["evidence"]))
@@ -254,7 +314,6 @@ def _run_one(config, claims, prompt_info, agents, log):
 
             verify_claims(config, agents, todo, settings, streams, kwargs, write)
         log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
-    return finish(config, claims, log)
 
 
 def check_schemas(config, agents, settings):
