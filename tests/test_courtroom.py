@@ -322,7 +322,7 @@ def test_claims_without_a_corpus_search_their_own_evidence(monkeypatch, embedder
 
 
 def test_a_claim_with_no_evidence_and_no_corpus_still_goes_to_the_panel(monkeypatch, embedder):
-    calls = scripted.install(monkeypatch, Court(ready=lambda r: "Yes" if r == 2 else "No"))
+    scripted.install(monkeypatch, Court(ready=lambda r: "Yes" if r == 2 else "No"))
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     record = courtroom.run_batch(agents, [dict(CLAIM, evidence=[])], engine.Settings(),
                                  config.Courtroom(role_switch=False, **NO_SAMPLING),
