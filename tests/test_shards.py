@@ -164,3 +164,31 @@ def test_two_processes_equal_one_and_resume_redoes_only_the_missing_claim(tiny, 
     with pytest.raises(SystemExit) as stop:
         run_debate.main(argv(tiny, two))
     assert stop.value.code == 2
+
+
+def test_a_killed_two_process_run_resumes_to_the_one_process_result(tiny, tmp_path):
+    import signal
+    import time
+
+    slow = ("--limit", "8", "--max-new-tokens", "40", "--max-rounds", "2")  # long enough to be killed mid-way
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_debate.main(argv(tiny, one) + list(slow))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(name, None)
+    launch = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                               "run_debate.py", *argv(tiny, two), *slow], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    shard_files = [shards.shard_dir(two, World(r, 2)) / records.PREDICTIONS for r in range(2)]
+    deadline = time.time() + 600
+    while time.time() < deadline and not any(f.exists() and f.read_text().strip() for f in shard_files):
+        time.sleep(0.05)
+    os.killpg(launch.pid, signal.SIGKILL)  # every process of the launch, mid-claim, as a node loss would
+    launch.wait()
+    written = sum(len(f.read_text().splitlines()) for f in shard_files if f.exists())
+    assert 1 <= written < 8 and not (two / records.PREDICTIONS).exists()
+
+    torchrun(tiny, two, *slow)
+    for name in (records.PREDICTIONS, records.TRANSCRIPTS):
+        merged = read(two / name)
+        assert len(merged) == 8 and by_id(merged) == by_id(read(one / name))
