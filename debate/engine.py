@@ -17,7 +17,6 @@ import torch
 
 from debate import generator as gen, kv_store, schema as schemas_mod
 from debate.chat import context_ids, encode_text, stop_token_ids, turn_end_ids  # noqa: F401 (the engine's API)
-from debate.generator import choice_logprobs as _choice_logprobs  # noqa: F401 (tests score with it)
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from debate import engine
 from debate.models import adapter_scope
 
 _local = threading.local()  # the claim a thread runs, so `submit` knows whom to suspend
+_orders = itertools.count()  # the order turns are asked for in, over the whole process
 
 
 class Cancelled(BaseException):
@@ -42,11 +43,13 @@ class Turn:
     generator: object  # torch.Generator or None
     schema: object  # a schema.Compiled for every row, or None
     order: int  # when it was asked for: the oldest turn goes first
+    key: tuple = None  # turns with equal keys can share a model call (see `_key`)
     replies: list = None
 
-    def key(self):
-        """Turns with equal keys can share a model call: same weights and adapter, settings and stream."""
-        return (id(self.agent.model), self.agent.adapter, astuple(self.settings), id(self.generator))
+
+def _key(agent, settings, generator):
+    """What a shared model call needs in common: the same weights and adapter, settings and random stream."""
+    return (id(agent.model), agent.adapter, astuple(settings), id(generator))
 
 
 class _Task:
@@ -92,16 +95,14 @@ def submit(agent, convs, prompts, settings, generator, schema):
     task = getattr(_local, "task", None)
     if task is None:
         return None
-    task.turn = Turn(agent, list(convs), list(prompts), settings, generator, schema, next(_orders))
+    task.turn = Turn(agent, list(convs), list(prompts), settings, generator, schema, next(_orders),
+                     _key(agent, settings, generator))
     task.baton.release()
     task.go.acquire()
     if task.cancelled:
         raise Cancelled
     replies, task.turn = task.turn.replies, None
     return replies
-
-
-_orders = itertools.count()
 
 
 def _run_turns(group):
@@ -137,8 +138,7 @@ def run(claims, verify_one, running):
             if not live:
                 continue
             oldest = min(live, key=lambda t: t.turn.order)
-            key = oldest.turn.key()
-            group = sorted((t for t in live if t.turn.key() == key), key=lambda t: t.turn.order)
+            group = sorted((t for t in live if t.turn.key == oldest.turn.key), key=lambda t: t.turn.order)
             _run_turns(group)
             for task in group:
                 task.resume()

@@ -80,7 +80,7 @@ def build_tiny_llama(dir, seed=0, **overrides):
 
     `overrides` go to LlamaConfig (e.g. num_hidden_layers=1, max_position_embeddings=512).
     """
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     os.makedirs(dir, exist_ok=True)
     tok = build_tiny_tokenizer()
@@ -101,18 +101,7 @@ def build_tiny_llama(dir, seed=0, **overrides):
         pad_token_id=tok.pad_token_id,
     )
     settings.update(overrides)
-    config = LlamaConfig(**settings)
-    # Fork the RNG so building a model does not disturb the caller's random state.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-    )
-    model.eval()
-    model.save_pretrained(dir)
-    tok.save_pretrained(dir)
-    return dir
+    return _save_random(LlamaForCausalLM, LlamaConfig(**settings), tok, dir, seed)
 
 
 def build_tiny_gemma(dir, seed=0, **overrides):
@@ -121,7 +110,7 @@ def build_tiny_gemma(dir, seed=0, **overrides):
     Two sliding-window layers (window 16 tokens, far shorter than a debate turn's context) and one
     full-attention layer, Gemma 3's mix: what the engine's batch layout must not disturb.
     """
-    from transformers import GenerationConfig, Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     os.makedirs(dir, exist_ok=True)
     tok = build_tiny_tokenizer(gemma=True)
@@ -134,10 +123,17 @@ def build_tiny_gemma(dir, seed=0, **overrides):
         pad_token_id=tok.pad_token_id,
     )
     settings.update(overrides)
-    config = Gemma3TextConfig(**settings)
+    return _save_random(Gemma3ForCausalLM, Gemma3TextConfig(**settings), tok, dir, seed)
+
+
+def _save_random(model_class, config, tok, dir, seed):
+    """Random float32 weights of `config` (seeded), saved with `tok` to `dir`; returns `dir`."""
+    from transformers import GenerationConfig
+
+    # Fork the RNG so building a model does not disturb the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Gemma3ForCausalLM(config).to(torch.float32)
+        model = model_class(config).to(torch.float32)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate import engine, schema, turns
+from debate import engine, generator, schema, turns
 from debate.labels import LABELS
 from debate.prompts import PROMPT_DIR, PromptError, raw_prompt
 from debate.testing import build_tiny_llama
@@ -179,8 +179,8 @@ def test_candidates_of_one_and_of_several_tokens_are_scored_together(tiny):
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         first = int(logp.argmax())
-        totals = engine._choice_logprobs(model, out.past_key_values, 0, 0, [[first], [first, 5, 7]],
-                                         out.logits[0, -1], 0)
+        totals = generator.choice_logprobs(model, out.past_key_values, 0, 0, [[first], [first, 5, 7]],
+                                           out.logits[0, -1], 0)
         longer = torch.log_softmax(model(input_ids=torch.tensor([ids + [first, 5]])).logits[0].float(), dim=-1)
     assert totals[0] == pytest.approx(float(logp[first]), abs=1e-5)
     expected = float(logp[first] + longer[len(ids) - 1 + 1, 5] + longer[len(ids) + 1, 7])
