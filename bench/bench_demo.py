@@ -20,7 +20,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate import data, debatecv, engine, models  # noqa: E402
+from debate.data import claims as data  # noqa: E402
+from debate.methods import debatecv
+from debate.engine import engine, models
 
 
 def main():

@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate.testing import build_tiny_tokenizer  # noqa: E402
+from tests.tiny_models import build_tiny_tokenizer  # noqa: E402
 from train import lora, losses  # noqa: E402
 
 SHAPES = {

@@ -21,8 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate import data, debatecv, engine, models  # noqa: E402
-from debate.testing import averitec_dir, build_tiny_llama  # noqa: E402
+from debate.data import claims as data  # noqa: E402
+from debate.methods import debatecv
+from debate.engine import engine, models
+from tests.tiny_models import averitec_dir, build_tiny_llama  # noqa: E402
 
 
 def bench_claims(n):

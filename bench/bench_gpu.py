@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import run_debate  # noqa: E402
-from debate import engine  # noqa: E402
-from debate.testing import CHAT_TEMPLATE, EOT, PAD, BOS, SPECIAL_TOKENS  # noqa: E402
+from debate.engine import engine  # noqa: E402
+from tests.tiny_models import CHAT_TEMPLATE, EOT, PAD, BOS, SPECIAL_TOKENS  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                 num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0)

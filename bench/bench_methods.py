@@ -26,8 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate import cli, data, engine, jsonl, madr, models, records, runner, turns  # noqa: E402
-from debate.labels import CEC, NEE  # noqa: E402
+from debate.runs import cli, records, runner  # noqa: E402
+from debate.data import claims as data, jsonl
+from debate.engine import engine, models
+from debate.methods import madr, turns
+from debate.data.labels import CEC, NEE  # noqa: E402
 from eval import averitec  # noqa: E402
 
 

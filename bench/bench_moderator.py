@@ -30,10 +30,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate import engine, models, records, schema  # noqa: E402
-from debate.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
-from debate.models import adapter_scope  # noqa: E402
-from debate.parsing import parse_moderator  # noqa: E402
+from debate.engine import engine, models, schema  # noqa: E402
+from debate.runs import records
+from debate.data.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
+from debate.engine.models import adapter_scope  # noqa: E402
+from debate.data.parsing import parse_moderator  # noqa: E402
 from eval import averitec  # noqa: E402
 from train import examples, syndec  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate import data, jsonl  # noqa: E402
+from debate.data import claims as data, jsonl  # noqa: E402
 
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data" / "averitec"
 DEFAULT_OUT = ROOT / "bench" / "out" / "averitec-dev-corpus.jsonl"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
 
-from debate.testing import build_tiny_llama  # noqa: E402
+from tests.tiny_models import build_tiny_llama  # noqa: E402
 
 SYSTEM = ("You are the Moderator of a debate about a claim. Read the evidence, weigh both sides and say which "
           "verdict the evidence supports: Supported, Refuted, Not Enough Evidence or Conflicting Evidence. ")

@@ -1,6 +1,10 @@
 """debatecv: debate-driven claim verification on local models. From Python: `build`, `run`, `verify` (debate.api).
 
-The names are looked up on first use, so `import debate.data` (or the CLIs' --help) never imports torch.
+Four wings, each a package whose docstring says what it owns: runs (config, CLI, runner, records) ->
+methods (DebateCV, baselines, MADR, the courtroom) -> engine (models, KV cache, generation); data (claims,
+labels, prompts, schemas, parsing) sits below all three. Imports only go that way.
+
+The names are looked up on first use, so `import debate.data.claims` (or the CLIs' --help) never imports torch.
 """
 API = ("RunConfig", "build", "load", "save", "run", "verify")
 

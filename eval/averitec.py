@@ -16,8 +16,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from debate import jsonl
-from debate.labels import CEC, LABELS, NEE, canonical_label
+from debate.data import jsonl
+from debate.data.labels import CEC, LABELS, NEE, canonical_label
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
 MAX_EVIDENCE = 10
@@ -407,7 +407,8 @@ def _jsonable(value):
 
 
 def build_parser():
-    from debate.cli import Parser
+    # Only the command line needs the runs wing's one-line errors; the scoring functions import nothing above data.
+    from debate.runs.cli import Parser
 
     parser = Parser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
     parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")

@@ -1,5 +1,5 @@
 """One-screen text summary of a metrics dict from `eval.averitec.score`."""
-from debate.labels import CEC, LABELS, NEE
+from debate.data.labels import CEC, LABELS, NEE
 
 _SHORT = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC", "unparsed": "unparsed"}
 

@@ -1,6 +1,6 @@
 """A scripted stand-in for the engine, so protocol tests control every reply and see every call.
 
-`install(monkeypatch, reply)` replaces `debate.engine.generate`; `reply(model, conv, prompt)` gives each
+`install(monkeypatch, reply)` replaces `debate.engine.engine.generate`; `reply(model, conv, prompt)` gives each
 row's answer, where `model` is whatever the agent carries (tests use names). Every call is logged as
 `Call(model, prompts, systems, generator, schemas)` (schemas: the declared schema each row was asked
 under, or None; scripted replies are read by the tolerant parser, as free replies are). Each row also checks that the text reaching the model has no
@@ -9,7 +9,8 @@ doubled braces: a prompt file read raw instead of rendered would show its JSON e
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from debate import engine, schema
+from debate.data import schemas
+from debate.engine import engine, schema
 
 
 @dataclass
@@ -48,5 +49,5 @@ def install(monkeypatch, reply):
 
     monkeypatch.setattr(engine, "generate", fake_generate)
     # No tokenizer here: the declared schema stands in for the compiled one (and proves the name exists).
-    monkeypatch.setattr(schema, "compile_for", lambda name, tokenizer: schema.load(name))
+    monkeypatch.setattr(schema, "compile_for", lambda name, tokenizer: schemas.load(name))
     return calls

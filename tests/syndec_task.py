@@ -6,8 +6,8 @@ A Moderator that reads the debate can get every claim right; one that ignores it
 """
 import json
 
-from debate.labels import REFUTED, SUPPORTED
-from debate.prompts import render
+from debate.data.labels import REFUTED, SUPPORTED
+from debate.data.prompts import render
 
 JUSTIFICATION = "The debate settles it."
 PROCEED = json.dumps({"Primary Insight": "both sides repeat", "Evidence Gaps": "", "Justification for Proceeding": "",

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate import config, models, records
-from debate.labels import LABELS
-from debate.testing import build_tiny_llama
+from debate.runs import config, records
+from debate.engine import models
+from debate.data.labels import LABELS
+from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,8 @@ def test_run_writes_what_the_cli_writes_and_verify_gives_one_record_per_claim(ti
 
 
 def test_verify_names_a_bad_claim():
-    from debate import data, verify
+    from debate.data import claims as data
+    from debate import verify
 
     with pytest.raises(data.DataError, match="claim 1: evidence 0: a dict with 'question' and 'answer'"):
         verify(["fine", {"claim": "x", "evidence": [{"answer": "no question"}]}], config.build(model="m"))

@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from debate import baselines, engine, turns
-from debate.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.methods import baselines, turns
+from debate.engine import engine
+from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
 from tests import scripted
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": SUPPORTED,

@@ -3,8 +3,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from debate import retrieval
-from debate.data import NO_ANSWER
+from debate.engine import retrieval
+from debate.data.claims import NO_ANSWER
 
 # bench/ is a folder of standalone scripts, not a package: load the script by its path.
 _SPEC = importlib.util.spec_from_file_location(

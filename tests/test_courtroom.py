@@ -6,8 +6,11 @@ import re
 
 import pytest
 
-from debate import config, courtroom, engine, panel, retrieval, turns
-from debate.labels import SUPPORTED
+from debate.runs import config
+from debate.methods.courtroom import case, rules, trial
+from debate.engine import engine, retrieval
+from debate.methods import turns
+from debate.data.labels import SUPPORTED
 from tests import scripted
 
 TOPICS = ["The Eiffel Tower in Paris is 330 metres tall.",
@@ -31,7 +34,7 @@ def embedder():
 
 def library(embedder, texts=TOPICS):
     passages = [{"id": f"p{i}", "text": t, "url": f"https://example.org/{i}"} for i, t in enumerate(texts)]
-    return courtroom.Library(embedder, retrieval.index_of(passages, embedder))
+    return case.Library(embedder, retrieval.index_of(passages, embedder))
 
 
 def js(**fields):
@@ -117,15 +120,15 @@ class Court:
         raise AssertionError(f"unscripted prompt: {prompt[:80]}")
 
 
-ROLES = courtroom.model_of(3)
+ROLES = trial.model_of(3)
 
 
 def run(monkeypatch, court, lib, models=None, settings=None, max_rounds=10, **options):
     calls = scripted.install(monkeypatch, court)
     agents = scripted.agents(ROLES, models or {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     opts = config.Courtroom(**dict({"role_switch": False, **NO_SAMPLING}, **options))
-    record = courtroom.run_batch(agents, [CLAIM], settings or engine.Settings(), opts, lib, max_rounds=max_rounds,
-                                 streams=turns.Streams("cpu"))[0]
+    record = trial.run_batch(agents, [CLAIM], settings or engine.Settings(), opts, lib, max_rounds=max_rounds,
+                             streams=turns.Streams("cpu"))[0]
     return record["prediction"], record["transcript"]["turns"], calls
 
 
@@ -310,23 +313,23 @@ def test_claims_without_a_corpus_search_their_own_evidence(monkeypatch, embedder
     calls = scripted.install(monkeypatch, court)
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
     other = dict(CLAIM, claim_id=8, evidence=[{"question": "What is in bananas?", "answer": TOPICS[1], "url": ""}])
-    records = courtroom.run_batch(agents, [CLAIM, other], engine.Settings(),
-                                  config.Courtroom(role_switch=False, **NO_SAMPLING),
-                                  courtroom.Library(embedder))
+    records = trial.run_batch(agents, [CLAIM, other], engine.Settings(),
+                              config.Courtroom(role_switch=False, **NO_SAMPLING),
+                              case.Library(embedder), max_rounds=10)
     evidence = {r["prediction"]["claim_id"]: [e["answer"] for e in r["prediction"]["evidence"]] for r in records}
     assert evidence == {7: [TOPICS[0]], 8: [TOPICS[1]]}  # each claim only ever sees its own items
     assert records[1]["prediction"]["evidence"][0]["question"] == "What is in bananas?"
     # Both claims went through every phase together: one batched call per turn type.
     assert all(len(c.prompts) == 2 for c in calls if c.model == "plaintiff")
-    assert panel.vote([p["prediction"]["votes"][0] for p in records])[2] == SUPPORTED
+    assert rules.vote([p["prediction"]["votes"][0] for p in records])[2] == SUPPORTED
 
 
 def test_a_claim_with_no_evidence_and_no_corpus_still_goes_to_the_panel(monkeypatch, embedder):
     scripted.install(monkeypatch, Court(ready=lambda r: "Yes" if r == 2 else "No"))
     agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
-    record = courtroom.run_batch(agents, [dict(CLAIM, evidence=[])], engine.Settings(),
-                                 config.Courtroom(role_switch=False, **NO_SAMPLING),
-                                 courtroom.Library(embedder))[0]
+    record = trial.run_batch(agents, [dict(CLAIM, evidence=[])], engine.Settings(),
+                             config.Courtroom(role_switch=False, **NO_SAMPLING),
+                             case.Library(embedder), max_rounds=10)[0]
     pred = record["prediction"]
     assert pred["evidence"] == [] and pred["negotiation"] == {"admitted": 0, "disputed": 0, "dropped": 0, "unscored": 0}
     # Nothing to retrieve is no evidence of exhaustion: the hearing ends by another rule.
@@ -436,8 +439,8 @@ def test_each_role_samples_at_its_own_temperature(monkeypatch, embedder):
     monkeypatch.setattr(engine, "generate", logged)
     agents = scripted.agents(ROLES, {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2",
                                      "judge_3": "j3"})
-    courtroom.run_batch(agents, [CLAIM], engine.Settings(), config.Courtroom(), library(embedder),
-                        streams=turns.Streams("cpu"))
+    trial.run_batch(agents, [CLAIM], engine.Settings(), config.Courtroom(), library(embedder), max_rounds=10,
+                    streams=turns.Streams("cpu"))
     temperatures = {}
     for model, temperature, sampled in seen:
         temperatures.setdefault(model, set()).add(temperature)
@@ -468,7 +471,7 @@ def test_a_three_way_split_goes_to_the_chief_justice(monkeypatch, embedder):
 
 
 def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
-    from debate import cli
+    from debate.runs import cli
 
     opts = cli.parse_run_args(["--method", "courtroom", "--model", "m"]).courtroom
     assert opts.temperatures == {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
@@ -488,7 +491,7 @@ def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
     (["--court-temperature", "-1"], "--court-temperature must be >= 0"),
 ])
 def test_bad_courtroom_flags_are_refused(flags, message, capsys):
-    from debate import cli
+    from debate.runs import cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli.parse_run_args(["--method", "courtroom", *flags])

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from debate.data import (DataError, NO_ANSWER, attach_evidence, load_retrieved, load_split,
+from debate.data.claims import (DataError, NO_ANSWER, attach_evidence, load_retrieved, load_split,
                          resolve_data_dir, retrieved_path)
-from debate.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED
-from debate.testing import averitec_dir, missing
+from debate.data.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED
+from tests.tiny_models import averitec_dir, missing
 
 SHARED = averitec_dir()
 

@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from debate import debatecv, engine
-from debate.labels import REFUTED, SUPPORTED
+from debate.methods import debatecv
+from debate.engine import engine
+from debate.data.labels import REFUTED, SUPPORTED
 from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": SUPPORTED,

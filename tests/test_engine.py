@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate import engine, generator, kv_store, reference, schema
-from debate.testing import build_tiny_gemma, build_tiny_llama
+from debate.engine import chat, engine, generator, kv_store, reference, schema
+from tests.tiny_models import build_tiny_gemma, build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_a_memory_budget_too_small_for_the_batch_splits_it_and_changes_no_token(
     monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
         model, tok, convs, *a))
     # A budget no two rows fit in: each turn's batch of 4 runs as 4 batches of 1.
-    with caplog.at_level("INFO", logger="debate.engine"):
+    with caplog.at_level("INFO", logger="debate.engine.engine"):
         split = debate_like(model, tok, True, 4, memory_budget=1, **kwargs)
     assert batches == [1] * 8
     assert "memory budget" in caplog.text
@@ -92,7 +92,7 @@ def test_an_out_of_memory_error_splits_the_batch_and_retries_it_with_the_same_to
         return forward(*args, **kw)
 
     monkeypatch.setattr(model, "forward", flaky)
-    with caplog.at_level("WARNING", logger="debate.engine"):
+    with caplog.at_level("WARNING", logger="debate.engine.engine"):
         retried = debate_like(model, tok, True, 4, **kwargs)
     assert "out of memory in a batch of 4 conversations; retrying it as batches of 2 and 2" in caplog.text
     assert [c.generated for c in retried] == [c.generated for c in whole]
@@ -152,7 +152,7 @@ def test_context_ids_keep_generated_tokens_verbatim(tiny):
     conv = engine.Conversation(system="sys")
     engine.generate(model, tok, [conv], ["hello"], engine.Settings(max_new_tokens=8))
     conv.messages.append({"role": "user", "content": "next"})
-    ids = engine.context_ids(tok, conv)
+    ids = chat.context_ids(tok, conv)
     gen = conv.generated[0]
     assert any(ids[i:i + len(gen)] == gen for i in range(len(ids)))
     # The cache covers a prefix of the new context: nothing already encoded is invalidated.
@@ -162,7 +162,7 @@ def test_context_ids_keep_generated_tokens_verbatim(tiny):
 
 def test_generation_stops_at_end_of_turn_and_counts_tokens(tiny):
     model, tok = tiny
-    stops = engine.stop_token_ids(model, tok)
+    stops = chat.stop_token_ids(model, tok)
     assert tok.convert_tokens_to_ids("<|eot_id|>") in stops
     conv = engine.Conversation(system="s")
     # Force the end-of-turn token to be the only choice: the turn must end after one token.

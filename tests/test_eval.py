@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from debate.labels import CEC, NEE, REFUTED, SUPPORTED
-from debate.testing import averitec_dir, missing
+from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
+from tests.tiny_models import averitec_dir, missing
 from eval import averitec, compare, meteor, report, wordnet
 from eval.averitec import InputError
 
@@ -301,7 +301,7 @@ def test_justification_before_madr_is_reported_separately(tmp_path):
 
 
 def test_references_carry_the_gold_justification():
-    from debate.data import as_references
+    from debate.data.claims import as_references
 
     claim = {"claim_id": 3, "claim": "c", "label": REFUTED, "questions": [], "justification": "Because."}
     assert as_references([claim])[0]["justification"] == "Because."

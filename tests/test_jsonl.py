@@ -1,10 +1,11 @@
-"""JSONL through jsonlines (debate/jsonl.py) and the run files on top of it (debate/records.py)."""
+"""JSONL through jsonlines (debate/data/jsonl.py) and the run files on top of it (debate/runs/records.py)."""
 import json
 import os
 
 import pytest
 
-from debate import jsonl, records
+from debate.data import jsonl
+from debate.runs import records
 
 # Characters str.splitlines() takes for line ends; json.dumps(ensure_ascii=False) writes them as they are.
 ODD = "a\u2028b\u0085c\x1cd\x0ce\rf"

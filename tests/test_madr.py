@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from debate import engine, madr
-from debate.labels import REFUTED
-from debate.prompts import load_prompt
+from debate.engine import engine
+from debate.methods import madr
+from debate.data.labels import REFUTED
+from debate.data.prompts import load_prompt
 from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": REFUTED,
@@ -13,7 +14,7 @@ CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": REFUTED,
 
 
 def record_of(claim, justification="The bridge was built in 1990 by the mayor.", label=REFUTED):
-    """A method's finished record, shaped like debate.turns.record's."""
+    """A method's finished record, shaped like debate.methods.turns.record's."""
     return {"prediction": {"claim_id": claim["claim_id"], "label": label, "justification": justification,
                            "parse_status": "json", "prompt_tokens": 100, "encoded_tokens": 80,
                            "completion_tokens": 20, "gold_label": claim["label"]},

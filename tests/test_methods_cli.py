@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate import records
-from debate.labels import LABELS
-from debate.testing import build_tiny_llama
+from debate.runs import records
+from debate.data.labels import LABELS
+from tests.tiny_models import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from debate import models
-from debate.models import ModelLoadError, adapter_scope, load_model, load_roles, model_info
-from debate.testing import build_random_lora, build_tiny_llama
+from debate.engine import models
+from debate.engine.models import ModelLoadError, adapter_scope, load_model, load_roles, model_info
+from tests.tiny_models import build_random_lora, build_tiny_llama
 
 
 @pytest.fixture(scope="module")

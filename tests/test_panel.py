@@ -1,10 +1,10 @@
 """The courtroom's arithmetic on hand-computed cases: admissibility, reflection, stopping rules, vote, confidence."""
 import pytest
 
-from debate import panel
-from debate.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.methods.courtroom import rules
+from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
 
-S, N, I = panel.PANEL_SUPPORTED, panel.PANEL_NOT_SUPPORTED, panel.PANEL_INCONCLUSIVE
+S, N, I = rules.PANEL_SUPPORTED, rules.PANEL_NOT_SUPPORTED, rules.PANEL_INCONCLUSIVE
 
 
 @pytest.mark.parametrize("relevance, credibility, weight, status", [
@@ -15,53 +15,53 @@ S, N, I = panel.PANEL_SUPPORTED, panel.PANEL_NOT_SUPPORTED, panel.PANEL_INCONCLU
     (0.0, 1.0, 0.0, "dropped"),
 ])
 def test_admissibility_thresholds(relevance, credibility, weight, status):
-    w, s = panel.admissibility(relevance, credibility)
+    w, s = rules.admissibility(relevance, credibility)
     assert w == pytest.approx(weight) and s == status
 
 
 def test_admissibility_unreadable_and_custom_thresholds():
-    assert panel.admissibility(None, 0.9) == (None, "unscored")
-    assert panel.admissibility(0.8, 0.8, admit=0.7, dispute=0.2)[1] == "disputed"
-    assert panel.admissibility(0.4, 0.4, admit=0.7, dispute=0.2)[1] == "dropped"
+    assert rules.admissibility(None, 0.9) == (None, "unscored")
+    assert rules.admissibility(0.8, 0.8, admit=0.7, dispute=0.2)[1] == "disputed"
+    assert rules.admissibility(0.4, 0.4, admit=0.7, dispute=0.2)[1] == "dropped"
 
 
 def test_reflection_score_weights():
-    assert panel.reflection_score(1.0, 0.5, 0.0) == pytest.approx(0.4 + 0.15)
-    assert panel.reflection_score(0.5, 0.5, 0.5, weights=(1, 0, 0)) == pytest.approx(0.5)
-    assert panel.reflection_score(0.5, None, 0.5) is None
+    assert rules.reflection_score(1.0, 0.5, 0.0) == pytest.approx(0.4 + 0.15)
+    assert rules.reflection_score(0.5, 0.5, 0.5, weights=(1, 0, 0)) == pytest.approx(0.5)
+    assert rules.reflection_score(0.5, None, 0.5) is None
 
 
 def test_plateau_needs_two_small_changes_running():
-    assert not panel.plateaued([0.5, 0.52])  # one change only
-    assert panel.plateaued([0.5, 0.52, 0.54])
-    assert not panel.plateaued([0.5, 0.6, 0.62])  # the first change is 0.1
-    assert not panel.plateaued([0.5, None, 0.5])  # an unreadable round breaks the run
-    assert panel.plateaued([0.1, 0.9, 0.5, 0.52, 0.5])
-    assert not panel.plateaued([0.5, 0.53, 0.56], delta=0.02)
+    assert not rules.plateaued([0.5, 0.52])  # one change only
+    assert rules.plateaued([0.5, 0.52, 0.54])
+    assert not rules.plateaued([0.5, 0.6, 0.62])  # the first change is 0.1
+    assert not rules.plateaued([0.5, None, 0.5])  # an unreadable round breaks the run
+    assert rules.plateaued([0.1, 0.9, 0.5, 0.52, 0.5])
+    assert not rules.plateaued([0.5, 0.53, 0.56], delta=0.02)
 
 
 def test_novelty_exhaustion_needs_two_low_retrievals_running():
-    assert not panel.novelty_exhausted([0.05])
-    assert panel.novelty_exhausted([0.5, 0.05, 0.09])
-    assert not panel.novelty_exhausted([0.05, 0.5, 0.05])
-    assert not panel.novelty_exhausted([0.05, None])  # a round that retrieved nothing is not evidence of it
+    assert not rules.novelty_exhausted([0.05])
+    assert rules.novelty_exhausted([0.5, 0.05, 0.09])
+    assert not rules.novelty_exhausted([0.05, 0.5, 0.05])
+    assert not rules.novelty_exhausted([0.05, None])  # a round that retrieved nothing is not evidence of it
 
 
 def test_stop_reason_order_and_cap():
     common = dict(totals=[0.5, 0.5, 0.5], novelty_means=[0.0, 0.0])
-    assert panel.stop_reason(3, 10, True, True, **common) == "critic_resolved"
-    assert panel.stop_reason(3, 10, False, True, **common) == "court_ready"
-    assert panel.stop_reason(3, 10, False, False, **common) == "reflection_plateau"
-    assert panel.stop_reason(3, 10, False, False, [0.1, 0.5, 0.9], [0.0, 0.0]) == "novelty_exhausted"
-    assert panel.stop_reason(10, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) == "max_rounds"
-    assert panel.stop_reason(9, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) is None
+    assert rules.stop_reason(3, 10, True, True, **common) == "critic_resolved"
+    assert rules.stop_reason(3, 10, False, True, **common) == "court_ready"
+    assert rules.stop_reason(3, 10, False, False, **common) == "reflection_plateau"
+    assert rules.stop_reason(3, 10, False, False, [0.1, 0.5, 0.9], [0.0, 0.0]) == "novelty_exhausted"
+    assert rules.stop_reason(10, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) == "max_rounds"
+    assert rules.stop_reason(9, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) is None
 
 
 def test_panel_labels_are_read_strictly():
-    assert panel.panel_label("Not Supported") == N and panel.panel_label("supported") == S
-    assert panel.panel_label("INCONCLUSIVE") == I and panel.panel_label("Refuted") == N
-    assert panel.panel_label("Supported, Not Supported or Inconclusive") is None  # a copied template
-    assert panel.panel_label(None) is None
+    assert rules.panel_label("Not Supported") == N and rules.panel_label("supported") == S
+    assert rules.panel_label("INCONCLUSIVE") == I and rules.panel_label("Refuted") == N
+    assert rules.panel_label("Supported, Not Supported or Inconclusive") is None  # a copied template
+    assert rules.panel_label(None) is None
 
 
 @pytest.mark.parametrize("votes, expected", [
@@ -76,7 +76,7 @@ def test_panel_labels_are_read_strictly():
     ([None, None, None], (None, 0, None)),
 ])
 def test_vote_and_its_mapping(votes, expected):
-    assert panel.vote(votes) == expected
+    assert rules.vote(votes) == expected
 
 
 @pytest.mark.parametrize("votes, expected", [
@@ -86,62 +86,62 @@ def test_vote_and_its_mapping(votes, expected):
     ([N, N, S], (N, 2, REFUTED)),  # a majority is a majority under either rule
 ])
 def test_split_decided_by_our_rule_when_asked(votes, expected):
-    assert panel.vote(votes, split="conflicting") == expected
+    assert rules.vote(votes, split="conflicting") == expected
 
 
 def test_chief_justice_seat_and_the_inconclusive_mapping():
-    assert panel.vote([S, N, I], chief=2) == (I, 1, NEE)
-    assert panel.vote([S, N, I], chief=2, inconclusive="supported") == (I, 1, SUPPORTED)
+    assert rules.vote([S, N, I], chief=2) == (I, 1, NEE)
+    assert rules.vote([S, N, I], chief=2, inconclusive="supported") == (I, 1, SUPPORTED)
     # The paper's burden of refutation: an Inconclusive panel leaves the claim standing.
-    assert panel.vote([I, I, N], inconclusive="supported") == (I, 2, SUPPORTED)
-    assert panel.vote([I, I, N]) == (I, 2, NEE)
-    assert panel.vote([N, N, I], inconclusive="supported") == (N, 2, REFUTED)
+    assert rules.vote([I, I, N], inconclusive="supported") == (I, 2, SUPPORTED)
+    assert rules.vote([I, I, N]) == (I, 2, NEE)
+    assert rules.vote([N, N, I], inconclusive="supported") == (N, 2, REFUTED)
 
 
 @pytest.mark.parametrize("consistency, delta", [
     (10.0, 0.10), (7.0, 0.10), (6.99, 0.0), (5.0, 0.0), (4.99, -0.05), (0.0, -0.05), (None, 0.0)])
 def test_role_switch_delta_is_the_papers_step_function(consistency, delta):
-    assert panel.role_switch_delta(consistency) == delta
+    assert rules.role_switch_delta(consistency) == delta
 
 
 def test_confidence_formula_hand_computed():
     # 0.8 * 2/3 + 0.3 * 6/10 + 0.10 (consistency 8 >= 7) + (0.7 - 0.5) * 0.6
-    c, parts = panel.confidence(2 / 3, 6.0, 8.0, 0.7)
+    c, parts = rules.confidence(2 / 3, 6.0, 8.0, 0.7)
     assert parts == pytest.approx({"votes": 0.8 * 2 / 3, "quality": 0.18, "role_switch": 0.10, "reflection": 0.12})
     assert c == pytest.approx(0.8 * 2 / 3 + 0.18 + 0.10 + 0.12)
     # Everything at its best clamps to 1; the reflection delta is capped at +0.30.
-    c, parts = panel.confidence(1.0, 10.0, 10.0, 1.0)
+    c, parts = rules.confidence(1.0, 10.0, 10.0, 1.0)
     assert c == 1.0 and parts["reflection"] == pytest.approx(0.30) and parts["role_switch"] == pytest.approx(0.10)
     # A weak winner's reflection takes at most 0.15 off; nothing readable counts as zero.
-    c, parts = panel.confidence(1 / 3, None, None, 0.0)
+    c, parts = rules.confidence(1 / 3, None, None, 0.0)
     assert parts["reflection"] == pytest.approx(-0.15) and parts["quality"] == 0.0 and parts["role_switch"] == 0.0
     assert c == pytest.approx(0.8 / 3 - 0.15)
     # No votes and a contradictory role switch clamp at 0.
-    assert panel.confidence(0.0, None, 0.0, None)[0] == 0.0
+    assert rules.confidence(0.0, None, 0.0, None)[0] == 0.0
     # The weights are flags.
-    c, _ = panel.confidence(1.0, 10.0, None, None, vote_weight=0.5, quality_weight=0.1)
+    c, _ = rules.confidence(1.0, 10.0, None, None, vote_weight=0.5, quality_weight=0.1)
     assert c == pytest.approx(0.6)
 
 
 def test_confidence_floor_needs_two_thirds_of_the_judges():
     # 0.8 * 2/3 - 0.05 - 0.15 = 0.333 is above the floor: unchanged.
-    assert panel.confidence(2 / 3, None, 0.0, 0.0)[0] == pytest.approx(0.8 * 2 / 3 - 0.2)
+    assert rules.confidence(2 / 3, None, 0.0, 0.0)[0] == pytest.approx(0.8 * 2 / 3 - 0.2)
     # Weights that would take a 2-of-3 majority to 0 are lifted to 0.10 ...
-    assert panel.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1)[0] == pytest.approx(0.10)
-    assert panel.confidence(1.0, None, 0.0, 0.0, vote_weight=0.0)[0] == pytest.approx(0.10)
+    assert rules.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1)[0] == pytest.approx(0.10)
+    assert rules.confidence(1.0, None, 0.0, 0.0, vote_weight=0.0)[0] == pytest.approx(0.10)
     # ... but a single vote (a Chief Justice's decision, 1 of 3) is not.
-    assert panel.confidence(1 / 3, None, 0.0, 0.0, vote_weight=0.1)[0] == 0.0
-    assert panel.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1, floor=0.0)[0] == 0.0
+    assert rules.confidence(1 / 3, None, 0.0, 0.0, vote_weight=0.1)[0] == 0.0
+    assert rules.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1, floor=0.0)[0] == 0.0
 
 
 def test_prag_early_exits():
     # Redundancy: 3 of 4 retrieved passages (0.75 > 0.70) are near-duplicates (novelty < 0.15).
-    assert panel.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1) == "redundancy"
-    assert panel.prag_exit([0.05, 0.1, 0.5, 0.9], 0.6, None, 1) is None  # exactly half
+    assert rules.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1) == "redundancy"
+    assert rules.prag_exit([0.05, 0.1, 0.5, 0.9], 0.6, None, 1) is None  # exactly half
     # Relevance gain below 0.05 over the previous round, from round 2 on.
-    assert panel.prag_exit([0.5], 0.62, 0.60, 2) == "relevance_gain"
-    assert panel.prag_exit([0.5], 0.66, 0.60, 2) is None
-    assert panel.prag_exit([0.5], 0.0, 0.60, 1) is None  # round 1 has no previous round
-    assert panel.prag_exit([], 0.0, 0.5, 3) == "relevance_gain"  # nothing admitted: no gain
-    assert panel.prag_exit([0.5], 0.62, 0.60, 2, gain_floor=0.0) is None
-    assert panel.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1, redundancy_limit=0.8) is None
+    assert rules.prag_exit([0.5], 0.62, 0.60, 2) == "relevance_gain"
+    assert rules.prag_exit([0.5], 0.66, 0.60, 2) is None
+    assert rules.prag_exit([0.5], 0.0, 0.60, 1) is None  # round 1 has no previous round
+    assert rules.prag_exit([], 0.0, 0.5, 3) == "relevance_gain"  # nothing admitted: no gain
+    assert rules.prag_exit([0.5], 0.62, 0.60, 2, gain_floor=0.0) is None
+    assert rules.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1, redundancy_limit=0.8) is None

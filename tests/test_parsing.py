@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from debate.labels import CEC, NEE, REFUTED, SUPPORTED
-from debate.parsing import KEYS, STATUSES, parse_moderator
+from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.data.parsing import KEYS, STATUSES, parse_moderator
 
 ROUND_STOP = {"Primary Insight": "Both sides agree the letter is fake.", "Evidence Gaps": "None.",
               "Justification for Proceeding": "Nothing new is left to debate.", "Proceeding Necessity": "No",

@@ -1,9 +1,9 @@
 """Prompt files: each renders with exactly its placeholders and fails clearly without them."""
 import pytest
 
-import debate.prompts as prompts
-from debate.parsing import KEYS
-from debate.prompts import PromptError, format_evidence, load_prompt, placeholders, render
+import debate.data.prompts as prompts
+from debate.data.parsing import KEYS
+from debate.data.prompts import PromptError, format_evidence, load_prompt, placeholders, render
 
 # The protocol code relies on these names; a renamed placeholder must fail here first.
 PLACEHOLDERS = {

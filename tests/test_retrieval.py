@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from debate import retrieval
+from debate.engine import retrieval
 
 
 @pytest.fixture(scope="module")

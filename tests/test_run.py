@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate import records
-from debate.labels import LABELS
+from debate.runs import records
+from debate.data.labels import LABELS
 from eval import averitec
-from debate.testing import build_random_lora, build_tiny_llama
+from tests.tiny_models import build_random_lora, build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_run_writes_every_output(full_run):
     # evidence part of the AVeriTeC score is perfect, so it equals accuracy.
     submission = json.loads((out / records.SUBMISSION).read_text())
     assert all(s["questions"] and "answers" in s["questions"][0] for s in submission)
-    demo = ROOT / "debate/demo/claims.json"
+    demo = ROOT / "debate/data/demo/claims.json"
     rescored = averitec.score_files(out / records.SUBMISSION, demo)
     assert rescored["averitec"]["0.25"] == pytest.approx(rescored["accuracy"])
 
@@ -136,7 +136,7 @@ def test_changed_settings_need_overwrite(tiny, full_run, tmp_path, capsys):
 def test_bad_data_file_stops_with_file_and_entry_and_keeps_earlier_results(tiny, tmp_path, capsys):
     data_dir = tmp_path / "averitec"
     data_dir.mkdir()
-    demo = json.loads((ROOT / "debate/demo/claims.json").read_text())
+    demo = json.loads((ROOT / "debate/data/demo/claims.json").read_text())
     (data_dir / "dev.json").write_text(json.dumps(demo))
     out = tmp_path / "run"
     common = ["--split", "dev", "--data-dir", str(data_dir), "--evidence", "golden", "--debater-model", tiny,

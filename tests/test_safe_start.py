@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate import models, progress, prompts, records
+from debate.engine import models
+from debate.runs import progress, records
+from debate.data import prompts
 from eval import wordnet
-from debate.testing import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,7 +208,7 @@ def test_progress_estimates_time_left_from_turns():
 def finished_training(tiny, tmp_path):
     """An OUT whose synth, correct and sft stages are done: SynDeC files and a D-SFT adapter."""
     from tests import syndec_task
-    from debate.testing import build_random_lora
+    from tests.tiny_models import build_random_lora
     from train import stages, syndec
 
     out = tmp_path / "syndec"
@@ -281,7 +283,7 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
 
 def parsers():
     import train_moderator
-    from debate import cli
+    from debate.runs import cli
     from eval import averitec, compare
 
     return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),
@@ -290,7 +292,7 @@ def parsers():
 
 @pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec"])
 def test_help_shows_every_default(name):
-    from debate.cli import HelpFormatter
+    from debate.runs.cli import HelpFormatter
 
     parser = parsers()[name]
     formatter = HelpFormatter(parser.prog)
@@ -330,7 +332,7 @@ def test_every_prompt_the_code_names_is_checked_up_front():
 
 
 def test_json_errors_read_as_english():
-    from debate import data
+    from debate.data import claims as data
 
     with pytest.raises(json.JSONDecodeError) as bad:
         json.loads('{"a": "x')
@@ -357,7 +359,7 @@ def test_an_overwrite_killed_before_its_first_claim_leaves_the_run_to_a_plain_re
 
 
 def test_a_bad_courtroom_corpus_is_refused_before_any_model_loads(tiny, tmp_path, capsys, monkeypatch, no_weights):
-    from debate import retrieval
+    from debate.engine import retrieval
 
     monkeypatch.setattr(retrieval, "load_embedder", lambda *a, **k: pytest.fail("the encoder was loaded"))
     corpus = tmp_path / "passages.jsonl"

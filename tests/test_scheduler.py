@@ -1,4 +1,4 @@
-"""Continuous batching (debate/scheduler.py): claims share model calls turn by turn, a finished claim's place
+"""Continuous batching (debate/engine/scheduler.py): claims share model calls turn by turn, a finished claim's place
 is taken at once, errors stop the run cleanly, and greedy records equal the fixed-batch run's."""
 import json
 import threading
@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 import run_debate
-from debate import engine, records, scheduler, turns
-from debate.testing import build_tiny_llama
+from debate.engine import engine, scheduler
+from debate.runs import records
+from debate.methods import turns
+from tests.tiny_models import build_tiny_llama
 
 SETTINGS = engine.Settings(max_new_tokens=4, temperature=0.0)
 

@@ -1,4 +1,4 @@
-"""Many processes, one run (debate/shards.py): the split, the merge, and a real two-process torchrun on CPU."""
+"""Many processes, one run (debate/runs/shards.py): the split, the merge, and a real two-process torchrun on CPU."""
 import json
 import os
 import subprocess
@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate import models, records, shards
-from debate.config import ConfigError
-from debate.shards import World
-from debate.testing import build_tiny_llama
+from debate.engine import models
+from debate.runs import records, shards
+from debate.runs.config import ConfigError
+from debate.runs.shards import World
+from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Structured decoding (debate.schema + the engine): any model answers with the object its prompt asks
+"""Structured decoding (debate.data.schemas, debate.engine.schema and the engine): any model answers with the object its prompt asks
 for, choices are scored as whole values, and free generation is untouched when it is off."""
 import json
 import re
@@ -8,10 +8,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate import engine, generator, schema, turns
-from debate.labels import LABELS
-from debate.prompts import PROMPT_DIR, PromptError, raw_prompt
-from debate.testing import build_tiny_llama
+from debate.data import schemas
+from debate.engine import chat, engine, generator, schema
+from debate.methods import turns
+from debate.data.labels import LABELS
+from debate.data.prompts import PROMPT_DIR, PromptError, raw_prompt
+from tests.tiny_models import build_tiny_llama
 
 SCHEMA_NAMES = sorted(p.name[: -len(".schema.json")] for p in PROMPT_DIR.glob("*.schema.json"))
 
@@ -43,7 +45,7 @@ def the_object(text):
 
 @pytest.mark.parametrize("name", SCHEMA_NAMES)
 def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(name):
-    keys = schema.load(name).keys
+    keys = schemas.load(name).keys
     text = raw_prompt(name)
     if name in ("ragcot", "majority_vote"):
         text += raw_prompt("verdict_answer")  # rendered into it as {answer}
@@ -58,23 +60,23 @@ def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(
 
 
 def test_a_bad_schema_file_is_refused_with_its_file_and_field(tmp_path, monkeypatch):
-    monkeypatch.setattr(schema, "PROMPT_DIR", tmp_path)
-    schema.load.cache_clear()
+    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    schemas.load.cache_clear()
     try:
         (tmp_path / "broken.schema.json").write_text(json.dumps({"fields": [{"key": "Verdict", "type": "choice"}]}))
         with pytest.raises(PromptError, match=r"broken\.schema\.json: fields\[0\].*values"):
-            schema.load("broken")
+            schemas.load("broken")
         (tmp_path / "late.schema.json").write_text(json.dumps({"fields": [
             {"key": "A", "type": "text", "when": {"B": "Yes"}}, {"key": "B", "type": "choice", "values": ["Yes"]}]}))
         with pytest.raises(PromptError, match="earlier fields"):
-            schema.load("late")
+            schemas.load("late")
     finally:
-        schema.load.cache_clear()
+        schemas.load.cache_clear()
 
 
 def test_numbers_are_choices_over_their_range():
-    assert schema.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
-    assert schema.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
+    assert schemas.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
+    assert schemas.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
 
 
 def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
@@ -97,7 +99,7 @@ def test_garbage_logits_still_give_the_object_within_the_token_limit(tiny, name)
     convs = [engine.Conversation(system=f"Claim {i}. " + "Evidence says so. " * i) for i in range(3)]
     replies = engine.generate(model, tok, convs, ["Answer now."] * 3, engine.Settings(max_new_tokens=limit),
                               schemas=[compiled] * 3)
-    spec = schema.load(name)
+    spec = schemas.load(name)
     for reply, conv in zip(replies, convs):
         obj = the_object(reply)
         assert list(obj) == list(spec.keys)
@@ -136,7 +138,7 @@ def independent_choice_probs(model, tok, conv, prompt, name, key, values):
     """Decode `prompt` under schema `name`, then score `key`'s values again with plain forward passes over
     the whole sequence (no cache, no batch): (the engine's probabilities, the independent ones)."""
     compiled = schema.compile_for(name, tok)
-    context = engine.context_ids(tok, engine.Conversation(system=conv.system, messages=[
+    context = chat.context_ids(tok, engine.Conversation(system=conv.system, messages=[
         {"role": "user", "content": prompt}]))
     engine.generate(model, tok, [conv], [prompt], engine.Settings(max_new_tokens=compiled.fixed_cost + 30),
                     schemas=[compiled])
@@ -162,7 +164,7 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
     # Labels of many tokens are far less probable under a random model; a choice among values the tiny
     # vocabulary spells in one token each shows the match where the probabilities are spread.
     values = ("claim", "source", "evidence")
-    monkeypatch.setattr(schema, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "words.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": list(values)}]}))
     conv = engine.Conversation(system="You pick a word.")
@@ -174,7 +176,7 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
 def test_candidates_of_one_and_of_several_tokens_are_scored_together(tiny):
     """A list's "go on" and "close" pieces can differ in length; each is scored as its own whole."""
     model, tok = tiny
-    ids = engine.context_ids(tok, engine.Conversation(system="s", messages=[{"role": "user", "content": "x"}]))
+    ids = chat.context_ids(tok, engine.Conversation(system="s", messages=[{"role": "user", "content": "x"}]))
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
@@ -189,7 +191,7 @@ def test_candidates_of_one_and_of_several_tokens_are_scored_together(tiny):
 
 def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch):
     model, tok = soft
-    monkeypatch.setattr(schema, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "pick.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": ["claim", "source", "evidence"]}]}))
     compiled = schema.compile_for("pick", tok)
@@ -243,14 +245,14 @@ def reference_greedy(model, tok, context, stops, max_new_tokens):
 
 def test_free_generation_is_plain_greedy_decoding_token_for_token(tiny):
     model, tok = tiny
-    stops = set(engine.stop_token_ids(model, tok))
+    stops = set(chat.stop_token_ids(model, tok))
     convs = [engine.Conversation(system=f"Claim {i}: " + "the report says so. " * i) for i in range(3)]
     for turn in range(2):
         contexts = []
         for conv in convs:
             probe = engine.Conversation(system=conv.system, messages=conv.messages + [
                 {"role": "user", "content": f"Turn {turn}."}], generated=conv.generated)
-            contexts.append(engine.context_ids(tok, probe))
+            contexts.append(chat.context_ids(tok, probe))
         engine.generate(model, tok, convs, [f"Turn {turn}."] * 3, engine.Settings(max_new_tokens=10, structured=False))
         for conv, context in zip(convs, contexts):
             assert conv.structured is None
@@ -281,7 +283,7 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
             if "schema" in turn:
                 seen.add(turn["schema"])
                 assert turn["parse_status"] == "structured"
-                assert list(the_object(turn["response"])) == list(schema.load(turn["schema"]).keys)
+                assert list(the_object(turn["response"])) == list(schemas.load(turn["schema"]).keys)
             elif re.search(r"Answer ONLY with a JSON object", turn["prompt"]):
                 pytest.fail(f"a JSON answer was asked for without a schema: {turn['prompt'][:80]}")
     expected = {"debatecv": {"moderator_round"}, "rag-cot": {"ragcot", "madr_judge", "madr_refine"},
@@ -298,7 +300,7 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
 
 
 def test_the_majority_vote_distribution_enumerates_every_ballot():
-    from debate.baselines import majority_vote
+    from debate.methods.baselines import majority_vote
     a = {"Supported": 0.5, "Refuted": 0.5}
     b = {"Supported": 0.2, "Refuted": 0.8}
     c = {"Supported": 1.0, "Refuted": 0.0}

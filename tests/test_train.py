@@ -7,11 +7,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from debate import debatecv, engine
-from debate.labels import REFUTED, SUPPORTED
-from debate.parsing import KEYS, parse_moderator
+from debate.methods import debatecv
+from debate.engine import chat, engine
+from debate.data.labels import REFUTED, SUPPORTED
+from debate.data.parsing import KEYS, parse_moderator
 from tests import syndec_task
-from debate.testing import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 from train import examples, lora, loop, losses, stages
 
 CPU = torch.device("cpu")
@@ -47,9 +48,9 @@ def test_sft_example_is_the_moderators_conversation_with_loss_on_the_target_only
     conv = engine.Conversation(system=debatecv.moderator_system(record["claim"], record["evidence"]))
     for t in earlier:
         conv.messages += [{"role": "user", "content": t["prompt"]}, {"role": "assistant", "content": t["response"]}]
-        conv.generated.append(engine.encode_text(tokenizer, t["response"]))
+        conv.generated.append(chat.encode_text(tokenizer, t["response"]))
     conv.messages.append({"role": "user", "content": record["debate"][-1]["prompt"]})
-    assert ids[:n_context] == engine.context_ids(tokenizer, conv)
+    assert ids[:n_context] == chat.context_ids(tokenizer, conv)
 
     # Token by token: every context position is masked, every target position is its own token.
     for position, (token, label) in enumerate(zip(ids, labels)):

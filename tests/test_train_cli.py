@@ -7,11 +7,12 @@ import pytest
 
 import run_debate
 import train_moderator
-from debate import engine, records
-from debate.labels import REFUTED, SUPPORTED
+from debate.engine import engine
+from debate.runs import records
+from debate.data.labels import REFUTED, SUPPORTED
 from tests import syndec_task
 from tests.test_run import responses
-from debate.testing import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 from train import corrector, loop, stages, syndec
 
 TINY_TRAIN = ["--max-new-tokens", "8", "--max-rounds", "2", "--lora-r", "8", "--lora-alpha", "16", "--lr", "5e-3",

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import run_debate
-from debate import prompts, records, runner
+from debate.data import prompts
+from debate.runs import records, runner
 from eval import compare
 from eval.averitec import InputError
-from debate.testing import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,7 @@ def test_trials_run_each_seed_in_its_own_directory_and_report_mean_and_deviation
     assert capsys.readouterr().out.count("4 already done") == 2
     assert [(out / f"trial-{k}" / records.PREDICTIONS).read_text() for k in (1, 2)] == before
     # A trial set compares with itself: no difference, over both trials.
-    result = compare.compare_files(out, out, Path(run_debate.__file__).parent / "debate/demo/claims.json",
+    result = compare.compare_files(out, out, Path(run_debate.__file__).parent / "debate/data/demo/claims.json",
                                    samples=200)
     assert result["trials"] == 2 and result["n"] == 4
     assert result["accuracy"]["diff"] == 0 and result["accuracy"]["p_value"] == 1.0

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate.testing import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 from train import losses
 from train.examples import IGNORE
 

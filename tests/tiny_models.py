@@ -3,7 +3,7 @@ access needed), and where the shared AVeriTeC data is.
 
 `build_tiny_llama(dir)` writes a complete Hugging Face checkpoint (config, float32 safetensors,
 generation config, a byte-level BPE tokenizer with a Llama-3-like chat template) that
-`AutoModelForCausalLM` / `AutoTokenizer` and `debate.models.load_model` open like any real model.
+`AutoModelForCausalLM` / `AutoTokenizer` and `debate.engine.models.load_model` open like any real model.
 The same seed gives the same tokenizer and the same weights, so tests in different files can
 compare outputs across builds.
 """
@@ -41,7 +41,7 @@ CHAT_TEMPLATE = (
 )
 
 
-# Gemma's turn format (debate.models.GEMMA_CHAT_TEMPLATE renders it): no system role, the assistant is "model".
+# Gemma's turn format (debate.engine.models.GEMMA_CHAT_TEMPLATE renders it): no system role, the assistant is "model".
 GEMMA_SPECIAL_TOKENS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<pad>"]
 
 
@@ -62,7 +62,7 @@ def build_tiny_tokenizer(vocab_size=512, gemma=False):
     )
     raw.train_from_iterator(_CORPUS, trainer=trainer)
     if gemma:
-        from debate.models import GEMMA_CHAT_TEMPLATE
+        from debate.engine.models import GEMMA_CHAT_TEMPLATE
 
         tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<bos>", eos_token="<end_of_turn>",
                                       pad_token="<pad>", clean_up_tokenization_spaces=False)

@@ -10,10 +10,12 @@ status "empty" and that record stays out of D-DPO.
 """
 from pathlib import Path
 
-from debate import engine, jsonl, records, schema
-from debate.models import adapter_scope
-from debate.parsing import parse_moderator
-from debate.prompts import render
+from debate.engine import engine, schema
+from debate.data import jsonl
+from debate.runs import records
+from debate.engine.models import adapter_scope
+from debate.data.parsing import parse_moderator
+from debate.data.prompts import render
 
 SPEAKERS = {"affirmative": "Affirmative Debater", "negative": "Negative Debater"}
 

@@ -13,8 +13,9 @@ fit, the record is skipped. The target is never cut. Each step is counted.
 import json
 from collections import Counter
 
-from debate import debatecv, engine
-from debate.parsing import KEYS, parse_moderator
+from debate.methods import debatecv
+from debate.engine import chat, engine
+from debate.data.parsing import KEYS, parse_moderator
 
 IGNORE = -100
 FINAL_KEYS = ("Justification for Verdict", "Verdict")
@@ -76,14 +77,14 @@ def conversation(tokenizer, record, earlier=None, evidence=None):
     conv = engine.Conversation(system=debatecv.moderator_system(record["claim"], evidence))
     for prompt, reply in earlier:
         conv.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
-        conv.generated.append(engine.encode_text(tokenizer, reply))
+        conv.generated.append(chat.encode_text(tokenizer, reply))
     return conv, last_prompt
 
 
 def _context(tokenizer, record, earlier, last_prompt, evidence):
     conv, last_prompt = conversation(tokenizer, record, earlier, evidence)
     conv.messages.append({"role": "user", "content": last_prompt})
-    return engine.context_ids(tokenizer, conv)
+    return chat.context_ids(tokenizer, conv)
 
 
 def fit_context(tokenizer, record, budget):
@@ -104,7 +105,7 @@ def fit_context(tokenizer, record, budget):
 
 
 def target_ids(tokenizer, text):
-    return engine.encode_text(tokenizer, text) + engine.turn_end_ids(tokenizer)
+    return chat.encode_text(tokenizer, text) + chat.turn_end_ids(tokenizer)
 
 
 def sft_example(tokenizer, record, max_length):

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from debate import jsonl
+from debate.data import jsonl
 from train import lora
 
 CHECKPOINTS = "checkpoints"

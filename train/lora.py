@@ -7,7 +7,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from debate import models
+from debate.engine import models
 
 
 def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=True,

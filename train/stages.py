@@ -21,7 +21,9 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate import config, engine, models, prompts, records, runner
+from debate.runs import config, records, runner
+from debate.engine import engine, models
+from debate.data import prompts
 from train import corrector, examples, lora, loop, losses, syndec
 
 STAGES = ("synth", "correct", "sft", "dpo")

@@ -9,10 +9,10 @@ The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 """
 from pathlib import Path
 
-from debate import jsonl
-from debate import records as run_records
-from debate.data import json_problem
-from debate.labels import LABELS, canonical_label
+from debate.data import jsonl
+from debate.runs import records as run_records
+from debate.data.claims import json_problem
+from debate.data.labels import LABELS, canonical_label
 
 
 class SynDeCError(ValueError):

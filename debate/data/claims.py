@@ -18,8 +18,8 @@ import json
 import os
 from pathlib import Path
 
-from debate import jsonl
-from debate.labels import LABELS, canonical_label
+from debate.data import jsonl
+from debate.data.labels import LABELS, canonical_label
 
 DEMO_SPLIT = "demo"
 DEMO_FILE = Path(__file__).resolve().parent / "demo" / "claims.json"

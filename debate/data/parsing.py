@@ -20,7 +20,7 @@ import ast
 import json
 import re
 
-from debate.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED, canonical_label
+from debate.data.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED, canonical_label
 
 KEYS = ("Primary Insight", "Evidence Gaps", "Justification for Proceeding", "Proceeding Necessity",
         "Justification for Verdict", "Verdict")

@@ -1,22 +1,22 @@
 """Batched generation over many agent conversations, each keeping its KV cache between its turns.
 
 `generate(...)` is the one entry the protocols call. It joins three parts with one job each:
-- debate.chat: what the model sees (the chat template around the generated ids, tokenised once a piece);
-- debate.kv_store: each conversation's cache (what is still valid, the batch layout, the buffers, release);
-- debate.generator: the prefill and decode of one batch, sampling on the device.
+- debate.engine.chat: what the model sees (the chat template around the generated ids, tokenised once a piece);
+- debate.engine.kv_store: each conversation's cache (what is still valid, the batch layout, the buffers, release);
+- debate.engine.generator: the prefill and decode of one batch, sampling on the device.
 and owns the memory budget: work that would not fit is split into smaller batches before it runs, and a
 batch that runs out of memory anyway is split and run again; nothing is lost, and a log line says so.
 
 Cached and uncached runs feed the model the same token sequence, so under greedy decoding they produce
-the same tokens; debate.reference is the plain path the tests hold the engine to.
+the same tokens; debate.engine.reference is the plain path the tests hold the engine to.
 """
 import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from debate import generator as gen, kv_store, schema as schemas_mod
-from debate.chat import context_ids, encode_text, stop_token_ids, turn_end_ids  # noqa: F401 (the engine's API)
+from debate.engine import generator as gen, kv_store, schema as schemas_mod
+from debate.engine.chat import context_ids, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +44,12 @@ class Conversation:
     messages: list = field(default_factory=list)  # [{"role": "user"|"assistant", "content": str}]
     generated: list = field(default_factory=list)  # token ids of each assistant message, verbatim
     cached_ids: list = field(default_factory=list)  # the tokens whose keys/values the slot holds
-    slot: kv_store.Slot = None  # where those keys/values live (debate.kv_store)
+    slot: kv_store.Slot = None  # where those keys/values live (debate.engine.kv_store)
     prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
     encoded_tokens: int = 0  # prompt tokens actually run through the model
     completion_tokens: int = 0
     structured: dict = None  # the last reply's schema result (fields, choice probabilities), or None
-    pieces: list = field(default_factory=list, repr=False)  # template pieces tokenised so far (debate.chat)
+    pieces: list = field(default_factory=list, repr=False)  # template pieces tokenised so far (debate.engine.chat)
 
     @property
     def cache(self):

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from debate import kv_store, schema as schemas_mod
-from debate.sampling import next_tokens
-from debate.structured import SchemaRow
+from debate.engine import kv_store, schema as schemas_mod
+from debate.engine.sampling import next_tokens
+from debate.engine.structured import SchemaRow
 
 
 @dataclass

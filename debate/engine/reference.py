@@ -8,8 +8,8 @@ reply may be) are shared, since they define the task rather than how it is compu
 """
 import torch
 
-from debate import chat, schema as schemas_mod
-from debate.structured import SchemaRow
+from debate.engine import chat, schema as schemas_mod
+from debate.engine.structured import SchemaRow
 
 
 def _logprobs(model, ids):

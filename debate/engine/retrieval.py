@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from debate import jsonl, models
-from debate.data import json_problem
+from debate.data import jsonl
+from debate.engine import models
+from debate.data.claims import json_problem
 
 log = logging.getLogger(__name__)
 

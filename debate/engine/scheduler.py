@@ -13,15 +13,15 @@ its own schema or none); resume each of those claims with its reply, which runs 
 to its end. A claim that ends frees its place at once for the next one: no claim waits for the slowest
 claim of a batch, and no model call waits for a whole batch of claims to reach the same turn.
 
-Methods are written once, as functions over a list of claims; `run_batches` in debate/runner.py still
+Methods are written once, as functions over a list of claims; `run_batches` in debate/runs/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
 """
 import itertools
 import threading
 from dataclasses import astuple, dataclass
 
-from debate import engine
-from debate.models import adapter_scope
+from debate.engine import engine
+from debate.engine.models import adapter_scope
 
 _local = threading.local()  # the claim a thread runs, so `submit` knows whom to suspend
 _orders = itertools.count()  # the order turns are asked for in, over the whole process

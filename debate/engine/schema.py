@@ -1,26 +1,5 @@
-"""Structured decoding: the JSON object a prompt asks for, declared beside the prompt, decoded so that
-any model, however small, answers with a readable object.
-
-`prompts/<name>.schema.json` declares the object's fields in the order the prompt shows them:
-
-    {"reasoning": false,              # true: free text may come first (the prompt asks for it), then the object
-     "reasoning_share": 2,            # its part of the free tokens, against the fields' shares
-     "fields": [
-       {"key": "Primary Insight", "type": "text", "share": 1},
-       {"key": "Proceeding Necessity", "type": "choice", "values": ["Yes", "No"]},
-       {"key": "Verdict", "type": "choice", "values": "labels", "when": {"Proceeding Necessity": "No"}},
-       {"key": "Relevance", "type": "number", "min": 0, "max": 1, "step": 0.1},
-       {"key": "Premises", "type": "list", "max_items": 5, "share": 2}]}
-
-- text: the model's own words inside quotes; a token that would break the string (a quote not at its
-  start, a backslash, a control character) is never chosen; a token starting with a quote, or an
-  end-of-turn token, closes the field.
-- choice: one of `values` ("labels": the four AVeriTeC labels), picked from the model's probability of
-  each whole value (every token of it, plus the token that closes it): greedy takes the most probable,
-  sampling draws from them; the probabilities are kept (`label_probs`).
-- number: a choice among min, min+step, ..., max, written as a JSON number.
-- list: text items, at most `max_items`; after each item a choice between going on and closing the list.
-- when: the field is written empty ("") unless the earlier fields named hold those values.
+"""Structured decoding, the engine's side: a declared schema (debate.data.schemas) tokenised for one
+tokenizer, and the decoder of one reply under it.
 
 Keys, quotes and punctuation are forced tokens. Each piece of the object is tokenised on its own, so
 the tokens an object needs besides free text are known in advance: free text gets what is left of
@@ -40,93 +19,14 @@ from dataclasses import dataclass, field as dataclass_field
 
 import torch
 
-from debate.labels import LABELS
-from debate.prompts import PROMPT_DIR, PromptError
+from debate.data import schemas
+from debate.data.schemas import Spec
 
-KINDS = ("text", "choice", "number", "list")
-NAMED_VALUES = {"labels": list(LABELS)}
 INDENT = "\n  "
 
 
 class SchemaBudgetError(ValueError):
     """--max-new-tokens cannot hold a schema's keys and punctuation."""
-
-
-@dataclass(frozen=True)
-class Field:
-    key: str
-    kind: str
-    values: tuple = ()  # choice and number: the values as written
-    share: float = 1.0  # text and list: part of the free tokens
-    max_items: int = 1  # list
-    when: tuple = ()  # ((key, value), ...) that must hold, else the field is written empty
-
-
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    fields: tuple
-    reasoning: bool = False
-    reasoning_share: float = 1.0
-
-    @property
-    def keys(self):
-        return tuple(f.key for f in self.fields)
-
-
-def schema_path(name):
-    """The schema file of prompt `name`, prompts/<name>.schema.json (it may not exist)."""
-    return PROMPT_DIR / f"{name}.schema.json"
-
-
-def _number_values(spec, where):
-    try:
-        low, high, step = (float(spec[k]) for k in ("min", "max", "step"))
-    except (KeyError, TypeError, ValueError):
-        raise PromptError(f"{where}: a number field needs numeric min, max and step") from None
-    if step <= 0 or high < low:
-        raise PromptError(f"{where}: a number field needs step > 0 and min <= max")
-    decimals = len(repr(step).split(".")[1].rstrip("0")) if "." in repr(step) and not step.is_integer() else 0
-    count = int(round((high - low) / step)) + 1
-    return tuple(f"{low + i * step:.{decimals}f}" for i in range(count))
-
-
-@functools.lru_cache(maxsize=None)
-def load(name):
-    """The declared schema of prompt `name` (prompts/<name>.schema.json); errors name the file and field."""
-    path = schema_path(name)
-    if not path.is_file():
-        raise PromptError(f"prompt {name!r}: no schema file {path}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise PromptError(f"{path}: not JSON ({err})") from None
-    fields = []
-    for i, spec in enumerate(raw.get("fields") or []):
-        where = f"{path}: fields[{i}]"
-        kind = spec.get("type")
-        if kind not in KINDS or not isinstance(spec.get("key"), str):
-            raise PromptError(f"{where}: needs a string 'key' and a 'type' among {', '.join(KINDS)}")
-        values = ()
-        if kind == "choice":
-            values = spec.get("values")
-            values = NAMED_VALUES.get(values, values) if isinstance(values, str) else values
-            if not values or not all(isinstance(v, str) and v and '"' not in v for v in values):
-                raise PromptError(f"{where}: 'values' must be a list of non-empty strings or one of "
-                                  f"{', '.join(NAMED_VALUES)}")
-        elif kind == "number":
-            values = _number_values(spec, where)
-        when = spec.get("when") or {}
-        if not isinstance(when, dict) or any(k not in [f.key for f in fields] for k in when):
-            raise PromptError(f"{where}: 'when' must name earlier fields")
-        if when and kind not in ("text", "choice"):
-            raise PromptError(f"{where}: only text and choice fields can be conditional (they are left empty)")
-        fields.append(Field(key=spec["key"], kind=kind, values=tuple(values), share=float(spec.get("share", 1)),
-                            max_items=int(spec.get("max_items", 1)), when=tuple(when.items())))
-    if not fields:
-        raise PromptError(f"{path}: no fields")
-    return Spec(name=name, fields=tuple(fields), reasoning=bool(raw.get("reasoning", False)),
-                reasoning_share=float(raw.get("reasoning_share", 1)))
 
 
 def _quoted(f):
@@ -170,7 +70,7 @@ def compile_for(name, tokenizer):
     """The schema of prompt `name` tokenised for `tokenizer` (cached per tokenizer)."""
     cache = _compiled_cache(tokenizer)
     if name not in cache:
-        cache[name] = _compile(load(name), tokenizer)
+        cache[name] = _compile(schemas.load(name), tokenizer)
     return cache[name]
 
 

@@ -5,8 +5,8 @@ choice's candidates are scored is theirs to say (`score`), since it depends on h
 """
 import torch
 
-from debate import schema as schemas_mod
-from debate.sampling import next_tokens
+from debate.engine import schema as schemas_mod
+from debate.engine.sampling import next_tokens
 
 
 class SchemaRow:

@@ -17,9 +17,10 @@
 import re
 from collections import Counter
 
-from debate import engine, turns
-from debate.parsing import parse_moderator
-from debate.prompts import format_evidence, load_prompt, render
+from debate.engine import engine
+from debate.methods import turns
+from debate.data.parsing import parse_moderator
+from debate.data.prompts import format_evidence, load_prompt, render
 
 RAG_COT_MODELS = {"verifier": "moderator"}  # role -> its model flag
 COOPERATION_MODELS = {"user": "debater", "assistant": "moderator"}

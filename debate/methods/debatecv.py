@@ -11,13 +11,14 @@ Claims are debated in batches: each role's turn for every active claim is one ba
 """
 from dataclasses import dataclass, field
 
-from debate import engine, turns as shared
-from debate.parsing import parse_moderator
-from debate.prompts import format_evidence, load_prompt, render
+from debate.engine import engine
+from debate.methods import turns as shared
+from debate.data.parsing import parse_moderator
+from debate.data.prompts import format_evidence, load_prompt, render
 
 ROLES = ("affirmative", "negative", "moderator")
 MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag
-SCHEMAS = ("moderator_round", "moderator_final")  # the JSON answers it asks for (debate.schema)
+SCHEMAS = ("moderator_round", "moderator_final")  # the JSON answers it asks for (debate.data.schemas)
 
 
 @dataclass

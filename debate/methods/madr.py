@@ -17,14 +17,15 @@ Claims are refined in batches: each role's turn for every claim still debating i
 """
 from dataclasses import dataclass, field
 
-from debate import engine, turns
-from debate.parsing import read_fields, yes_no
-from debate.prompts import format_evidence, load_prompt, render
+from debate.engine import engine
+from debate.methods import turns
+from debate.data.parsing import read_fields, yes_no
+from debate.data.prompts import format_evidence, load_prompt, render
 
 MODEL_OF = {"madr_typology": "refine", "madr_free": "refine", "madr_judge": "refine",
             "madr_refiner": "refine"}  # role -> its model flag
 DEBATERS = ("madr_typology", "madr_free")
-SCHEMAS = ("madr_judge", "madr_refine")  # the JSON answers it asks for (debate.schema)
+SCHEMAS = ("madr_judge", "madr_refine")  # the JSON answers it asks for (debate.data.schemas)
 OTHER = {"madr_typology": "madr_free", "madr_free": "madr_typology"}
 FIRST_REQUEST = {"madr_typology": "madr_typology_feedback", "madr_free": "madr_free_feedback"}
 

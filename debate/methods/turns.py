@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from debate import engine, scheduler, schema
-from debate.labels import LABELS
-from debate.models import adapter_scope
+from debate.engine import engine, scheduler, schema
+from debate.data.labels import LABELS
+from debate.engine.models import adapter_scope
 
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
 
@@ -43,7 +43,7 @@ def stream(agents, streams, seed, settings):
 
 
 # Called as on_turn(n) after every batched turn, n = the conversations that spoke; the run's progress
-# bar sets it (debate/progress.py), so no protocol has to report its own turns.
+# bar sets it (debate/runs/progress.py), so no protocol has to report its own turns.
 on_turn = None
 
 

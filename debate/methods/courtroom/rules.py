@@ -16,7 +16,7 @@ Label rule (the panel votes Supported / Not Supported / Inconclusive):
 import re
 from collections import Counter
 
-from debate.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
 
 PANEL_SUPPORTED, PANEL_NOT_SUPPORTED, PANEL_INCONCLUSIVE = "Supported", "Not Supported", "Inconclusive"
 PANEL_LABELS = (PANEL_SUPPORTED, PANEL_NOT_SUPPORTED, PANEL_INCONCLUSIVE)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from debate import jsonl, records
-from debate.config import ConfigError
+from debate.data import jsonl
+from debate.runs import records
+from debate.runs.config import ConfigError
 
 SHARDS = "shards"
 # Ranks wait at the barrier for the slowest shard: hours on a large split, far past torch's default timeout.

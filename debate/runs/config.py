@@ -240,7 +240,7 @@ def _fill_models(s):
     """Every model setting the user left out: --model, else the embedded default (found only when needed)."""
     base = s["model"]
     if not base and not (s["debater_model"] and s["moderator_model"]):
-        from debate import models  # torch: only when the embedded default is really needed
+        from debate.engine import models  # torch: only when the embedded default is really needed
 
         try:
             base = models.default_model_path()

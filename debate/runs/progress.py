@@ -8,7 +8,7 @@ import time
 
 from tqdm import tqdm
 
-from debate import turns
+from debate.methods import turns
 
 
 def _clock(seconds):

@@ -8,9 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
-from debate import jsonl
+from debate.data import jsonl
 # The settings that change what a run predicts (config fields marked identity, and the prompts' hash).
-from debate.config import IDENTITY_KEYS
+from debate.runs.config import IDENTITY_KEYS
 
 PREDICTIONS = "predictions.jsonl"
 TRANSCRIPTS = "transcripts.jsonl"

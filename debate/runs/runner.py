@@ -10,12 +10,15 @@ from dataclasses import fields, replace
 from importlib import metadata
 from pathlib import Path
 
-from debate import (baselines, courtroom, data, debatecv, engine, madr, models, progress, prompts, records, retrieval,
-                    scheduler, shards, turns)
-from debate.config import ConfigError, Courtroom, to_dict
-from debate.prompts import PromptError
-from debate.retrieval import RetrievalError
-from debate.schema import SchemaBudgetError
+from debate.methods import baselines, debatecv, madr, turns
+from debate.methods.courtroom import case as courtroom_case, trial as courtroom
+from debate.data import claims as data, prompts
+from debate.engine import engine, models, retrieval, scheduler
+from debate.runs import progress, records, shards
+from debate.runs.config import ConfigError, Courtroom, to_dict
+from debate.data.prompts import PromptError
+from debate.engine.retrieval import RetrievalError
+from debate.engine.schema import SchemaBudgetError
 from eval import averitec, report
 from eval.averitec import InputError
 from eval import wordnet
@@ -38,7 +41,7 @@ METHODS = {
                     lambda c: {"max_rounds": c.generation.max_rounds}),
     "courtroom": (courtroom.run_batch, lambda c: courtroom.model_of(len(c.models.judge_models)),
                   lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom,
-                             "library": courtroom.library_from(c.courtroom)}),
+                             "library": courtroom_case.library_from(c.courtroom)}),
 }
 
 
@@ -89,7 +92,7 @@ def config_json(config, roles=None, precision=None):
         except metadata.PackageNotFoundError:
             pass
     saved["git_commit"] = None
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     # Only a checkout has a commit: an installed wheel's site-packages may sit inside some other repository.
     if (checkout / ".git").exists():
         try:
@@ -167,7 +170,7 @@ def run(config, log=print):
     trials); write outputs; return the metrics (with several trials: their mean and standard deviation).
 
     `config` is a RunConfig from config.build (the CLI's, or one made in Python); it is never changed.
-    Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/shards.py) and
+    Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/runs/shards.py) and
     only rank 0 returns the metrics; the others return None.
     """
     models.set_offline()
@@ -327,7 +330,7 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     decided. `kwargs`: the method's options (METHODS[method][2](config)).
 
     Continuous (the default): --batch-size claims in progress at once, each claim's turns joining the next
-    model call of its model (debate/scheduler.py). Otherwise claims go in fixed batches that move from turn
+    model call of its model (debate/engine/scheduler.py). Otherwise claims go in fixed batches that move from turn
     to turn together. Under greedy decoding both give the same records."""
     method = METHODS[config.method.method][0]
 

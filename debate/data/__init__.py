@@ -1,0 +1,8 @@
+"""The data wing: what goes in and how replies are read, with no model and no torch.
+
+Claims and their evidence conditions (claims), the verdict labels (labels), JSON Lines (jsonl), the prompt
+files and their placeholders (prompts), the JSON object each prompt asks for (schemas) and the tolerant
+reader of replies (parsing). The invented demo claims ship in demo/.
+
+May import: nothing of debate's; every other wing may import it.
+"""
