@@ -30,7 +30,7 @@ class Settings:
     top_p: float = 1.0
     seed: int = 0
     reuse_cache: bool = True
-    structured: bool = True  # decode JSON answers under their prompt's schema (debate.schema)
+    structured: bool = True  # decode JSON answers under their prompt's schema (debate.engine.schema)
     # Share of the GPU memory free before a batch that its cache and activations may take (CUDA only).
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION
     memory_budget: int = None  # bytes; overrides the fraction, and is the only budget on CPU (None: none)
@@ -157,7 +157,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     the memory budget asks for it; rows never affect each other's tokens).
 
     Returns the reply texts; each conversation gets its assistant message, token counts and cache.
-    `schemas` (one debate.schema.Compiled or None per row) decodes those rows under their schema; the
+    `schemas` (one debate.engine.schema.Compiled or None per row) decodes those rows under their schema; the
     row's conversation then holds the schema's result in `structured` (None for a free reply).
     """
     if not convs:

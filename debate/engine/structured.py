@@ -1,4 +1,4 @@
-"""One batch row decoded under its schema: drives debate.schema's program token by token.
+"""One batch row decoded under its schema: drives debate.engine.schema's program token by token.
 
 The generator (and the reference path) feed a row's logits in and get the id it feeds next; how a
 choice's candidates are scored is theirs to say (`score`), since it depends on how the context is held.
@@ -10,7 +10,7 @@ from debate.engine.sampling import next_tokens
 
 
 class SchemaRow:
-    """Drives one row's schema program (debate.schema.program) step by step: forced ids one per step,
+    """Drives one row's schema program (debate.engine.schema.program) step by step: forced ids one per step,
     masked free text, whole-value choices scored by `score(candidates, logits) -> totals`."""
 
     def __init__(self, compiled, limit, masks, settings, generator, score):

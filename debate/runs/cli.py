@@ -8,8 +8,8 @@ import argparse
 from debate.runs import config
 from debate.data import claims as data
 # The defaults live in debate.runs.config (the run's fields); the CLIs print these in their help.
-from debate.runs.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES, PAPER_TEMPERATURE,
-                           ROUNDS, TEMPERATURE, ConfigError)
+from debate.runs.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
+                                PAPER_TEMPERATURE, ROUNDS, TEMPERATURE, ConfigError)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

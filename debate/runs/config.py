@@ -67,7 +67,8 @@ class Method:
 
 @dataclass(frozen=True)
 class Courtroom:
-    """PROClaim's numbers (the paper's, but `inconclusive`, see panel.py); the courtroom runs with this group."""
+    """PROClaim's numbers (the paper's, but `inconclusive`, see debate/methods/courtroom/rules.py); the courtroom
+    runs with this group."""
     corpus: str = identity()  # JSONL passages; None: each claim's own evidence
     embedder: str = identity()  # sentence encoder directory; None: the shipped all-MiniLM-L6-v2
     top_k: int = identity(3)
