@@ -5,11 +5,11 @@
     python run_debate.py --method courtroom --corpus passages.jsonl --judge-models A B C ...
     python run_debate.py --method rag-cot --refine madr ...          # any method, justification refined by MADR
 """
-from debate.runs import cli, runner
+from debate.pipeline import cli, runner
 
 
 def parse_args(argv=None):
-    """The run's RunConfig (debate.runs.config), built once from the flags."""
+    """The run's RunConfig (debate.pipeline.config), built once from the flags."""
     return cli.parse_run_args(argv, description=__doc__)
 
 

@@ -10,7 +10,7 @@ Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/d
 import argparse
 import sys
 
-from debate.runs import cli, runner
+from debate.pipeline import cli, runner
 from train import loop, stages, syndec
 
 

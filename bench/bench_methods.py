@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.runs import cli, records, runner  # noqa: E402
+from debate.pipeline import cli, records, runner  # noqa: E402
 from debate.data import claims as data, jsonl
 from debate.engine import engine, models
 from debate.methods import madr, turns

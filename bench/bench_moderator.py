@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from debate.engine import engine, models, schema  # noqa: E402
-from debate.runs import records
+from debate.pipeline import records
 from debate.data.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
 from debate.engine.models import adapter_scope  # noqa: E402
 from debate.data.parsing import parse_moderator  # noqa: E402

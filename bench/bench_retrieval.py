@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from debate.data import claims as data  # noqa: E402
 from debate.engine import engine, models, retrieval  # noqa: E402
 from debate.methods.courtroom import case, negotiation  # noqa: E402
-from debate.runs import config  # noqa: E402
+from debate.pipeline import config  # noqa: E402
 from debate.data.prompts import raw_prompt  # noqa: E402
 
 KS = (1, 3, 5, 10, 20)

@@ -1,6 +1,6 @@
 """debatecv: debate-driven claim verification on local models. From Python: `build`, `run`, `verify` (debate.api).
 
-Four wings, each a package whose docstring says what it owns: runs (config, CLI, runner, records) ->
+Four wings, each a package whose docstring says what it owns: pipeline (config, CLI, runner, records) ->
 methods (DebateCV, baselines, MADR, the courtroom) -> engine (models, KV cache, generation); data (claims,
 labels, prompts, schemas, parsing) sits below all three. Imports only go that way.
 

@@ -5,13 +5,13 @@
     metrics = run(config)                                      # = run_debate.py: the same output directory
     predictions = verify([{"claim": "...", "evidence": [...]}], config)   # in memory, no directory
 
-`build`, `load` and `save` are debate.runs.config's (settings by flag name; config.json).
+`build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
 from debate.data import claims as data, prompts
 from debate.engine import models
-from debate.runs import runner
+from debate.pipeline import runner
 from debate.methods import turns
-from debate.runs.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
+from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
 def run(config, log=print):

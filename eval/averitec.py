@@ -407,8 +407,8 @@ def _jsonable(value):
 
 
 def build_parser():
-    # Only the command line needs the runs wing's one-line errors; the scoring functions import nothing above data.
-    from debate.runs.cli import Parser
+    # Only the command line needs the pipeline wing's one-line errors; the scoring functions import nothing above data.
+    from debate.pipeline.cli import Parser
 
     parser = Parser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
     parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")

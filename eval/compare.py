@@ -156,8 +156,8 @@ def format_comparison(result, name_a="A", name_b="B"):
 
 
 def build_parser():
-    # Only the command line needs the runs wing's one-line errors; the scoring functions import nothing above data.
-    from debate.runs.cli import Parser
+    # Only the command line needs the pipeline wing's one-line errors; the scoring functions import nothing above data.
+    from debate.pipeline.cli import Parser
 
     parser = Parser(prog="python -m eval.compare", description=__doc__.split("\n")[0])
     parser.add_argument("a", help="predictions of system A (a run's submission.json, JSONL, or a run directory, "

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate.runs import config, records
+from debate.pipeline import config, records
 from debate.engine import models
 from debate.data.labels import LABELS
 from tests.tiny_models import build_tiny_llama

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from debate.runs import cli, config, records
-from debate.runs.config import ConfigError
+from debate.pipeline import cli, config, records
+from debate.pipeline.config import ConfigError
 
 
 def built(**settings):
@@ -98,7 +98,7 @@ def test_a_config_json_written_before_the_config_type_still_loads_and_resumes(tm
     loaded = config.load(out / records.CONFIG)
     assert loaded.generation == cfg.generation and loaded.models.moderator_model == "x"
     # Today's config.json of the same run leaves the courtroom out: those keys are not compared.
-    from debate.runs import runner
+    from debate.pipeline import runner
     now = runner.config_json(cfg, runner.model_roles(cfg), {"quantized": False, "dtype": "float32"})
     assert "counsel_temperature" not in now and set(records.check(out, now)) == {0}
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from debate.runs import config
+from debate.pipeline import config
 from debate.methods.courtroom import case, rules, trial
 from debate.engine import engine, retrieval
 from debate.methods import turns
@@ -471,7 +471,7 @@ def test_a_three_way_split_goes_to_the_chief_justice(monkeypatch, embedder):
 
 
 def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
-    from debate.runs import cli
+    from debate.pipeline import cli
 
     opts = cli.parse_run_args(["--method", "courtroom", "--model", "m"]).courtroom
     assert opts.temperatures == {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
@@ -491,7 +491,7 @@ def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
     (["--court-temperature", "-1"], "--court-temperature must be >= 0"),
 ])
 def test_bad_courtroom_flags_are_refused(flags, message, capsys):
-    from debate.runs import cli
+    from debate.pipeline import cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli.parse_run_args(["--method", "courtroom", *flags])

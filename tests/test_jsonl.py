@@ -1,11 +1,11 @@
-"""JSONL through jsonlines (debate/data/jsonl.py) and the run files on top of it (debate/runs/records.py)."""
+"""JSONL through jsonlines (debate/data/jsonl.py) and the run files on top of it (debate/pipeline/records.py)."""
 import json
 import os
 
 import pytest
 
 from debate.data import jsonl
-from debate.runs import records
+from debate.pipeline import records
 
 # Characters str.splitlines() takes for line ends; json.dumps(ensure_ascii=False) writes them as they are.
 ODD = "a\u2028b\u0085c\x1cd\x0ce\rf"

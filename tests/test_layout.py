@@ -1,4 +1,4 @@
-"""The house in wings: imports go one way (runs -> methods -> engine, every wing -> data), the wheel ships
+"""The house in wings: imports go one way (pipeline -> methods -> engine, every wing -> data), the wheel ships
 every package, and the README's layout names every module."""
 import ast
 import configparser
@@ -10,7 +10,7 @@ MAY_IMPORT = {
     "data": {"data"},
     "engine": {"engine", "data"},
     "methods": {"methods", "engine", "data"},
-    "runs": {"runs", "methods", "engine", "data"},
+    "pipeline": {"pipeline", "methods", "engine", "data"},
 }
 
 
@@ -50,7 +50,7 @@ def test_the_data_wing_and_the_scorer_need_no_torch_and_nothing_above_data():
     wrong = []
     for path in sorted((ROOT / "debate" / "data").rglob("*.py")):
         wrong += [f"{path.name}:{line} {m}" for line, m in _imports(path) if m.split(".")[0] in ("torch", "transformers")]
-    # eval's scoring functions import only the data wing; its command lines may borrow the runs wing's parser.
+    # eval's scoring functions import only the data wing; its command lines may borrow the pipeline wing's parser.
     for path in sorted((ROOT / "eval").glob("*.py")):
         for line, module in _imports(path, top_level_only=True):
             if module.split(".")[0] in ("torch", "transformers") or _wing_of(module) not in (None, "data") or (

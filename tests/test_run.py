@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate.runs import records
+from debate.pipeline import records
 from debate.data.labels import LABELS
 from eval import averitec
 from tests.tiny_models import build_random_lora, build_tiny_llama

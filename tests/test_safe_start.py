@@ -11,7 +11,7 @@ import pytest
 
 import run_debate
 from debate.engine import models
-from debate.runs import progress, records
+from debate.pipeline import progress, records
 from debate.data import prompts
 from eval import wordnet
 from tests.tiny_models import build_tiny_llama
@@ -283,7 +283,7 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
 
 def parsers():
     import train_moderator
-    from debate.runs import cli
+    from debate.pipeline import cli
     from eval import averitec, compare
 
     return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),
@@ -292,7 +292,7 @@ def parsers():
 
 @pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec"])
 def test_help_shows_every_default(name):
-    from debate.runs.cli import HelpFormatter
+    from debate.pipeline.cli import HelpFormatter
 
     parser = parsers()[name]
     formatter = HelpFormatter(parser.prog)

@@ -9,7 +9,7 @@ import pytest
 
 import run_debate
 from debate.engine import engine, scheduler
-from debate.runs import records
+from debate.pipeline import records
 from debate.methods import turns
 from tests.tiny_models import build_tiny_llama
 

@@ -1,4 +1,4 @@
-"""Many processes, one run (debate/runs/shards.py): the split, the merge, and a real two-process torchrun on CPU."""
+"""Many processes, one run (debate/pipeline/shards.py): the split, the merge, and a real two-process torchrun on CPU."""
 import json
 import os
 import subprocess
@@ -9,9 +9,9 @@ import pytest
 
 import run_debate
 from debate.engine import models
-from debate.runs import records, shards
-from debate.runs.config import ConfigError
-from debate.runs.shards import World
+from debate.pipeline import records, shards
+from debate.pipeline.config import ConfigError
+from debate.pipeline.shards import World
 from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 import run_debate
 import train_moderator
 from debate.engine import engine
-from debate.runs import records
+from debate.pipeline import records
 from debate.data.labels import REFUTED, SUPPORTED
 from tests import syndec_task
 from tests.test_run import responses

@@ -8,7 +8,7 @@ import pytest
 
 import run_debate
 from debate.data import prompts
-from debate.runs import records, runner
+from debate.pipeline import records, runner
 from eval import compare
 from eval.averitec import InputError
 from tests.tiny_models import build_tiny_llama

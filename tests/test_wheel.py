@@ -73,7 +73,7 @@ def test_the_installed_package_finds_its_prompts_and_demo_claims_from_any_direct
     assert found["meta"] == (shipped / "moderator_meta.txt").read_text().rstrip("\n")
     assert found["none"] == (shipped / "no_evidence.txt").read_text().rstrip("\n")
     assert found["schema"] == len(json.loads((shipped / "moderator_round.schema.json").read_text())["fields"])
-    assert found["claims"] == len(json.loads((ROOT / "debate" / "demo" / "claims.json").read_text()))
+    assert found["claims"] == len(json.loads((ROOT / "debate" / "data" / "demo" / "claims.json").read_text()))
 
 
 def test_the_console_scripts_run_a_one_claim_demo_from_an_empty_directory(installed, tmp_path):

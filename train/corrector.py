@@ -12,7 +12,7 @@ from pathlib import Path
 
 from debate.engine import engine, schema
 from debate.data import jsonl
-from debate.runs import records
+from debate.pipeline import records
 from debate.engine.models import adapter_scope
 from debate.data.parsing import parse_moderator
 from debate.data.prompts import render

@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate.runs import config, records, runner
+from debate.pipeline import config, records, runner
 from debate.engine import engine, models
 from debate.data import prompts
 from train import corrector, examples, lora, loop, losses, syndec

@@ -10,7 +10,7 @@ The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 from pathlib import Path
 
 from debate.data import jsonl
-from debate.runs import records as run_records
+from debate.pipeline import records as run_records
 from debate.data.claims import json_problem
 from debate.data.labels import LABELS, canonical_label
 

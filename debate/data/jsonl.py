@@ -2,7 +2,7 @@
 
 Lines are split on "\\n" only: a JSON string may hold U+2028 or U+0085 as written (ensure_ascii=False),
 which str.splitlines() would take for line ends. What each caller adds stays with it: a run's durable
-appends and torn-line repair (debate/runs/records.py), the error messages naming file, line and field.
+appends and torn-line repair (debate/pipeline/records.py), the error messages naming file, line and field.
 """
 import functools
 import io

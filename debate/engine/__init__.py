@@ -6,5 +6,5 @@ memory budget and the entry every method calls (engine.generate), continuous bat
 (scheduler), the plain reference path the tests hold the engine to (reference), and the dense retriever
 (retrieval: the sentence encoder and its index).
 
-May import: debate.data. Never debate.methods or debate.runs.
+May import: debate.data. Never debate.methods or debate.pipeline.
 """

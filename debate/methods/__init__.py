@@ -4,5 +4,5 @@ The turn API every method shares (turns), DebateCV (debatecv), the DebateCV pape
 MADR's refinement of justifications (madr) and PROClaim's courtroom (the courtroom package, one module a
 stage). A method is a plain function over a batch of claims that returns (and hands over) their records.
 
-May import: debate.engine and debate.data. Never debate.runs.
+May import: debate.engine and debate.data. Never debate.pipeline.
 """

@@ -43,7 +43,7 @@ def stream(agents, streams, seed, settings):
 
 
 # Called as on_turn(n) after every batched turn, n = the conversations that spoke; the run's progress
-# bar sets it (debate/runs/progress.py), so no protocol has to report its own turns.
+# bar sets it (debate/pipeline/progress.py), so no protocol has to report its own turns.
 on_turn = None
 
 

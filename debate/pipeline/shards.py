@@ -19,8 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from debate.data import jsonl
-from debate.runs import records
-from debate.runs.config import ConfigError
+from debate.pipeline import records
+from debate.pipeline.config import ConfigError
 
 SHARDS = "shards"
 # Ranks wait at the barrier for the slowest shard: hours on a large split, far past torch's default timeout.

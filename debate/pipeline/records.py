@@ -10,7 +10,7 @@ from pathlib import Path
 
 from debate.data import jsonl
 # The settings that change what a run predicts (config fields marked identity, and the prompts' hash).
-from debate.runs.config import IDENTITY_KEYS
+from debate.pipeline.config import IDENTITY_KEYS
 
 PREDICTIONS = "predictions.jsonl"
 TRANSCRIPTS = "transcripts.jsonl"

@@ -14,8 +14,8 @@ from debate.methods import baselines, debatecv, madr, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
-from debate.runs import progress, records, shards
-from debate.runs.config import ConfigError, Courtroom, to_dict
+from debate.pipeline import progress, records, shards
+from debate.pipeline.config import ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
@@ -170,7 +170,7 @@ def run(config, log=print):
     trials); write outputs; return the metrics (with several trials: their mean and standard deviation).
 
     `config` is a RunConfig from config.build (the CLI's, or one made in Python); it is never changed.
-    Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/runs/shards.py) and
+    Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/pipeline/shards.py) and
     only rank 0 returns the metrics; the others return None.
     """
     models.set_offline()

@@ -1,14 +1,14 @@
-"""The flags of `run_debate.py` (their defaults are debate.runs.config's fields) and the CLIs' help and errors.
+"""The flags of `run_debate.py` (their defaults are debate.pipeline.config's fields) and the CLIs' help and errors.
 
 Every flag's help names its default and its provenance: "the DebateCV paper's" (or PROClaim's, MADR's)
 where a paper gives the value, "ours" where it does not. docs/FIDELITY.md has the full table.
 """
 import argparse
 
-from debate.runs import config
+from debate.pipeline import config
 from debate.data import claims as data
-# The defaults live in debate.runs.config (the run's fields); the CLIs print these in their help.
-from debate.runs.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
+# The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
+from debate.pipeline.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
                                 PAPER_TEMPERATURE, ROUNDS, TEMPERATURE, ConfigError)
 
 
@@ -185,14 +185,14 @@ def run_parser(description=None):
     out.add_argument("--overwrite", action="store_true",
                      help="start over instead of resuming; the earlier run is deleted only once the new one has "
                      "written its first claim")
-    # Every default is the field's in debate.runs.config, its single source.
+    # Every default is the field's in debate.pipeline.config, its single source.
     p.set_defaults(**config.defaults())
     label_sources(p, RUN_SOURCES)
     return p
 
 
 def parse_run_args(argv=None, description=None):
-    """The RunConfig of `run_parser`'s flags (debate.runs.config.build): checked, derived defaults filled in."""
+    """The RunConfig of `run_parser`'s flags (debate.pipeline.config.build): checked, derived defaults filled in."""
     p = run_parser(description)
     args = p.parse_args(argv)
     try:
