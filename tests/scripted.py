@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from debate.data import schemas
+from debate.data.labels import LABELS
 from debate.engine import engine, schema
 
 
@@ -49,5 +50,6 @@ def install(monkeypatch, reply):
 
     monkeypatch.setattr(engine, "generate", fake_generate)
     # No tokenizer here: the declared schema stands in for the compiled one (and proves the name exists).
-    monkeypatch.setattr(schema, "compile_for", lambda name, tokenizer: schemas.load(name))
+    monkeypatch.setattr(schema, "compile_for",
+                        lambda name, tokenizer, labels=LABELS: schemas.resolve(schemas.load(name), labels))
     return calls

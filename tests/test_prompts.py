@@ -3,7 +3,9 @@ import pytest
 
 import debate.data.prompts as prompts
 from debate.data.parsing import KEYS
-from debate.data.prompts import PromptError, format_evidence, load_prompt, placeholders, render
+from debate.data.labels import AVERITEC
+from debate.data.prompts import (PromptError, format_evidence, load_prompt, placeholders, render, verdict_answer,
+                                 verdict_criteria)
 
 # The protocol code relies on these names; a renamed placeholder must fail here first.
 PLACEHOLDERS = {
@@ -12,21 +14,24 @@ PLACEHOLDERS = {
     "negative_opening": {"opponent_argument"},
     "debater_rebuttal": {"opponent_argument"},
     "moderator_meta": {"claim", "evidence", "labels"},
-    "moderator_round": {"round", "affirmative_argument", "negative_argument"},
-    "moderator_final": {"affirmative_argument", "negative_argument", "claim"},
+    "moderator_round": {"round", "affirmative_argument", "negative_argument", "label_choices", "label_answer"},
+    "moderator_final": {"affirmative_argument", "negative_argument", "claim", "label_choices", "label_answer"},
     "evidence_item": {"index", "question", "answer", "url"},
+    "evidence_passage": {"index", "text", "url"},
+    "evidence_kind_qa": set(),
+    "evidence_kind_passages": set(),
     "no_evidence": set(),
     "corrector": {"debate", "insights", "gold_verdict"},
     "debate_turn": {"round", "speaker", "argument"},
-    "verdict_labels": set(),
-    "verdict_answer": set(),
-    "ragcot": {"claim", "evidence", "answer"},
-    "majority_vote": {"count", "answers", "claim", "evidence", "answer"},
+    "verdict_labels": {"criteria"},
+    "verdict_answer": {"label_answer"},
+    "ragcot": {"claim", "evidence", "answer", "label_choices", "evidence_kind"},
+    "majority_vote": {"count", "answers", "claim", "evidence", "answer", "label_choices"},
     "majority_ballot": {"index", "reply"},
-    "cooperation_user_meta": {"claim", "evidence"},
-    "cooperation_assistant_meta": {"claim", "evidence"},
+    "cooperation_user_meta": {"claim", "evidence", "evidence_kind"},
+    "cooperation_assistant_meta": {"claim", "evidence", "evidence_kind"},
     "cooperation_start": set(),
-    "cooperation_final": {"answer"},
+    "cooperation_final": {"answer", "label_choices", "evidence_kind"},
     "madr_error_typology": set(),
     "madr_context": {"claim", "evidence", "verdict", "justification"},
     "madr_no_verdict": set(),
@@ -120,14 +125,14 @@ def test_moderator_prompts_name_every_json_key_and_label():
     assert '"Justification for Verdict"' in final_text and '"Verdict"' in final_text
     # the JSON examples must survive str.format as single braces
     assert '{"Primary Insight"' in round_text and '{"Justification for Verdict"' in final_text
-    meta = render("moderator_meta", **dict(sample_fields("moderator_meta"), labels=load_prompt("verdict_labels")))
+    meta = render("moderator_meta", **dict(sample_fields("moderator_meta"), labels=verdict_criteria(AVERITEC)))
     for label in ("Supported", "Refuted", "Not Enough Evidence", "Conflicting Evidence/Cherrypicking"):
         assert label in meta
 
 
 def test_a_prompt_without_fields_reads_with_single_braces():
     # What the model reads: a JSON example written {{ }} in the file must reach it as { }.
-    text = load_prompt("verdict_answer")
+    text = verdict_answer(AVERITEC)
     assert '{"Justification' in text and "{{" not in text and "}}" not in text
     with pytest.raises(PromptError, match="missing field"):
         load_prompt("ragcot")  # it takes a field: only render() can fill it
@@ -163,6 +168,7 @@ def test_stray_brace_in_a_prompt_file_is_reported(tmp_path, monkeypatch):
 # --- what each paper asks for, and what it does not -------------------------------------------------
 
 LABELS = ("Supported", "Refuted", "Not Enough Evidence", "Conflicting Evidence/Cherrypicking")
+AV = {"label_choices": AVERITEC.choices(), "label_answer": AVERITEC.answer_format()}  # AVeriTeC's label fields
 # Instructions the papers never give that change what the agents do (issue 12).
 REMOVED = ("do not repeat", "say so", "convinced", "generally known", "already clear", "answer only",
            "nothing before or after", "the moderator was wrong", "wrong verdict", "should have given",
@@ -196,18 +202,18 @@ def test_debater_prompts_follow_the_paper():
 
 
 def test_moderator_prompts_follow_the_paper():
-    meta = render("moderator_meta", claim="<C>", evidence="<E>", labels=load_prompt("verdict_labels"))
+    meta = render("moderator_meta", claim="<C>", evidence="<E>", labels=verdict_criteria(AVERITEC))
     assert "only restate what they argued before" in meta  # the paper's one stop signal
     assert meta.index("Claim: <C>") < meta.index("<E>") < meta.index("Verdict criteria")
     for label in LABELS:
         assert f"- {label}:" in meta  # each label with its definition
-    round_text = render("moderator_round", round=2, affirmative_argument="<A>", negative_argument="<N>")
+    round_text = render("moderator_round", round=2, affirmative_argument="<A>", negative_argument="<N>", **AV)
     assert round_text.startswith("Round 2") and round_text.index("<A>") < round_text.index("<N>")
     steps = [round_text.index(f"{i}. ") for i in (1, 2, 3, 4)]
     assert steps == sorted(steps)
     keys = [round_text.index(f'"{key}":') for key in KEYS]
     assert keys == sorted(keys)  # the paper's key order
-    final = render("moderator_final", affirmative_argument="<A>", negative_argument="<N>", claim="<C>")
+    final = render("moderator_final", affirmative_argument="<A>", negative_argument="<N>", claim="<C>", **AV)
     # Summary, then the claim, then the labels, then a step-by-step justification BEFORE the JSON.
     assert (final.index("<N>") < final.index("main insights") < final.index("<C>") < final.index(LABELS[3])
             < final.index("step by step") < final.index('{"Justification for Verdict"'))
@@ -222,14 +228,15 @@ def test_corrector_gets_exactly_the_papers_inputs():
 
 
 def test_rag_cot_follows_heros_prompt():
-    text = render("ragcot", claim="<C>", evidence="<E>", answer=load_prompt("verdict_answer"))
+    text = render("ragcot", claim="<C>", evidence="<E>", answer=verdict_answer(AVERITEC), evidence_kind="<K>",
+                  label_choices=AVERITEC.choices())
     assert text.index("predict the verdict") < text.index(LABELS[0]) < text.index("do not bear on the claim")
     assert text.index("step by step") < text.index("Claim: <C>") < text.index("<E>") < text.index('{"Justification')
 
 
 def test_majority_vote_prompt_follows_fact_audit():
     text = render("majority_vote", count=3, answers="<ANSWERS>", claim="<C>", evidence="<E>",
-                  answer=load_prompt("verdict_answer"))
+                  answer=verdict_answer(AVERITEC), label_choices=AVERITEC.choices())
     assert "Vote on the 3 answers" in text and "two answers that are most alike" in text
     assert "contradict each other" in text and text.index("<ANSWERS>") < text.index("Claim: <C>")
 
@@ -252,3 +259,20 @@ def test_madr_refiner_changes_only_what_the_feedback_asks():
     text = render("madr_refine", typology_feedback="<F1>", free_feedback="<F2>")
     assert "make no change beyond what the feedback asks for" in text
     assert text.index("<F1>") < text.index("<F2>") < text.index('{"Refined Justification"')
+
+
+def test_averitec_label_fields_render_the_papers_label_wording():
+    # On AVeriTeC the label placeholders give back exactly the wording the prompts had before they took a
+    # dataset's labels: the default run's prompts are unchanged.
+    old_choices = '"Supported", "Refuted", "Not Enough Evidence" or "Conflicting Evidence/Cherrypicking"'
+    old_answer = '"Verdict": "Supported, Refuted, Not Enough Evidence, or Conflicting Evidence/Cherrypicking"'
+    final = render("moderator_final", affirmative_argument="A", negative_argument="N", claim="C", **AV)
+    assert f"from these labels: {old_choices}." in final and old_answer in final
+    assert old_answer in verdict_answer(AVERITEC)
+    assert verdict_criteria(AVERITEC).splitlines()[1] == "- Supported: the credible evidence given backs the claim in full."
+
+
+def test_passages_render_as_numbered_texts_with_their_source():
+    text = format_evidence([{"text": "Masks cut spread.", "url": "cord 1"}, {"text": "No effect seen.", "url": ""}])
+    assert text.splitlines()[0] == "[1] Masks cut spread." and "Source: cord 1" in text
+    assert "[2] No effect seen." in text and "(no source given)" in text and "Question" not in text

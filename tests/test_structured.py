@@ -99,7 +99,7 @@ def test_garbage_logits_still_give_the_object_within_the_token_limit(tiny, name)
     convs = [engine.Conversation(system=f"Claim {i}. " + "Evidence says so. " * i) for i in range(3)]
     replies = engine.generate(model, tok, convs, ["Answer now."] * 3, engine.Settings(max_new_tokens=limit),
                               schemas=[compiled] * 3)
-    spec = schemas.load(name)
+    spec = compiled.spec  # the declared schema with its label list filled in (AVeriTeC's by default)
     for reply, conv in zip(replies, convs):
         obj = the_object(reply)
         assert list(obj) == list(spec.keys)

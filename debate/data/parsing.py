@@ -6,7 +6,7 @@
 
 status says how the decision was recovered, from most to least trustworthy:
     "structured"    decoded under the prompt's schema (debate.engine.schema): the object is well formed by
-                    construction and the verdict was chosen among the four labels
+                    construction and the verdict was chosen among the dataset's labels
     "json"          the whole answer is one clean JSON object
     "json_repaired" a JSON object was found after repair: code fences, prose around it, single quotes,
                     trailing commas, Python literals (True/None), curly quotes
@@ -20,7 +20,7 @@ import ast
 import json
 import re
 
-from debate.data.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED, canonical_label
+from debate.data.labels import AVERITEC, CEC, LABELS, NEE, REFUTED, SUPPORTED, squeeze
 
 KEYS = ("Primary Insight", "Evidence Gaps", "Justification for Proceeding", "Proceeding Necessity",
         "Justification for Verdict", "Verdict")
@@ -42,8 +42,9 @@ _NEGATION = re.compile(r"(?:\b(?:not|no|never|nor|neither|cannot)|n['\u2019]t)\W
                        re.IGNORECASE)
 
 
-def parse_moderator(text, structured=None):
+def parse_moderator(text, structured=None, labels=AVERITEC):
     """Parse one Moderator response (round or final) into fields, decision and status; see module doc.
+    The verdict is one of `labels` (a LabelSet: the run's dataset's; AVeriTeC's by default).
 
     `structured` is the engine's schema result for the reply (engine.Conversation.structured): its fields
     are taken as they are (status "structured"), with the Verdict choice's probabilities as
@@ -51,14 +52,14 @@ def parse_moderator(text, structured=None):
     the justification when the justification field is empty.
     """
     if structured is not None:
-        return _from_structured(structured)
+        return _from_structured(structured, labels)
     text = text if isinstance(text, str) else ""
     fields, status = read_fields(text, KEYS, DECISION_KEYS, MODERATOR_ALIASES)
 
-    verdict = _verdict(fields.get("Verdict"))
+    verdict = _verdict(fields.get("Verdict"), labels)
     proceed = yes_no(fields.get("Proceeding Necessity"))
     if not fields:
-        verdict = _single_label(text)
+        verdict = _single_label(text, labels)
         status = "label_in_text"
     if verdict is None and proceed is None:
         status = "unparsed"
@@ -68,15 +69,15 @@ def parse_moderator(text, structured=None):
             "status": status}
 
 
-def _from_structured(structured):
+def _from_structured(structured, labels):
     fields = dict(structured["fields"])
-    verdict = canonical_label(fields.get("Verdict"))
+    verdict = labels.canonical(fields.get("Verdict"))
     justification = fields.get("Justification for Verdict")
     justification = justification.strip() if isinstance(justification, str) else ""
     probs = structured["probs"].get("Verdict")
     return {"fields": fields, "proceed": yes_no(fields.get("Proceeding Necessity")), "verdict": verdict,
             "justification": justification or structured.get("reasoning", ""), "status": "structured",
-            "label_probs": {canonical_label(k): v for k, v in probs.items()} if probs else None}
+            "label_probs": {labels.canonical(k): v for k, v in probs.items()} if probs else None}
 
 
 def read_fields(text, keys, required=None, aliases=None):
@@ -218,11 +219,11 @@ def _value_at(text, pos):
     return re.match(r"[^\n]*", rest).group(0).strip().rstrip(",}").strip(" *\"'")
 
 
-def _verdict(value):
+def _verdict(value, labels):
     if value is None or isinstance(value, bool):
         return None
     value = str(value).strip()
-    return (canonical_label(value) or _single_label(value)) if value else None
+    return (labels.canonical(value) or _single_label(value, labels)) if value else None
 
 
 def yes_no(value):
@@ -264,10 +265,23 @@ def number_in(value, top):
     return min(1.0, max(0.0, number / scale))
 
 
-def _single_label(text):
+def _label_patterns(labels):
+    """Regexes of the ways running prose names each label: AVeriTeC's hand-made ones; for another label set each
+    label's spelling and its aliases of more than four letters, any non-letters allowed between the letters
+    ("NOTENOUGHINFO" matches "not enough info", "half-true" matches "half true")."""
+    if labels.labels == LABELS:
+        return _LABEL_PATTERNS
+    patterns = {}
+    for label in labels.labels:
+        keys = [squeeze(label)] + [key for key, target in labels.aliases if target == label and len(key) > 4]
+        patterns[label] = "|".join(r"\b" + r"[^a-z]*".join(key) + r"\b" for key in keys if key)
+    return patterns
+
+
+def _single_label(text, labels=AVERITEC):
     """The one label `text` names, or None if it names none, several, or any of them negated."""
     found = set()
-    for label, pattern in _LABEL_PATTERNS.items():
+    for label, pattern in _label_patterns(labels).items():
         for m in re.finditer(pattern, text, re.IGNORECASE):
             if _NEGATION.search(text[max(0, m.start() - 40):m.start()]):
                 return None  # "not supported" could mean refuted or NEE: refuse to guess

@@ -25,7 +25,8 @@ NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final
          "courtroom_critic", "courtroom_hearing", "courtroom_no_switch", "courtroom_passage", "courtroom_prag",
          "courtroom_query", "courtroom_reflection", "courtroom_request", "courtroom_round", "courtroom_switch",
          "courtroom_testimony", "critic_consistency", "critic_meta", "critic_premises", "critic_round",
-         "debate_turn", "debater_meta", "debater_rebuttal", "evidence_item", "judge_case", "judge_meta",
+         "debate_turn", "debater_meta", "debater_rebuttal", "evidence_item", "evidence_kind_passages",
+         "evidence_kind_qa", "evidence_passage", "judge_case", "judge_meta",
          "madr_context", "madr_error_typology", "madr_free_feedback", "madr_free_meta", "madr_judge",
          "madr_judge_meta", "madr_no_verdict", "madr_refine", "madr_refiner_meta", "madr_revise",
          "madr_typology_feedback", "madr_typology_meta", "majority_ballot", "majority_vote", "moderator_final",
@@ -136,10 +137,29 @@ def check_files(names=NAMES):
 
 
 def format_evidence(items):
-    """The evidence block of a meta prompt: one numbered item per QA pair, or the no-evidence note."""
+    """The evidence block of a meta prompt: one numbered item per question-answer pair or passage (an item
+    with `text`: an abstract's sentence, a ruling's sentence), or the no-evidence note."""
     if not items:
         return load_prompt("no_evidence")
     return "\n".join(
+        render("evidence_passage", index=i, text=item["text"], url=item.get("url") or "(no source given)")
+        if "text" in item and "question" not in item else
         render("evidence_item", index=i, question=item["question"], answer=item["answer"],
                url=item.get("url") or "(no source given)")
         for i, item in enumerate(items, start=1))
+
+
+def evidence_kind(claim):
+    """What the claim's dataset calls its evidence, for prompts that name it ("question-answer pairs" for
+    AVeriTeC, "evidence passages" for sentence evidence): the claim's `evidence_shape`, QA by default."""
+    return load_prompt(f"evidence_kind_{claim.get('evidence_shape') or 'qa'}")
+
+
+def verdict_criteria(labels):
+    """The block that defines each verdict label of a LabelSet (the Moderator's meta prompt)."""
+    return render("verdict_labels", criteria=labels.criteria())
+
+
+def verdict_answer(labels):
+    """The JSON answer a verifier is asked for, its Verdict listing the LabelSet's labels."""
+    return render("verdict_answer", label_answer=labels.answer_format())

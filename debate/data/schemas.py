@@ -15,7 +15,7 @@ tokenizer and decoded by the engine (debate.engine.schema).
 - text: the model's own words inside quotes; a token that would break the string (a quote not at its
   start, a backslash, a control character) is never chosen; a token starting with a quote, or an
   end-of-turn token, closes the field.
-- choice: one of `values` ("labels": the four AVeriTeC labels), picked from the model's probability of
+- choice: one of `values` ("labels": the run's dataset's labels, filled in when the schema is compiled), picked from the model's probability of
   each whole value (every token of it, plus the token that closes it): greedy takes the most probable,
   sampling draws from them; the probabilities are kept (`label_probs`).
 - number: a choice among min, min+step, ..., max, written as a JSON number.
@@ -24,20 +24,20 @@ tokenizer and decoded by the engine (debate.engine.schema).
 """
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from debate.data.labels import LABELS
 from debate.data.prompts import PROMPT_DIR, PromptError
 
 KINDS = ("text", "choice", "number", "list")
-NAMED_VALUES = {"labels": list(LABELS)}
+NAMED_VALUES = ("labels",)  # value lists a schema names rather than lists: the dataset's verdict labels
 
 
 @dataclass(frozen=True)
 class Field:
     key: str
     kind: str
-    values: tuple = ()  # choice and number: the values as written
+    values: tuple = ()  # choice and number: the values as written (none for a named list)
+    named: str = None  # choice: the named value list it takes ("labels"), filled in when compiled
     share: float = 1.0  # text and list: part of the free tokens
     max_items: int = 1  # list
     when: tuple = ()  # ((key, value), ...) that must hold, else the field is written empty
@@ -88,11 +88,13 @@ def load(name):
         kind = spec.get("type")
         if kind not in KINDS or not isinstance(spec.get("key"), str):
             raise PromptError(f"{where}: needs a string 'key' and a 'type' among {', '.join(KINDS)}")
-        values = ()
+        values, named = (), None
         if kind == "choice":
             values = spec.get("values")
-            values = NAMED_VALUES.get(values, values) if isinstance(values, str) else values
-            if not values or not all(isinstance(v, str) and v and '"' not in v for v in values):
+            if isinstance(values, str) and values in NAMED_VALUES:
+                values, named = (), values
+            elif not values or isinstance(values, str) or not all(
+                    isinstance(v, str) and v and '"' not in v for v in values):
                 raise PromptError(f"{where}: 'values' must be a list of non-empty strings or one of "
                                   f"{', '.join(NAMED_VALUES)}")
         elif kind == "number":
@@ -102,9 +104,19 @@ def load(name):
             raise PromptError(f"{where}: 'when' must name earlier fields")
         if when and kind not in ("text", "choice"):
             raise PromptError(f"{where}: only text and choice fields can be conditional (they are left empty)")
-        fields.append(Field(key=spec["key"], kind=kind, values=tuple(values), share=float(spec.get("share", 1)),
+        fields.append(Field(key=spec["key"], kind=kind, values=tuple(values), named=named,
+                            share=float(spec.get("share", 1)),
                             max_items=int(spec.get("max_items", 1)), when=tuple(when.items())))
     if not fields:
         raise PromptError(f"{path}: no fields")
     return Spec(name=name, fields=tuple(fields), reasoning=bool(raw.get("reasoning", False)),
                 reasoning_share=float(raw.get("reasoning_share", 1)))
+
+
+def resolve(spec, labels):
+    """`spec` with its named value lists filled in: a "labels" choice takes `labels` (the dataset's label strings,
+    in their order)."""
+    if not any(f.named for f in spec.fields):
+        return spec
+    return replace(spec, fields=tuple(replace(f, values=tuple(labels)) if f.named == "labels" else f
+                                      for f in spec.fields))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field as dataclass_field
 import torch
 
 from debate.data import schemas
+from debate.data.labels import LABELS
 from debate.data.schemas import Spec
 
 INDENT = "\n  "
@@ -66,12 +67,14 @@ def _ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
-def compile_for(name, tokenizer):
-    """The schema of prompt `name` tokenised for `tokenizer` (cached per tokenizer)."""
+def compile_for(name, tokenizer, labels=LABELS):
+    """The schema of prompt `name` tokenised for `tokenizer`, a "labels" choice among `labels` (the dataset's
+    label strings; AVeriTeC's by default); cached per tokenizer."""
     cache = _compiled_cache(tokenizer)
-    if name not in cache:
-        cache[name] = _compile(schemas.load(name), tokenizer)
-    return cache[name]
+    key = (name, tuple(labels))
+    if key not in cache:
+        cache[key] = _compile(schemas.resolve(schemas.load(name), labels), tokenizer)
+    return cache[key]
 
 
 _BY_TOKENIZER = {}

@@ -13,14 +13,17 @@
 - Cooperation (CAMEL-style role play): a user agent leads the fact-check with one instruction per turn,
   an assistant agent carries each one out; when the user says TASK_DONE, or after `max_rounds`
   instruction/solution exchanges, the assistant gives the verdict.
+
+Each takes `labels`, the dataset's LabelSet: the prompts offer its labels and the verdicts choose among them.
 """
 import re
 from collections import Counter
 
 from debate.engine import engine
 from debate.methods import turns
+from debate.data.labels import AVERITEC
 from debate.data.parsing import parse_moderator
-from debate.data.prompts import format_evidence, load_prompt, render
+from debate.data.prompts import evidence_kind, format_evidence, load_prompt, render, verdict_answer
 
 RAG_COT_MODELS = {"verifier": "moderator"}  # role -> its model flag
 COOPERATION_MODELS = {"user": "debater", "assistant": "moderator"}
@@ -30,25 +33,27 @@ VOTER_SEED_STRIDE = 1000  # voter v samples from seed + 1000 * v: trials (seed, 
 
 
 def _meta(name, claim):
-    return render(name, claim=claim["claim"], evidence=format_evidence(claim["evidence"]))
+    return render(name, claim=claim["claim"], evidence=format_evidence(claim["evidence"]),
+                  evidence_kind=evidence_kind(claim))
 
 
-def _verify(agent, claims, settings, generator):
+def _verify(agent, claims, settings, generator, labels):
     """One RAG-CoT pass over `claims`: (conversations, prompts, replies)."""
     # HerO sends everything as one user message, with no system prompt.
     convs = [engine.Conversation(system="") for _ in claims]
     prompts = [render("ragcot", claim=c["claim"], evidence=format_evidence(c["evidence"]),
-                      answer=load_prompt("verdict_answer")) for c in claims]
-    replies = turns.speak(agent, convs, prompts, settings, generator, "ragcot")
+                      evidence_kind=evidence_kind(c), label_choices=labels.choices(), answer=verdict_answer(labels))
+               for c in claims]
+    replies = turns.speak(agent, convs, prompts, settings, generator, "ragcot", labels)
     return convs, prompts, replies
 
 
-def rag_cot(agents, claims, settings, streams=None, on_finish=None):
+def rag_cot(agents, claims, settings, streams=None, on_finish=None, labels=AVERITEC):
     generator = turns.stream(agents, streams, settings.seed, settings)
-    convs, prompts, replies = _verify(agents["verifier"], claims, settings, generator)
+    convs, prompts, replies = _verify(agents["verifier"], claims, settings, generator, labels)
     records = []
     for claim, conv, prompt, reply in zip(claims, convs, prompts, replies):
-        outcome = parse_moderator(reply, conv.structured)
+        outcome = parse_moderator(reply, conv.structured, labels)
         said = [{"round": 1, "role": "verifier", "prompt": prompt, "response": reply,
                  "parse_status": outcome["status"], **turns.structured_note(conv)}]
         records.append(turns.record(claim, outcome, said, [conv], reply=reply, rounds=1, stop_reason="answered"))
@@ -73,31 +78,33 @@ def voter_seed(seed, v):
     return seed + VOTER_SEED_STRIDE * v
 
 
-def vote_prompt(claim, replies):
+def vote_prompt(claim, replies, labels=AVERITEC):
     """FACT-AUDIT's voting prompt over the voters' `replies` to `claim`."""
     answers = "\n\n".join(render("majority_ballot", index=v, reply=r.strip()) for v, r in enumerate(replies, 1))
     return render("majority_vote", count=len(replies), answers=answers, claim=claim["claim"],
-                  evidence=format_evidence(claim["evidence"]), answer=load_prompt("verdict_answer"))
+                  evidence=format_evidence(claim["evidence"]), label_choices=labels.choices(),
+                  answer=verdict_answer(labels))
 
 
-def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
+def majority(agents, claims, settings, voters=3, streams=None, on_finish=None, labels=AVERITEC):
     ballots = []  # per voter: (convs, prompts, replies)
     for v in range(voters):
         ballots.append(_verify(agents["verifier"], claims, settings,
-                               turns.stream(agents, streams, voter_seed(settings.seed, v), settings)))
+                               turns.stream(agents, streams, voter_seed(settings.seed, v), settings), labels))
     # The vote is one more call of the verifier's model, drawing on voter 1's stream after its answers.
     vote_convs = [engine.Conversation(system="") for _ in claims]
-    vote_prompts = [vote_prompt(claim, [replies[i] for _, _, replies in ballots]) for i, claim in enumerate(claims)]
+    vote_prompts = [vote_prompt(claim, [replies[i] for _, _, replies in ballots], labels)
+                    for i, claim in enumerate(claims)]
     vote_replies = turns.speak(agents["verifier"], vote_convs, vote_prompts, settings,
-                               turns.stream(agents, streams, settings.seed, settings), "majority_vote")
+                               turns.stream(agents, streams, settings.seed, settings), "majority_vote", labels)
     records = []
     for i, claim in enumerate(claims):
-        outcomes = [parse_moderator(replies[i], convs[i].structured) for convs, _, replies in ballots]
+        outcomes = [parse_moderator(replies[i], convs[i].structured, labels) for convs, _, replies in ballots]
         label, counts, tie = majority_vote([o["verdict"] for o in outcomes])
         said = [{"round": 1, "role": f"voter_{v + 1}", "prompt": prompts[i], "response": replies[i],
                  "parse_status": o["status"], **turns.structured_note(convs[i])}
                 for v, ((convs, prompts, replies), o) in enumerate(zip(ballots, outcomes))]
-        voted = parse_moderator(vote_replies[i], vote_convs[i].structured)
+        voted = parse_moderator(vote_replies[i], vote_convs[i].structured, labels)
         said.append({"round": "vote", "role": "vote", "prompt": vote_prompts[i], "response": vote_replies[i],
                      "parse_status": voted["status"], **turns.structured_note(vote_convs[i])})
         if voted["verdict"] is not None:
@@ -108,7 +115,7 @@ def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
             # and as label distribution that of the count itself (each voter independent, same tie rule).
             chosen = next((v for v, o in enumerate(outcomes) if o["verdict"] == label), 0)
             outcome = dict(outcomes[chosen], label_probs=turns.outcome_probs(
-                [o.get("label_probs") for o in outcomes], lambda votes: majority_vote(votes)[0]))
+                [o.get("label_probs") for o in outcomes], lambda votes: majority_vote(votes)[0], labels.labels))
             reply, stop = ballots[chosen][2][i], "vote_count"
         records.append(turns.record(
             claim, outcome, said, [convs[i] for convs, _, _ in ballots] + [vote_convs[i]], reply=reply,
@@ -120,7 +127,7 @@ def majority(agents, claims, settings, voters=3, streams=None, on_finish=None):
     return records
 
 
-def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=None):
+def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=None, labels=AVERITEC):
     generator = turns.stream(agents, streams, settings.seed, settings)
     users = [engine.Conversation(system=_meta("cooperation_user_meta", c)) for c in claims]
     assistants = [engine.Conversation(system=_meta("cooperation_assistant_meta", c)) for c in claims]
@@ -150,13 +157,13 @@ def cooperation(agents, claims, settings, max_rounds=3, streams=None, on_finish=
             to_user[i] = text
         active = going
 
-    final = render("cooperation_final", answer=load_prompt("verdict_answer"))
-    replies = turns.speak(agents["assistant"], assistants, [final] * len(claims), settings, generator,
-                          "cooperation_final")
+    finals = [render("cooperation_final", evidence_kind=evidence_kind(c), label_choices=labels.choices(),
+                     answer=verdict_answer(labels)) for c in claims]
+    replies = turns.speak(agents["assistant"], assistants, finals, settings, generator, "cooperation_final", labels)
     records = []
     for i, (claim, reply) in enumerate(zip(claims, replies)):
-        outcome = parse_moderator(reply, assistants[i].structured)
-        said[i].append({"round": "final", "role": "assistant", "prompt": final, "response": reply,
+        outcome = parse_moderator(reply, assistants[i].structured, labels)
+        said[i].append({"round": "final", "role": "assistant", "prompt": finals[i], "response": reply,
                         "parse_status": outcome["status"], **turns.structured_note(assistants[i])})
         records.append(turns.record(claim, outcome, said[i], [users[i], assistants[i]], reply=reply,
                                     rounds=rounds[i], stop_reason=stop[i]))

@@ -5,7 +5,8 @@ last argument. After every round the Moderator answers in JSON and says whether 
 ends the debate with its verdict. After `max_rounds` without one, the Moderator gets the final prompt.
 A Moderator reply whose "Proceeding Necessity" cannot be read counts as "go on": the debate cannot end
 on a decision nobody made, and the final prompt still asks for a verdict. A "No" that names none of
-the four labels ends the debate and goes straight to the final prompt for its verdict.
+the dataset's labels ends the debate and goes straight to the final prompt for its verdict. The labels are the
+run's dataset's (`labels`, a LabelSet): the Moderator's meta prompt defines them and its verdicts choose among them.
 
 Claims are debated in batches: each role's turn for every active claim is one batched generate call.
 """
@@ -13,8 +14,9 @@ from dataclasses import dataclass, field
 
 from debate.engine import engine
 from debate.methods import turns as shared
+from debate.data.labels import AVERITEC
 from debate.data.parsing import parse_moderator
-from debate.data.prompts import format_evidence, load_prompt, render
+from debate.data.prompts import format_evidence, render, verdict_criteria
 
 ROLES = ("affirmative", "negative", "moderator")
 MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag
@@ -25,6 +27,7 @@ SCHEMAS = ("moderator_round", "moderator_final")  # the JSON answers it asks for
 class ClaimDebate:
     claim: dict
     convs: dict  # role -> engine.Conversation
+    labels: object  # the dataset's LabelSet
     turns: list = field(default_factory=list)
     arguments: dict = field(default_factory=dict)  # role -> its latest argument
     outcome: dict = None  # the parsed verdict once the debate has ended
@@ -32,25 +35,25 @@ class ClaimDebate:
     stop_reason: str = ""
 
 
-def moderator_system(claim_text, evidence_items):
+def moderator_system(claim_text, evidence_items, labels=AVERITEC):
     """The Moderator's meta prompt (training renders the same one, so contexts match token for token)."""
     return render("moderator_meta", claim=claim_text, evidence=format_evidence(evidence_items),
-                  labels=load_prompt("verdict_labels"))
+                  labels=verdict_criteria(labels))
 
 
-def start_debate(claim):
+def start_debate(claim, labels=AVERITEC):
     evidence = format_evidence(claim["evidence"])
     # Both Debaters share the paper's meta prompt; each learns its side from its first prompt of round 1.
     convs = {role: engine.Conversation(system=render("debater_meta", claim=claim["claim"], evidence=evidence))
              for role in ("affirmative", "negative")}
-    convs["moderator"] = engine.Conversation(system=moderator_system(claim["claim"], claim["evidence"]))
-    return ClaimDebate(claim=claim, convs=convs)
+    convs["moderator"] = engine.Conversation(system=moderator_system(claim["claim"], claim["evidence"], labels))
+    return ClaimDebate(claim=claim, convs=convs, labels=labels)
 
 
 def _speak(agents, role, debates, prompts, round_no, settings, generator, schema_name=None):
     """One batched turn of `role` in each of `debates`; returns the replies."""
     replies = shared.speak(agents[role], [d.convs[role] for d in debates], prompts, settings, generator,
-                           schema_name)
+                           schema_name, debates[0].labels if debates else AVERITEC)
     for d, prompt, reply in zip(debates, prompts, replies):
         d.arguments[role] = reply
         d.turns.append({"round": round_no, "role": role, "prompt": prompt, "response": reply})
@@ -63,9 +66,11 @@ def _finish(debate, parsed, reason):
         conv.drop_cache()  # the memory goes to the claims still debating
 
 
-def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=None):
-    """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records."""
-    debates = [start_debate(c) for c in claims]
+def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=None, labels=AVERITEC):
+    """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records. `labels`: the
+    dataset's LabelSet."""
+    debates = [start_debate(c, labels) for c in claims]
+    answer = {"label_choices": labels.choices(), "label_answer": labels.answer_format()}
     active, final, records = list(debates), [], []
     # One stream for the whole run: a fresh seed per call would repeat the same draws every turn.
     generator = shared.stream(agents, streams, settings.seed, settings)
@@ -88,7 +93,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
         neg_prompts = [render(opening, opponent_argument=d.arguments["affirmative"]) for d in active]
         _speak(agents, "negative", active, neg_prompts, round_no, settings, generator)
         mod_prompts = [render("moderator_round", round=round_no, affirmative_argument=d.arguments["affirmative"],
-                              negative_argument=d.arguments["negative"]) for d in active]
+                              negative_argument=d.arguments["negative"], **answer) for d in active]
         replies = _speak(agents, "moderator", active, mod_prompts, round_no, settings, generator, "moderator_round")
 
         still = []
@@ -109,7 +114,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
     final += active
     if final:
         prompts = [render("moderator_final", affirmative_argument=d.arguments["affirmative"],
-                          negative_argument=d.arguments["negative"], claim=d.claim["claim"]) for d in final]
+                          negative_argument=d.arguments["negative"], claim=d.claim["claim"], **answer) for d in final]
         replies = _speak(agents, "moderator", final, prompts, "final", settings, generator, "moderator_final")
         for debate, reply in zip(final, replies):
             parsed = _read(debate, reply)
@@ -121,7 +126,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
 def _read(debate, reply):
     """The Moderator's reply parsed (from its schema result when structured); noted on its turn."""
     structured = debate.convs["moderator"].structured
-    parsed = parse_moderator(reply, structured)
+    parsed = parse_moderator(reply, structured, debate.labels)
     debate.turns[-1]["parse_status"] = parsed["status"]
     debate.turns[-1].update(shared.structured_note(debate.convs["moderator"]))
     return parsed

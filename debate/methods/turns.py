@@ -9,7 +9,7 @@ import math
 import torch
 
 from debate.engine import engine, scheduler, schema
-from debate.data.labels import LABELS
+from debate.data.labels import AVERITEC
 from debate.engine.models import adapter_scope
 
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
@@ -47,15 +47,17 @@ def stream(agents, streams, seed, settings):
 on_turn = None
 
 
-def speak(agent, convs, prompts, settings, generator=None, schema_name=None):
+def speak(agent, convs, prompts, settings, generator=None, schema_name=None, labels=AVERITEC):
     """One batched turn of `agent` (a models.RoleModel) in each conversation; returns the replies.
 
     `schema_name`: the prompt whose JSON answer is asked for; with `settings.structured` the replies are
-    decoded under its schema and each conversation's `structured` holds the fields and probabilities.
+    decoded under its schema and each conversation's `structured` holds the fields and probabilities. A
+    verdict in the schema is chosen among `labels` (a LabelSet, the dataset's).
     """
     if not convs:
         return []
-    compiled = schema.compile_for(schema_name, agent.tokenizer) if schema_name and settings.structured else None
+    compiled = (schema.compile_for(schema_name, agent.tokenizer, labels.labels)
+                if schema_name and settings.structured else None)
     generator = generator if settings.temperature > 0 else None
     # A claim run by the scheduler (continuous batching) waits here while its turn joins a shared model call.
     replies = scheduler.submit(agent, convs, prompts, settings, generator, compiled)
@@ -76,16 +78,16 @@ def structured_note(conv):
     return {"parse_status": "structured", "schema": conv.structured["schema"], "probs": conv.structured["probs"]}
 
 
-def check_schemas(agents, names, settings):
+def check_schemas(agents, names, settings, labels=AVERITEC):
     """Refuse, before any claim runs, a --max-new-tokens too small for a JSON answer the run will ask for."""
     if not settings.structured:
         return
     for agent in {id(a.tokenizer): a for a in agents.values()}.values():
         for name in names:
-            schema.check_budget(schema.compile_for(name, agent.tokenizer), settings.max_new_tokens)
+            schema.check_budget(schema.compile_for(name, agent.tokenizer, labels.labels), settings.max_new_tokens)
 
 
-def outcome_probs(dists, rule, labels=LABELS):
+def outcome_probs(dists, rule, labels=AVERITEC.labels):
     """P(rule(votes) == label) for each label when vote i is drawn from dists[i] ({value: p}) independently;
     None when any distribution is missing. Normalised over the labels the rule can give."""
     if not dists or any(d is None for d in dists):
@@ -108,7 +110,7 @@ def record(claim, outcome, turns, convs, reply=None, **extra):
     """A finished claim as the run writes it: its prediction line and its transcript line.
 
     `outcome` is a parsing.parse_moderator result (verdict, justification, status) of the deciding
-    `reply`. A reply that was read but names none of the four labels is recorded as "no_verdict", never
+    `reply`. A reply that was read but names none of the dataset's labels is recorded as "no_verdict", never
     as a default class. A reply with no readable fields at all keeps its whole text as the justification:
     it is what the system said, and what a reader (or the justification METEOR) gets to see.
     """
