@@ -10,6 +10,7 @@ Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/d
 import argparse
 import sys
 
+from debate.data import datasets
 from debate.pipeline import cli, runner
 from train import loop, stages, syndec
 
@@ -27,8 +28,13 @@ def build_parser():
     p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them; a stage's old output "
                    "is removed only once every check has passed")
     d = p.add_argument_group("synthesis (golden evidence)")
-    d.add_argument("--split", default="train", help="AVeriTeC split DIR/<split>.json, or 'demo' (embedded)")
-    d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
+    d.add_argument("--dataset", default="averitec", choices=datasets.NAMES,
+                   help="the dataset of the training claims (run_debate.py --list-datasets shows them); the Moderator "
+                   "then learns that dataset's labels")
+    d.add_argument("--split", default="train", help="a split of the dataset: AVeriTeC's DIR/<split>.json or 'demo' "
+                   "(embedded), Check-COVID's train, ...")
+    d.add_argument("--data-dir", help="the dataset's folder (default: data/<dataset>; AVeriTeC: $DEBATECV_DATA, "
+                   "else data/averitec)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
     d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together (ours)")
     d.add_argument("--max-new-tokens", type=int,

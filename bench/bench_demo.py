@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.data import claims as data  # noqa: E402
+from debate.data import averitec, claims as data  # noqa: E402
 from debate.methods import debatecv
 from debate.engine import engine, models
 
@@ -34,7 +34,7 @@ def main():
     p.add_argument("--out", default=str(ROOT / "bench/out/demo.json"))
     args = p.parse_args()
     models.set_offline()
-    claims = data.attach_evidence(data.load_split("demo"), "golden")[: args.claims]
+    claims = data.attach_evidence(averitec.load_split("demo"), "golden")[: args.claims]
     path = models.default_model_path()
     start = time.perf_counter()
     agents = models.load_roles({r: path for r in debatecv.ROLES}, {}, use_4bit=True)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.data import claims as data  # noqa: E402
+from debate.data import averitec, claims as data  # noqa: E402
 from debate.methods import debatecv
 from debate.engine import engine, models
 from tests.tiny_models import averitec_dir, build_tiny_llama  # noqa: E402
@@ -30,9 +30,9 @@ from tests.tiny_models import averitec_dir, build_tiny_llama  # noqa: E402
 def bench_claims(n):
     shared = averitec_dir()
     if (shared / "dev.json").exists():
-        claims = data.load_split("dev", shared)[:n]
+        claims = averitec.load_split("dev", shared)[:n]
         return data.attach_evidence(claims, "retrieved", shared / "dev.retrieved.hero.jsonl"), "AVeriTeC dev, retrieved"
-    claims = data.load_split("demo", None)
+    claims = averitec.load_split("demo", None)
     return data.attach_evidence((claims * n)[:n], "golden"), "demo set (shared data absent)"
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from debate.pipeline import cli, records, runner  # noqa: E402
-from debate.data import claims as data, jsonl
+from debate.data import averitec as averitec_data, claims as data, jsonl
 from debate.engine import engine, models
 from debate.methods import madr, turns
 from debate.data.labels import CEC, NEE  # noqa: E402
@@ -80,7 +80,7 @@ def main():
     models.set_offline()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    claims = data.attach_evidence(data.load_split("dev", args.data_dir), "golden")[: args.claims]
+    claims = data.attach_evidence(averitec_data.load_split("dev", args.data_dir), "golden")[: args.claims]
     references = data.as_references(claims)
     flags = ["--split", "dev", "--data-dir", args.data_dir, "--evidence", "golden", "--max-new-tokens",
              str(args.max_new_tokens), "--batch-size", str(args.batch_size)] + (["--model", args.model] if args.model else [])

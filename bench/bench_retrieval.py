@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.data import claims as data  # noqa: E402
+from debate.data import averitec  # noqa: E402
 from debate.engine import engine, models, retrieval  # noqa: E402
 from debate.methods.courtroom import case, negotiation  # noqa: E402
 from debate.pipeline import config  # noqa: E402
@@ -229,7 +229,7 @@ def main():
     if not Path(args.corpus).is_file():
         sys.exit(f"{args.corpus}: no corpus; build it first with `python bench/build_corpus.py`")
     models.set_offline()
-    claims = data.load_split(args.split, args.data_dir)
+    claims = averitec.load_split(args.split, args.data_dir)
     embedder = retrieval.load_embedder(args.embedder)
     index, embedding = load_index(args.corpus, embedder, args.out)
     by_claim = claim_positions(index.passages)

@@ -3,7 +3,7 @@
     python bench/build_corpus.py [--data-dir ../shared/data/averitec] [--split dev]
                                  [--out bench/out/averitec-dev-corpus.jsonl]
 
-Every golden QA item (the annotators' evidence, as data.load_split builds it) and every retrieved QA
+Every golden QA item (the annotators' evidence, as averitec.load_split builds it) and every retrieved QA
 item (HerO's, <split>.retrieved.hero.jsonl) of all claims goes into one JSONL corpus, so a claim's own
 golden evidence is hidden among everyone else's. The file is in the format retrieval.load_corpus reads:
 
@@ -11,9 +11,9 @@ golden evidence is hidden among everyone else's. The file is in the format retri
 
 - One passage per QA item; text = "question answer", exactly as retrieval.evidence_passages writes it.
 - Ids: gold-{claim_id}-{j} and hero-{claim_id}-{j}, j the item's position in the claim's golden
-  evidence (data.load_split order, left-out items included) or in its retrieved list, so an id always
+  evidence (averitec.load_split order, left-out items included) or in its retrieved list, so an id always
   names the same item of the data whatever is left out.
-- Golden items whose answer is data.NO_ANSWER ("No answer could be found.") are left out: they say that
+- Golden items whose answer is averitec.NO_ANSWER ("No answer could be found.") are left out: they say that
   nothing was found, they are not evidence anyone could retrieve.
 - Items with an empty text are left out (load_corpus refuses them).
 - Exact duplicate texts are kept once: all golden items come first (claim order), then all retrieved
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate.data import claims as data, jsonl  # noqa: E402
+from debate.data import averitec, claims as data, jsonl  # noqa: E402
 
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data" / "averitec"
 DEFAULT_OUT = ROOT / "bench" / "out" / "averitec-dev-corpus.jsonl"
@@ -42,15 +42,15 @@ def _passage(pid, item, claim_id, source):
 
 def build_corpus(data_dir, split="dev"):
     """The pooled corpus of `split` in `data_dir`: (passages, counts of what was kept and left out)."""
-    claims = data.load_split(split, data_dir)
-    retrieved = data.load_retrieved(data.retrieved_path(split, data_dir))
+    claims = averitec.load_split(split, data_dir)
+    retrieved = data.load_retrieved(averitec.retrieved_path(split, data_dir))
     counts = {"claims": len(claims), "gold_items": 0, "gold_no_answer": 0, "retrieved_items": 0,
               "empty_text": 0, "duplicates": 0}
     candidates = []  # golden items first, so a text found both ways is kept as gold
     for claim in claims:
         for j, item in enumerate(claim["gold_evidence"]):
             counts["gold_items"] += 1
-            if item["answer"] == data.NO_ANSWER:
+            if item["answer"] == averitec.NO_ANSWER:
                 counts["gold_no_answer"] += 1
                 continue
             candidates.append(_passage(f"gold-{claim['claim_id']}-{j}", item, claim["claim_id"], "gold"))
@@ -92,7 +92,7 @@ def main():
     write_corpus(passages, args.out)
     print(f"{args.out}: {counts['passages']} passages ({counts['gold_passages']} gold, "
           f"{counts['retrieved_passages']} retrieved) from {counts['claims']} claims")
-    print(f"  gold items {counts['gold_items']}, of which '{data.NO_ANSWER}' left out: {counts['gold_no_answer']}")
+    print(f"  gold items {counts['gold_items']}, of which '{averitec.NO_ANSWER}' left out: {counts['gold_no_answer']}")
     print(f"  retrieved items {counts['retrieved_items']}; exact duplicate texts kept once: {counts['duplicates']} "
           f"copies folded into 'also'; empty texts left out: {counts['empty_text']}")
 

@@ -1,16 +1,20 @@
 """The toolkit from Python: a notebook or another pipeline calls these instead of building CLI flags.
 
-    from debate import build, run, verify
+    from debate import Verifier, build, run
     config = build(split="demo", method="rag-cot", limit=2)   # the flags' names and defaults, checked
     metrics = run(config)                                      # = run_debate.py: the same output directory
-    predictions = verify([{"claim": "...", "evidence": [...]}], config)   # in memory, no directory
+    with Verifier(config) as verifier:                         # loads the models once
+        predictions = verifier.verify([{"claim": "...", "evidence": [...]}])   # in memory, no directory
+        more = verifier.verify(other_claims)                    # batch after batch, the same models
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
-from debate.data import claims as data, prompts
+import gc
+
+from debate.data import claims as data, datasets, prompts
 from debate.engine import models
-from debate.pipeline import runner
 from debate.methods import turns
+from debate.pipeline import runner
 from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
@@ -20,39 +24,91 @@ def run(config, log=print):
     return runner.run(build(**to_dict(config)), log=log)
 
 
-def verify(claims, config):
-    """Verify a few claims in memory with the config's method and models; return one prediction record per
-    claim, in order (label, justification, label_probs, parse_status, token counts, ...). Nothing is written.
+class Verifier:
+    """The config's method with its models loaded once: `verify(claims)` as often as wanted, then `close()`
+    (or use it in a `with` block) to free the models.
 
-    A claim is a string or a dict with "claim" and optionally "evidence" ([{"question", "answer", "url"}],
-    what the agents see; none: no evidence), "claim_id" (default: its position) and "label" (the gold one).
-    The config's data and output settings are not used. The models are loaded on every call.
+    Verdicts are the labels of the config's dataset (`config.data.dataset`, and its split: Check-COVID's
+    test-binary has two; a jsonl dataset's come from DATA_DIR/card.json): `labels` is that LabelSet. The
+    config's other data settings and its output settings are not used.
     """
-    config = build(**to_dict(config))
-    claims = [_claim(c, i) for i, c in enumerate(claims)]
-    models.set_offline()
-    prompts.use_prompt_dir(config.method.prompts)
-    runner.check_run(config, claims)
-    roles = runner.model_roles(config)
-    agents = runner.load_agents(config, roles)
-    settings = runner.settings_of(config)
-    runner.check_schemas(config, agents, settings)
-    kwargs = runner.METHODS[config.method.method][2](config)
-    done = {}
-    runner.verify_claims(config, agents, claims, settings, turns.Streams(turns.device_of(agents)), kwargs,
-                         lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
-    return [done[c["claim_id"]] for c in claims]
+
+    def __init__(self, config):
+        self.config = build(**to_dict(config))
+        self.labels = labels_of(self.config)
+        models.set_offline()
+        prompts.use_prompt_dir(self.config.method.prompts)
+        runner.check_run(self.config, [])
+        self.agents = runner.load_agents(self.config, runner.model_roles(self.config))
+        self.settings = runner.settings_of(self.config)
+        runner.check_schemas(self.config, self.agents, self.settings, self.labels)
+        self.options = runner.method_options(self.config, self.labels)
+        self.streams = turns.Streams(turns.device_of(self.agents))
+
+    def verify(self, claims):
+        """One prediction record per claim, in order (label, justification, label_probs, parse_status, token
+        counts, ...). Nothing is written.
+
+        A claim is a string or a dict with "claim" and optionally "evidence" (what the agents see: question-answer
+        pairs {"question", "answer", "url"} or passages {"text", "url"}; none: no evidence), "claim_id" (default:
+        its position) and "label" (the gold one, among `labels`).
+        """
+        if self.agents is None:
+            raise RuntimeError("this Verifier is closed: its models were freed")
+        claims = checked_claims(claims, self.labels)
+        done = {}
+        runner.verify_claims(self.config, self.agents, claims, self.settings, self.streams, self.options,
+                             lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
+        return [done[c["claim_id"]] for c in claims]
+
+    def close(self):
+        """Free the models (GPU memory included); verify() refuses afterwards."""
+        self.agents = self.options = None
+        gc.collect()
+        models.release_memory()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
-def _claim(claim, index):
-    """A claim record (data.py's shape) of what `verify` was given."""
+def labels_of(config):
+    """The LabelSet of a config's dataset and split."""
+    return datasets.get(config.data.dataset).labels(config.data.split, config.data.data_dir)
+
+
+def checked_claims(claims, labels):
+    """Claim records (debate.data.claims' shape) of what Verifier.verify was given; a bad one is a DataError."""
+    return [_claim(c, i, labels) for i, c in enumerate(claims)]
+
+
+def _claim(claim, index, labels):
+    """A claim record (debate.data.claims' shape) of what `verify` was given."""
     if isinstance(claim, str):
         claim = {"claim": claim}
     if not isinstance(claim, dict) or not isinstance(claim.get("claim"), str):
         raise data.DataError(f"claim {index}: a string or a dict with a 'claim' string, not {claim!r:.80}")
-    evidence = claim.get("evidence") or []
-    for k, item in enumerate(evidence):
-        if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("question", "answer")):
-            raise data.DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings")
-    return dict(claim, claim_id=claim.get("claim_id", index),
-                evidence=[dict(e, url=e.get("url", "")) for e in evidence])
+    items = []
+    for k, item in enumerate(claim.get("evidence") or []):
+        qa = isinstance(item, dict) and all(isinstance(item.get(key), str) for key in ("question", "answer"))
+        if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
+            raise data.DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
+                                 "or with a 'text' string")
+        items.append(dict(item, url=item.get("url", "")))
+    label = claim.get("label")
+    if label is not None and labels.canonical(label) is None:
+        raise data.DataError(f"claim {index}: label {label!r} is not one of {', '.join(labels.labels)}")
+    shape = "qa" if items and all("question" in e for e in items) else "passages" if items else "qa"
+    return dict(claim, claim_id=claim.get("claim_id", index), evidence=items, evidence_shape=shape,
+                label=labels.canonical(label) if label is not None else None)
+
+
+def verify(claims, config):
+    """Verify a few claims in memory (see Verifier.verify), loading the config's models for this one call; to
+    verify batch after batch, keep a Verifier instead."""
+    checked_claims(claims, labels_of(build(**to_dict(config))))  # a bad claim is refused before any model loads
+    with Verifier(config) as verifier:
+        return verifier.verify(claims)

@@ -11,13 +11,12 @@ METEOR (and, for a run refined by MADR, the justification before refinement too)
 Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--json]``.
 """
 import json
-import math
 import sys
-from collections import Counter
 from pathlib import Path
 
 from debate.data import jsonl
-from debate.data.labels import CEC, LABELS, NEE, canonical_label
+from debate.data.labels import AVERITEC, LABELS, canonical_label
+from eval import metrics
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
 MAX_EVIDENCE = 10
@@ -240,92 +239,14 @@ def _ratio(num, den):
 
 
 def label_metrics(golds, preds):
-    """Accuracy, macro-F1, per-class F1, confusion and NEE/CEC false-positive rates.
-
-    `preds` holds canonical labels or None (unparsed); None is always wrong and is never mapped
-    to a default class. F1 of a class with no gold and no predicted instance is 0.
-    """
-    golds, preds = list(golds), list(preds)
-    n = len(golds)
-    confusion = {g: {p: 0 for p in (*LABELS, UNPARSED)} for g in LABELS}
-    for g, p in zip(golds, preds):
-        confusion[g][p if p in LABELS else UNPARSED] += 1
-    per_class = {}
-    for label in LABELS:
-        tp = confusion[label][label]
-        predicted = sum(confusion[g][label] for g in LABELS)
-        actual = sum(confusion[label].values())
-        per_class[label] = 2 * tp / (predicted + actual) if predicted + actual else 0.0
-    fpr = {}
-    for label in (NEE, CEC):
-        others = [g for g in LABELS if g != label]
-        fpr[label] = _ratio(
-            sum(confusion[g][label] for g in others), sum(sum(confusion[g].values()) for g in others)
-        )
-    correct = sum(g == p for g, p in zip(golds, preds))
-    return {
-        "n": n,
-        "accuracy": _ratio(correct, n),
-        "macro_f1": sum(per_class.values()) / len(LABELS) if n else None,
-        "per_class_f1": per_class,
-        "confusion": confusion,
-        "fpr": fpr,
-        "n_unparsed": sum(p not in LABELS for p in preds),
-    }
+    """Accuracy, macro-F1, per-class precision / recall / F1, confusion and the NEE/CEC false-positive rates over
+    the four AVeriTeC labels (eval.metrics.label_metrics)."""
+    return metrics.label_metrics(golds, preds, AVERITEC)
 
 
-ECE_BINS = 15
-
-
-def calibration(golds, probs, bins=ECE_BINS):
-    """{"ece", "brier", "n"} over the claims whose label probabilities are known (`probs`: a dict label ->
-    probability, or None), or None when none are.
-
-    ECE: the claims are put into `bins` equal-width bins (lower, upper] by the probability of their top
-    label; ECE = sum over bins of (claims in bin / n) x |accuracy of the top label - mean top probability|.
-    Brier: the mean over claims of sum over the four labels of (p - 1 if gold else p)^2, in [0, 2].
-    """
-    pairs = [(g, {canonical_label(k): v for k, v in p.items()}) for g, p in zip(golds, probs) if p]
-    if not pairs:
-        return None
-    sums = [[0, 0.0, 0] for _ in range(bins)]  # per bin: claims, summed confidence, top label right
-    brier = 0.0
-    for gold, p in pairs:
-        top = max(LABELS, key=lambda label: p.get(label, 0.0))
-        confidence = p.get(top, 0.0)
-        b = min(bins - 1, max(0, math.ceil(confidence * bins) - 1))  # (k/bins, (k+1)/bins] -> bin k
-        sums[b][0] += 1
-        sums[b][1] += confidence
-        sums[b][2] += top == gold
-        brier += sum((p.get(label, 0.0) - (label == gold)) ** 2 for label in LABELS)
-    n = len(pairs)
-    ece = sum(count / n * abs(right / count - conf / count) for count, conf, right in sums if count)
-    return {"ece": ece, "brier": brier / n, "n": n}
-
-
-def _run_stats(records):
-    """Rounds, token and parse-status summaries for our own predictions.jsonl records."""
-    out = {}
-    rounds = [r["rounds"] for r in records if "rounds" in r]
-    rounds = [len(x) if isinstance(x, list) else x for x in rounds]
-    rounds = [x for x in rounds if isinstance(x, int) and not isinstance(x, bool)]
-    if rounds:
-        counts = Counter(rounds)
-        out["rounds"] = {
-            "distribution": {str(k): counts[k] for k in sorted(counts)},
-            "mean": sum(rounds) / len(rounds),
-        }
-    tokens = {}
-    for key in ("prompt_tokens", "completion_tokens"):
-        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
-        if values:
-            tokens[key] = {"total": sum(values), "mean": sum(values) / len(values)}
-    if tokens:
-        out["tokens"] = tokens
-    statuses = [r["parse_status"] for r in records if "parse_status" in r]
-    if statuses:
-        out["parse_status"] = dict(Counter(str(s) for s in statuses).most_common())
-    return out
+def calibration(golds, probs, bins=metrics.ECE_BINS):
+    """ECE and Brier over the four labels (eval.metrics.calibration)."""
+    return metrics.calibration(golds, probs, AVERITEC, bins)
 
 
 def metrics_from_rows(rows, n_references=None, levels=LEVELS):
@@ -333,30 +254,29 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS):
 
     Rounds, tokens and parse status come from each row's prediction record, where it has them.
     """
-    metrics = label_metrics([r["gold"] for r in rows], [r["pred"] for r in rows])
+    golds, preds = [r["gold"] for r in rows], [r["pred"] for r in rows]
+    probs = [(r.get("record") or {}).get("label_probs") for r in rows]
+    out = metrics.scored(golds, preds, probs, AVERITEC)
     n = len(rows)
-    metrics["averitec"] = {
+    out["averitec"] = {
         level_key(level): _ratio(sum(r["correct"] and r["evidence_score"] > level for r in rows), n)
         for level in levels
     }
-    metrics["evidence_score_mean"] = _ratio(sum(r["evidence_score"] for r in rows), n)
-    metrics["n_without_evidence"] = sum(r["n_evidence"] == 0 for r in rows)
+    out["evidence_score_mean"] = _ratio(sum(r["evidence_score"] for r in rows), n)
+    out["n_without_evidence"] = sum(r["n_evidence"] == 0 for r in rows)
     # Only claims with a gold justification count; rows made by hand may carry no score at all.
     scored = [r["justification_meteor"] for r in rows if r.get("justification_meteor") is not None]
-    metrics["justification_meteor"] = _ratio(sum(scored), len(scored))
-    metrics["n_with_gold_justification"] = len(scored)
+    out["justification_meteor"] = _ratio(sum(scored), len(scored))
+    out["n_with_gold_justification"] = len(scored)
     if any("justification_meteor_unrefined" in r for r in rows):
         unrefined = [r["justification_meteor_unrefined"] for r in rows
                      if r.get("justification_meteor_unrefined") is not None]
-        metrics["justification_meteor_unrefined"] = _ratio(sum(unrefined), len(unrefined))
+        out["justification_meteor_unrefined"] = _ratio(sum(unrefined), len(unrefined))
     if n_references is not None:
-        metrics["n_references"] = n_references
-        metrics["n_missing"] = n_references - n
-    metrics.update(_run_stats([r["record"] for r in rows if "record" in r]))
-    calibrated = calibration([r["gold"] for r in rows], [(r.get("record") or {}).get("label_probs") for r in rows])
-    if calibrated:
-        metrics["calibration"] = calibrated
-    return metrics
+        out["n_references"] = n_references
+        out["n_missing"] = n_references - n
+    out.update(metrics.run_stats([r["record"] for r in rows if "record" in r]))
+    return out
 
 
 def score(predictions, references, evidence=None, *, levels=LEVELS):

@@ -1,7 +1,11 @@
-"""One-screen text summary of a metrics dict from `eval.averitec.score`."""
+"""One-screen text summary of a metrics dict (`eval.averitec.score`, `eval.metrics.score`), any label set."""
 from debate.data.labels import CEC, LABELS, NEE
 
 _SHORT = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC", "unparsed": "unparsed"}
+
+
+def _short(label):
+    return _SHORT.get(label, label[:8])
 
 
 def _pct(value):
@@ -44,19 +48,26 @@ def summary_table(metrics):
         cal = metrics["calibration"]
         lines.append(f"calibration     ECE {cal['ece']:.3f}   Brier {cal['brier']:.3f}   "
                      f"({cal['n']} claims with label probabilities)")
+    labels = metrics.get("labels") or list(LABELS)  # metrics written before they named their labels: AVeriTeC's
     fpr = metrics.get("fpr") or {}
-    lines.append(f"FPR  NEE {_pct(fpr.get(NEE)).strip()}   CEC {_pct(fpr.get(CEC)).strip()}")
+    if fpr:
+        lines.append("FPR  " + "   ".join(f"{_short(l)} {_pct(v).strip()}" for l, v in fpr.items()))
     per_class = metrics.get("per_class_f1") or {}
-    lines.append("F1   " + "   ".join(f"{_SHORT[l]} {_pct(per_class.get(l)).strip()}" for l in LABELS))
+    lines.append("F1   " + "   ".join(f"{_short(l)} {_pct(per_class.get(l)).strip()}" for l in labels))
+    intervals = metrics.get("intervals") or {}
+    if intervals.get("accuracy"):
+        lines.append("95% CI          " + "   ".join(
+            f"{name} [{100 * intervals[key][0]:.1f}, {100 * intervals[key][1]:.1f}]"
+            for key, name in (("accuracy", "accuracy"), ("macro_f1", "macro-F1")) if intervals.get(key)))
 
     confusion = metrics.get("confusion")
     if confusion:
-        columns = [*LABELS, "unparsed"]
+        columns = [*labels, "unparsed"]
         lines.append("confusion (rows gold, columns predicted)")
-        lines.append("       " + "".join(f"{_SHORT[c]:>9}" for c in columns))
-        for gold in LABELS:
+        lines.append("         " + "".join(f"{_short(c):>9}" for c in columns))
+        for gold in labels:
             row = confusion.get(gold, {})
-            lines.append(f"  {_SHORT[gold]:<5}" + "".join(f"{row.get(c, 0):>9}" for c in columns))
+            lines.append(f"  {_short(gold):<7}" + "".join(f"{row.get(c, 0):>9}" for c in columns))
 
     rounds = metrics.get("rounds")
     if rounds:

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from debate.engine import retrieval
-from debate.data.claims import NO_ANSWER
+from debate.data.averitec import NO_ANSWER
 
 # bench/ is a folder of standalone scripts, not a package: load the script by its path.
 _SPEC = importlib.util.spec_from_file_location(

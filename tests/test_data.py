@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from debate.data.claims import (DataError, NO_ANSWER, attach_evidence, load_retrieved, load_split,
-                         resolve_data_dir, retrieved_path)
+from debate.data.averitec import NO_ANSWER, load_split, resolve_data_dir, retrieved_path
+from debate.data.claims import DataError, attach_evidence, load_retrieved
 from debate.data.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED
 from tests.tiny_models import averitec_dir, missing
 

@@ -175,3 +175,8 @@ def averitec_dir():
     env = os.environ.get("DEBATECV_SHARED_DATA")
     base = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
     return base if (base / "dev.json").is_file() else base / "averitec"
+
+
+def shared_dir(dataset):
+    """The shared folder of one dataset (check-covid, healthver, politihop, proclaim): beside averitec_dir()'s."""
+    return averitec_dir().parent / dataset

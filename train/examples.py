@@ -16,6 +16,7 @@ from collections import Counter
 from debate.methods import debatecv
 from debate.engine import chat, engine
 from debate.data.parsing import KEYS, parse_moderator
+from train import syndec
 
 IGNORE = -100
 FINAL_KEYS = ("Justification for Verdict", "Verdict")
@@ -41,7 +42,7 @@ def sft_target(record):
     if not record["correct"]:
         return dpo_pair(record)[0]
     _, _, reply, final = dialogue(record)
-    parsed = parse_moderator(reply)
+    parsed = parse_moderator(reply, labels=syndec.labels_of(record))
     fields = dict(parsed["fields"], Verdict=parsed["verdict"] or "")
     if not final:
         fields["Proceeding Necessity"] = "No"
@@ -56,7 +57,7 @@ def dpo_pair(record):
     the rejected one verbatim.
     """
     _, _, reply, final = dialogue(record)
-    parsed = parse_moderator(reply)
+    parsed = parse_moderator(reply, labels=syndec.labels_of(record))
     fields = dict(parsed["fields"])
     if not final:
         fields["Proceeding Necessity"] = "No"
@@ -74,7 +75,7 @@ def conversation(tokenizer, record, earlier=None, evidence=None):
     all_earlier, last_prompt, _, _ = dialogue(record)
     earlier = all_earlier if earlier is None else earlier
     evidence = record["evidence"] if evidence is None else evidence
-    conv = engine.Conversation(system=debatecv.moderator_system(record["claim"], evidence))
+    conv = engine.Conversation(system=debatecv.moderator_system(record["claim"], evidence, syndec.labels_of(record)))
     for prompt, reply in earlier:
         conv.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         conv.generated.append(chat.encode_text(tokenizer, reply))

@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate.pipeline import config, records, runner
+from debate.pipeline import config, evidence, records, runner
 from debate.engine import engine, models
 from debate.data import prompts
 from train import corrector, examples, lora, loop, losses, syndec
@@ -95,7 +95,8 @@ def replacing(stage, out, overwrite):
 
 def synth_config(args):
     """The RunConfig of the synth stage's zero-shot run: DebateCV on golden evidence into OUT/debates."""
-    return config.build(method="debatecv", split=args.split, data_dir=args.data_dir, evidence="golden",
+    return config.build(method="debatecv", dataset=args.dataset, split=args.split, data_dir=args.data_dir,
+                        evidence="golden",
                         limit=args.limit, debater_model=args.debater_model, moderator_model=args.model,
                         batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                         max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, use_4bit=args.use_4bit,
@@ -108,7 +109,8 @@ def synth(args, log=print):
     p = paths(args.out)
     synth_run = synth_config(args)
     runner.run(synth_run, log=log)
-    rows = syndec.build(p["debates"], runner.load_claims(synth_run))
+    inputs = evidence.read(synth_run)  # golden evidence: nothing to retrieve
+    rows = syndec.build(p["debates"], inputs.claims, inputs.labels)
     syndec.write(p["syndec"], rows)
     right = sum(r["correct"] for r in rows)
     log(f"synth: {len(rows)} SynDeC records in {p['syndec']}: {right} correct (for D-SFT), "
@@ -273,7 +275,7 @@ def check(args, todo):
     prompts.check_files()
     if "synth" in todo:
         synth_run = synth_config(args)
-        runner.check_run(synth_run, runner.load_claims(synth_run))
+        runner.check_run(synth_run, evidence.read(synth_run).claims)
         precision = models.precision(synth_run.models.use_4bit)
         records.check(synth_run.output.output_dir,
                       runner.config_json(synth_run, runner.model_roles(synth_run), precision),

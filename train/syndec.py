@@ -1,9 +1,11 @@
 """SynDeC records: one zero-shot debate per training claim, with what the Moderator got right or wrong.
 
 A record is one JSON line:
-    claim_id, claim, evidence [{question, answer, url}], debate [the run's turns: round, role, prompt,
-    response], gold_label, predicted_label (null when unreadable), predicted_justification, correct,
-    corrected_justification (null until the Corrector has written one for a wrong prediction)
+    claim_id, claim, evidence [{question, answer, url} or {text, url}], debate [the run's turns: round, role,
+    prompt, response], gold_label, predicted_label (null when unreadable), predicted_justification, correct,
+    corrected_justification (null until the Corrector has written one for a wrong prediction), labels (the
+    dataset's LabelSet as a dict, so D-SFT and D-DPO render the Moderator's prompt as the run did; a record
+    without it is AVeriTeC's)
 
 The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 """
@@ -12,15 +14,16 @@ from pathlib import Path
 from debate.data import jsonl
 from debate.pipeline import records as run_records
 from debate.data.claims import json_problem
-from debate.data.labels import LABELS, canonical_label
+from debate.data.labels import AVERITEC, LabelSet
 
 
 class SynDeCError(ValueError):
     pass
 
 
-def build(run_dir, claims):
-    """SynDeC records from a finished run directory of `run_debate`-style outputs, in claim order."""
+def build(run_dir, claims, labels=AVERITEC):
+    """SynDeC records from a finished run directory of `run_debate`-style outputs, in claim order; `labels`: the
+    run's dataset's LabelSet."""
     predictions = {p["claim_id"]: p for p in run_records.read_predictions(run_dir)}
     transcripts = {t["claim_id"]: t for t in run_records.read_jsonl(Path(run_dir) / run_records.TRANSCRIPTS)}
     out = []
@@ -38,6 +41,7 @@ def build(run_dir, claims):
             "predicted_justification": p["justification"],
             "correct": p["label"] == claim["label"],
             "corrected_justification": None,
+            "labels": labels.as_dict(),
         })
     return out
 
@@ -72,8 +76,12 @@ def _check(row, where):
         if not isinstance(row[key], types):
             raise SynDeCError(f"{where}: field '{key}': wrong type ({type(row[key]).__name__})")
     where = f"{where} (claim_id {row['claim_id']})"
-    if canonical_label(row["gold_label"]) is None:
-        raise SynDeCError(f"{where}: field 'gold_label': {row['gold_label']!r} is none of {', '.join(LABELS)}")
+    try:
+        labels = labels_of(row)
+    except (TypeError, ValueError) as err:
+        raise SynDeCError(f"{where}: field 'labels': not a label set ({err})") from None
+    if labels.canonical(row["gold_label"]) is None:
+        raise SynDeCError(f"{where}: field 'gold_label': {row['gold_label']!r} is none of {', '.join(labels.labels)}")
     debate = row.get("debate")
     if not isinstance(debate, list) or not debate:
         raise SynDeCError(f"{where}: field 'debate': no debate record (expected the list of turns)")
@@ -83,14 +91,21 @@ def _check(row, where):
     if not any(t["role"] == "moderator" for t in debate):
         raise SynDeCError(f"{where}: field 'debate': no Moderator turn, so nothing to train on")
     for i, item in enumerate(row["evidence"]):
-        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("question", "answer")):
-            raise SynDeCError(f"{where}: field 'evidence[{i}]': expected an object with question and answer")
+        qa = isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("question", "answer"))
+        if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
+            raise SynDeCError(f"{where}: field 'evidence[{i}]': expected an object with question and answer, "
+                              "or with text")
     predicted = row.get("predicted_label")
-    correct = predicted is not None and canonical_label(predicted) == canonical_label(row["gold_label"])
+    correct = predicted is not None and labels.canonical(predicted) == labels.canonical(row["gold_label"])
     corrected = row.get("corrected_justification")
     if corrected is not None and not isinstance(corrected, str):
         raise SynDeCError(f"{where}: field 'corrected_justification': expected a string or null")
-    return dict(row, gold_label=canonical_label(row["gold_label"]), correct=correct)
+    return dict(row, gold_label=labels.canonical(row["gold_label"]), correct=correct)
+
+
+def labels_of(row):
+    """The LabelSet a SynDeC record was debated under (AVeriTeC's for records written before they said)."""
+    return LabelSet.from_dict(row["labels"]) if row.get("labels") else AVERITEC
 
 
 def split(rows):

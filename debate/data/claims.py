@@ -1,31 +1,28 @@
-"""Claims and evidence: load an AVeriTeC-shaped split and pick the evidence condition.
+"""Claim records, whatever the dataset: their shape, the evidence conditions, and the checks every reader uses.
 
-A claim record is a plain dict:
+A claim record is a plain dict, made by a dataset's reader (debate.data.datasets):
 
     {"claim_id": int | str,
      "claim": str,
-     "label": str | None,            # one of labels.LABELS; None only for an unlabelled test split
-     "justification": str | None,
-     "evidence": [{"question": str, "answer": str, "url": str}, ...],       # what the agents see
-     "gold_evidence": [{"question": str, "answer": str, "url": str}, ...],  # the annotators' QA pairs
-     "questions": [...]}  # the split's own question-answer entries, kept for the scorer
+     "label": str | None,           # one of the dataset's labels; None only for an unlabelled split
+     "justification": str | None,   # the gold justification, where the dataset has one (AVeriTeC)
+     "evidence": [item, ...],       # what the agents see, under the run's evidence condition
+     "gold_evidence": [item, ...],  # the annotated evidence
+     "evidence_shape": "qa" | "passages",
+     "evidence_sets": {condition: [item, ...]},  # a dataset's own further conditions (PolitiHop's ruling)
+     "questions": [...]}            # AVeriTeC only: the split's question-answer entries, for its scorer
 
-`load_split` fills `evidence` with the golden evidence; `attach_evidence` swaps it for the chosen
-condition (golden, retrieved, none). Every problem in an input file raises `DataError`, whose message
-names the file, the entry (index, line or claim_id) and the field.
+An evidence item is a question-answer pair {"question", "answer", "url"} (AVeriTeC) or a passage {"text", "url"}
+(an abstract's or a ruling's sentence). `attach_evidence` sets `evidence` for the chosen condition. Every
+problem in an input file raises `DataError`, whose message names the file, the entry (index, line or
+claim_id) and the field.
 """
 import json
-import os
 from pathlib import Path
 
 from debate.data import jsonl
-from debate.data.labels import LABELS, canonical_label
 
-DEMO_SPLIT = "demo"
-DEMO_FILE = Path(__file__).resolve().parent / "demo" / "claims.json"
-DEFAULT_DATA_DIR = "data/averitec"
 CONDITIONS = ("golden", "retrieved", "none")
-NO_ANSWER = "No answer could be found."
 
 
 class DataError(ValueError):
@@ -37,206 +34,155 @@ def json_problem(error):
     return f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} column {error.colno}"
 
 
-def resolve_data_dir(arg=None):
-    """The data folder: `arg` if given, else $DEBATECV_DATA, else data/averitec."""
-    return Path(arg or os.environ.get("DEBATECV_DATA") or DEFAULT_DATA_DIR)
-
-
-def retrieved_path(split, data_dir=None):
-    """Where the retrieved evidence of `split` lives by default; None for the demo set, which has none."""
-    if split == DEMO_SPLIT:
-        return None
-    return resolve_data_dir(data_dir) / f"{split}.retrieved.hero.jsonl"
-
-
-def load_split(split, data_dir=None):
-    """Read `<data_dir>/<split>.json` (AVeriTeC format) into claim records.
-
-    split "demo" reads the small invented set shipped inside the package, whatever data_dir says.
-    Splits whose name starts with "test" may lack labels and questions (label None, no gold evidence).
-    """
-    if split == DEMO_SPLIT:
-        path = DEMO_FILE
-    else:
-        path = resolve_data_dir(data_dir) / f"{split}.json"
-        if not path.is_file():
-            raise DataError(
-                f"{path}: no such split file (looked in {path.parent.resolve()}). AVeriTeC is not "
-                f"shipped with debatecv: download it yourself and point --data-dir (or $DEBATECV_DATA) "
-                f"at the folder holding {split}.json, or try --split demo.")
-    entries = _read_json(path)
-    if not isinstance(entries, list):
-        raise DataError(f"{path}: top level: expected a JSON list of claims, got {_kind(entries)}")
-    labelled = not split.startswith("test")
-    return [_claim_record(path, i, entry, labelled) for i, entry in enumerate(entries)]
-
-
-def attach_evidence(claims, condition, retrieved_file=None):
-    """Return copies of `claims` whose `evidence` follows `condition` (golden | retrieved | none).
-
-    golden: the annotators' QA pairs; none: an empty set; retrieved: the items of `retrieved_file`
-    (JSON list or JSONL, one object per claim: {"claim_id", "evidence": [{question, answer, url}]},
-    as HerO writes it). With retrieved and no file (the demo set, for which no retrieval exists) the
-    golden evidence stands in; use `retrieved_path` to get the file for a real split.
-    """
-    if condition not in CONDITIONS:
-        raise DataError(f"unknown evidence condition {condition!r}; expected one of {', '.join(CONDITIONS)}")
-    if condition == "golden" or (condition == "retrieved" and retrieved_file is None):
-        return [dict(c, evidence=list(c["gold_evidence"])) for c in claims]
-    if condition == "none":
-        return [dict(c, evidence=[]) for c in claims]
-
-    by_id = load_retrieved(retrieved_file)
-    missing = [c["claim_id"] for c in claims if str(c["claim_id"]) not in by_id]
-    if missing:
-        shown = ", ".join(str(i) for i in missing[:5])
-        raise DataError(f"{retrieved_file}: field 'claim_id': {len(missing)} of {len(claims)} claims have "
-                        f"no retrieved evidence (first: {shown})")
-    return [dict(c, evidence=by_id[str(c["claim_id"])]) for c in claims]
-
-
-def load_retrieved(path):
-    """Read a retrieved-evidence file into {str(claim_id): [evidence items]}.
-
-    Ids are compared as strings so that 7 in one file matches "7" in another.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such retrieved-evidence file")
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        rows = _read_json(path, text)
-        if not isinstance(rows, list):
-            raise DataError(f"{path}: top level: expected a JSON list, got {_kind(rows)}")
-        rows = [(f"entry {i}", row) for i, row in enumerate(rows)]
-    else:
-        try:
-            rows = [(f"line {n}", row) for n, row in jsonl.numbered(text)]
-        except jsonl.BadLine as e:
-            raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e.error)})") from None
-
-    by_id, seen_at = {}, {}
-    for where, row in rows:
-        if not isinstance(row, dict):
-            raise DataError(f"{path}: {where}: expected a JSON object, got {_kind(row)}")
-        if "claim_id" not in row:
-            raise DataError(f"{path}: {where}: missing field 'claim_id'")
-        key = str(row["claim_id"])
-        where = f"{where} (claim_id {key})"
-        if key in by_id:
-            raise DataError(f"{path}: {where}: field 'claim_id': duplicate, first seen at {seen_at[key]}")
-        by_id[key], seen_at[key] = _evidence_items(path, where, row), where
-    return by_id
-
-
-def _evidence_items(path, where, row):
-    items = _required(path, where, row, "evidence", list)
-    out = []
-    for j, item in enumerate(items):
-        field = f"evidence[{j}]"
-        _expect(path, where, field, item, dict)
-        for key in ("question", "answer", "url"):
-            _required(path, where, item, key, str, prefix=f"{field}.")
-        out.append({"question": item["question"], "answer": item["answer"], "url": item["url"]})
-    return out
-
-
-def _claim_record(path, index, entry, labelled):
-    where = f"entry {index}"
-    if not isinstance(entry, dict):
-        raise DataError(f"{path}: {where}: expected a JSON object for the claim, got {_kind(entry)}")
-    claim_id = entry.get("claim_id", index)
-    if "claim_id" in entry:
-        where = f"entry {index} (claim_id {claim_id})"
-        _expect(path, where, "claim_id", claim_id, (int, str))
-
-    claim = _required(path, where, entry, "claim", str)
-    if not claim.strip():
-        raise DataError(f"{path}: {where}: field 'claim': empty")
-
-    label = entry.get("label")
-    if label is None:
-        if labelled:
-            raise DataError(f"{path}: {where}: missing field 'label' (only test splits may be unlabelled)")
-    else:
-        _expect(path, where, "label", label, str)
-        if canonical_label(label) is None:
-            raise DataError(f"{path}: {where}: field 'label': unknown label {label!r} "
-                            f"(expected one of: {', '.join(LABELS)})")
-        label = canonical_label(label)
-
-    justification = entry.get("justification")
-    if justification is not None:
-        _expect(path, where, "justification", justification, str)
-
-    if "questions" in entry:
-        gold = _gold_evidence(path, where, entry["questions"])
-    elif labelled:
-        raise DataError(f"{path}: {where}: missing field 'questions'")
-    else:
-        gold = []
-    return {"claim_id": claim_id, "claim": claim, "label": label, "justification": justification,
-            "evidence": list(gold), "gold_evidence": gold, "questions": entry.get("questions") or []}
-
-
-def _gold_evidence(path, where, questions):
-    """One evidence item per answer; a question nobody could answer still counts, as AVeriTeC scores it."""
-    _expect(path, where, "questions", questions, list)
-    items = []
-    for q, qa in enumerate(questions):
-        field = f"questions[{q}]"
-        _expect(path, where, field, qa, dict)
-        question = _required(path, where, qa, "question", str, prefix=f"{field}.")
-        answers = _expect(path, where, f"{field}.answers", qa.get("answers") or [], list)
-        if not answers:
-            items.append({"question": question, "answer": NO_ANSWER, "url": ""})
-        for a, ans in enumerate(answers):
-            afield = f"{field}.answers[{a}]"
-            _expect(path, where, afield, ans, dict)
-            text = _required(path, where, ans, "answer", str, prefix=f"{afield}.")
-            explanation = ans.get("boolean_explanation")
-            if ans.get("answer_type") == "Boolean" and explanation:
-                text = f"{text}. {_expect(path, where, f'{afield}.boolean_explanation', explanation, str)}"
-            url = _expect(path, where, f"{afield}.source_url", ans.get("source_url") or "", str)
-            items.append({"question": question, "answer": text, "url": url})
-    return items
-
-
-def _read_json(path, text=None):
+def read_text(path):
+    """A text file's contents; a file that is not UTF-8 is one DataError naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8") if text is None else text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e)})") from None
+        return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def _expect(path, where, field, value, types):
+def read_json(path, text=None):
+    """A JSON file's value; a syntax error names the file and its line."""
+    try:
+        return json.loads(read_text(path) if text is None else text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e)})") from None
+
+
+def read_jsonl(path):
+    """("line n", object) for every line of a JSON Lines file; a bad line names the file and its number."""
+    try:
+        rows = [(f"line {n}", row) for n, row in jsonl.numbered(read_text(path))]
+    except jsonl.BadLine as e:
+        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e.error)})") from None
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: {where}: expected a JSON object, got {kind_of(row)}")
+    return rows
+
+
+def read_records(path):
+    """("entry i" | "line n", object) of a file holding a JSON list or JSON Lines of objects."""
+    text = read_text(path)
+    if not text.lstrip().startswith("["):
+        return read_jsonl(path)
+    rows = read_json(path, text)
+    located = [(f"entry {i}", row) for i, row in enumerate(rows)]
+    for where, row in located:
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: {where}: expected a JSON object, got {kind_of(row)}")
+    return located
+
+
+def expect(path, where, field, value, types):
+    """`value` if it is of `types`, else a DataError naming the file, the entry and the field."""
     # bool is an int subclass; an id or count of True is never what the file meant
     if isinstance(value, bool) or not isinstance(value, types):
         names = " or ".join(_type_name(t) for t in (types if isinstance(types, tuple) else (types,)))
-        raise DataError(f"{path}: {where}: field '{field}': expected {names}, got {_kind(value)}")
+        raise DataError(f"{path}: {where}: field '{field}': expected {names}, got {kind_of(value)}")
     return value
 
 
-def _required(path, where, obj, key, types, prefix=""):
+def required(path, where, obj, key, types, prefix=""):
     """obj[key], which must be there and of `types`; errors name the field as prefix + key."""
     if key not in obj:
         raise DataError(f"{path}: {where}: missing field '{prefix}{key}'")
-    return _expect(path, where, prefix + key, obj[key], types)
+    return expect(path, where, prefix + key, obj[key], types)
 
 
 def _type_name(t):
     return {dict: "a JSON object", list: "a JSON list", str: "a string", int: "an integer"}.get(t, t.__name__)
 
 
-def _kind(value):
+def kind_of(value):
+    """What a JSON value is, in words ("a list", "null")."""
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
             float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
+def check_label(path, where, value, labels, field="label"):
+    """The dataset's spelling of a gold label (`labels`: its LabelSet); one not in the set is refused."""
+    expect(path, where, field, value, str)
+    label = labels.canonical(value)
+    if label is None:
+        raise DataError(f"{path}: {where}: field '{field}': unknown label {value!r} "
+                        f"(expected one of: {', '.join(labels.labels)})")
+    return label
+
+
+def record(claim_id, claim, label, gold_evidence, shape, justification=None, **extra):
+    """A claim record (see the module doc), its evidence the golden one until a condition is attached."""
+    return {"claim_id": claim_id, "claim": claim, "label": label, "justification": justification,
+            "evidence": list(gold_evidence), "gold_evidence": gold_evidence, "evidence_shape": shape, **extra}
+
+
+def attach_evidence(claims, condition, retrieved_file=None):
+    """Copies of `claims` whose `evidence` follows `condition`.
+
+    golden: the annotated evidence; none: an empty set; retrieved: the items of `retrieved_file` (see
+    `load_retrieved`), which must cover every claim; with no file (the demo set, for which no retrieval exists)
+    the golden evidence stands in. Any other condition is one of the dataset's own: the claim's
+    `evidence_sets[condition]` (PolitiHop's whole ruling).
+    """
+    if condition == "golden" or (condition == "retrieved" and retrieved_file is None):
+        return [dict(c, evidence=list(c["gold_evidence"])) for c in claims]
+    if condition == "none":
+        return [dict(c, evidence=[]) for c in claims]
+    if condition == "retrieved":
+        by_id = load_retrieved(retrieved_file)
+        missing = [c["claim_id"] for c in claims if str(c["claim_id"]) not in by_id]
+        if missing:
+            shown = ", ".join(str(i) for i in missing[:5])
+            raise DataError(f"{retrieved_file}: field 'claim_id': {len(missing)} of {len(claims)} claims have "
+                            f"no retrieved evidence (first: {shown})")
+        return [dict(c, evidence=by_id[str(c["claim_id"])]) for c in claims]
+    if not claims or condition in claims[0].get("evidence_sets", {}):
+        return [dict(c, evidence=list(c["evidence_sets"][condition])) for c in claims]
+    raise DataError(f"unknown evidence condition {condition!r}; expected one of {', '.join(CONDITIONS)}"
+                    + "".join(f" or {name}" for name in (claims[0].get("evidence_sets") or {})))
+
+
+def load_retrieved(path):
+    """Read a retrieved-evidence file into {str(claim_id): [evidence items]}.
+
+    JSON list or JSONL, one object per claim: {"claim_id", "evidence": [items]}, as HerO writes it; items are
+    question-answer pairs {question, answer, url} or passages {text, url (optional)}. Ids are compared as strings so that
+    7 in one file matches "7" in another.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such retrieved-evidence file")
+    by_id, seen_at = {}, {}
+    for where, row in read_records(path):
+        if "claim_id" not in row:
+            raise DataError(f"{path}: {where}: missing field 'claim_id'")
+        key = str(row["claim_id"])
+        where = f"{where} (claim_id {key})"
+        if key in by_id:
+            raise DataError(f"{path}: {where}: field 'claim_id': duplicate, first seen at {seen_at[key]}")
+        by_id[key], seen_at[key] = evidence_items(path, where, required(path, where, row, "evidence", list)), where
+    return by_id
+
+
+def evidence_items(path, where, items, field="evidence"):
+    """Checked evidence items of a file: question-answer pairs or passages (see the module doc)."""
+    out = []
+    for j, item in enumerate(items):
+        name = f"{field}[{j}]"
+        expect(path, where, name, item, dict)
+        if "question" in item or "text" not in item:
+            for key in ("question", "answer", "url"):
+                required(path, where, item, key, str, prefix=f"{name}.")
+            out.append({"question": item["question"], "answer": item["answer"], "url": item["url"]})
+        else:
+            out.append({"text": required(path, where, item, "text", str, prefix=f"{name}."),
+                        "url": expect(path, where, f"{name}.url", item.get("url") or "", str)})
+    return out
+
+
 def as_references(claims):
-    """Claims as the scorer's references: the annotators' own `questions`, exactly as the split has them,
-    and their gold `justification` (None where the split has none)."""
-    return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"], "questions": c["questions"],
+    """Claims as the scorer's references: id, claim, gold label and justification, and AVeriTeC's own
+    `questions` exactly as the split has them (the evidence score's gold side), where there are any."""
+    return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"], "questions": c.get("questions") or [],
              "justification": c.get("justification")} for c in claims]

@@ -8,7 +8,7 @@ of their own (PROClaim's panel) map onto it through its roles: which label says 
 claim (`supported`), contradicts it (`refuted`), is too thin to say (`nei`), or pulls both ways (`mixed`).
 """
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 SUPPORTED = "Supported"
 REFUTED = "Refuted"
@@ -60,6 +60,15 @@ class LabelSet:
         if len(self.labels) < 3:
             return " or ".join(self.labels)
         return f"{', '.join(self.labels[:-1])}, or {self.labels[-1]}"
+
+    def as_dict(self):
+        """The set as JSON holds it (SynDeC records carry it, so training renders the run's prompts)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                      for k, v in d.items()})
 
     def criteria(self):
         """One line per label: '- Label: its definition'."""

@@ -596,3 +596,9 @@ def model_info(role_models):
             "device": loaded.device,
         }
     return info
+
+
+def release_memory():
+    """Give the memory of models no longer referenced back to the device (CUDA caches it otherwise)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -6,7 +6,7 @@ where a paper gives the value, "ours" where it does not. docs/FIDELITY.md has th
 import argparse
 
 from debate.pipeline import config
-from debate.data import claims as data
+from debate.data import datasets
 # The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
 from debate.pipeline.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
                                 PAPER_TEMPERATURE, ROUNDS, TEMPERATURE, ConfigError)
@@ -40,6 +40,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n(see `{self.prog} --help` for every flag and its default)\n")
 
 
+class ListDatasets(argparse.Action):
+    """--list-datasets: print every dataset with its labels, evidence, splits and source, then exit (as --help)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(datasets.listing())
+        parser.exit(0)
+
+
 def label_sources(parser, sources):
     """Say where a flag's default comes from: {dest: "the paper's" | "ours" | ...}."""
     for action in parser._actions:
@@ -56,13 +67,24 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
 def run_parser(description=None):
     p = Parser(prog="run_debate.py", description=description)
     d = p.add_argument_group("data")
-    d.add_argument("--split", help="AVeriTeC split file DIR/<split>.json, or 'demo' (embedded); "
-                   "dev is the split the DebateCV paper evaluates on")
-    d.add_argument("--data-dir", help="AVeriTeC directory (default: $DEBATECV_DATA, else data/averitec)")
-    d.add_argument("--evidence", choices=("golden", "retrieved", "none"),
-                   help="the DebateCV paper's three conditions (the default, retrieved, is ours: its realistic one)")
+    d.add_argument("--dataset", choices=datasets.NAMES,
+                   help="the benchmark (or jsonl: your own claims with a card.json); --list-datasets shows each "
+                   "one's labels, evidence, splits and source")
+    d.add_argument("--list-datasets", action=ListDatasets, dest=argparse.SUPPRESS, help="print the datasets with their labels and exit")
+    d.add_argument("--split", help="a split of the dataset: AVeriTeC's file DIR/<split>.json or 'demo' (embedded; "
+                   "dev is the split the DebateCV paper evaluates on), Check-COVID's train, dev, test or "
+                   "test-binary, ...")
+    d.add_argument("--data-dir", help="the dataset's folder as its publisher ships it (default: data/<dataset>; "
+                   "AVeriTeC: $DEBATECV_DATA, else data/averitec)")
+    d.add_argument("--evidence", choices=datasets.CONDITIONS,
+                   help="golden (annotated), retrieved (the dataset's retrieved file or corpus), none, or PolitiHop's "
+                   "whole ruling (default: the dataset's: retrieved for AVeriTeC, the DebateCV paper's realistic "
+                   "condition; golden where a dataset has no retrieval of its own; none for the samples without "
+                   "evidence)")
     d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
-                   "(default: DIR/<split>.retrieved.hero.jsonl)")
+                   "(default: the dataset's own, AVeriTeC's DIR/<split>.retrieved.hero.jsonl)")
+    d.add_argument("--evidence-k", type=int, help="--evidence retrieved from a corpus (Check-COVID's abstracts, or "
+                   "--corpus): passages per claim (ours)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
 
     m = p.add_argument_group("method")
@@ -181,7 +203,8 @@ def run_parser(description=None):
                    "retried (default 0.9, ours; CUDA only; 0: no budget)")
 
     out = p.add_argument_group("output")
-    out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr]")
+    out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "
+                     "runs/<dataset>-<split>-... for a dataset other than AVeriTeC")
     out.add_argument("--overwrite", action="store_true",
                      help="start over instead of resuming; the earlier run is deleted only once the new one has "
                      "written its first claim")
@@ -199,7 +222,7 @@ def parse_run_args(argv=None, description=None):
         built = config.build(**vars(args))
     except ConfigError as err:
         p.error(str(err))
-    if built.data.evidence != args.evidence:
+    if built.data.split == config.DEMO_SPLIT and args.evidence in (None, "retrieved"):
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built
 
@@ -209,7 +232,7 @@ def check_cli(parser, args, positive):
     no run (run_debate.py's are checked by config.build)."""
     method = getattr(args, "method", "debatecv")
     if args.max_new_tokens is None:
-        args.max_new_tokens = DEMO_TURN if args.split == data.DEMO_SPLIT else FULL_TURN
+        args.max_new_tokens = DEMO_TURN if args.split == config.DEMO_SPLIT else FULL_TURN
     if args.max_rounds is None:
         args.max_rounds = ROUNDS.get(method, 3)
     if args.temperature is None:

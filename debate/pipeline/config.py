@@ -35,8 +35,8 @@ MAX_JUDGES = 3
 # 0.5, the presiding court 0.2, the judges 0.3, the critic 0.3 (its model also mines the premises and
 # scores the role-switch consistency).
 COURTROOM_TEMPERATURES = {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
-# Recorded in config.json at run time, not set: the hash of the --prompts files a run read.
-RECORDED_IDENTITY = ("prompts_hash",)
+# Recorded in config.json at run time, not set: the hash of the --prompts files a run read,
+RECORDED_IDENTITY = ("prompts_hash", "labels")  # and the labels of its dataset (a jsonl card may change)
 
 
 class ConfigError(ValueError):
@@ -50,10 +50,12 @@ def identity(default=None):
 
 @dataclass(frozen=True)
 class Data:
-    split: str = identity("dev")  # AVeriTeC split file DATA_DIR/<split>.json, or "demo" (embedded)
-    data_dir: str = identity()  # None: $DEBATECV_DATA, else data/averitec
-    evidence: str = identity("retrieved")  # golden | retrieved | none; the demo split has golden only
-    retrieved_file: str = identity()  # None: DATA_DIR/<split>.retrieved.hero.jsonl
+    dataset: str = identity("averitec")  # one of debate.data.datasets.NAMES
+    split: str = identity("dev")  # a split of the dataset (AVeriTeC: DATA_DIR/<split>.json, or "demo", embedded)
+    data_dir: str = identity()  # None: the dataset's default folder ($DEBATECV_DATA, else data/averitec, for AVeriTeC)
+    evidence: str = identity()  # golden | retrieved | none | ruling (PolitiHop); None: the dataset's default
+    retrieved_file: str = identity()  # None: the dataset's own (AVeriTeC: DATA_DIR/<split>.retrieved.hero.jsonl)
+    evidence_k: int = identity(5)  # retrieved from a corpus: passages per claim (ours)
     limit: int = None  # only the first N claims; None: all
 
 
@@ -228,13 +230,32 @@ def build(**settings):
             raise ConfigError(f"--{role}-temperature must be >= 0")
         if courtroom and s[name] is None:
             s[name] = s["temperature"] if temperature_given else paper
-    if s["split"] == DEMO_SPLIT and s["evidence"] == "retrieved":
-        s["evidence"] = "golden"  # the demo set has no retrieved evidence
+    _fill_data(s)
     if s["output_dir"] is None:
         suffix = "-madr" if s["refine"] == "madr" else ""
-        s["output_dir"] = f"runs/{s['split']}-{s['evidence']}-{method}{suffix}"
+        dataset = "" if s["dataset"] == "averitec" else f"{s['dataset']}-"
+        s["output_dir"] = f"runs/{dataset}{s['split']}-{s['evidence']}-{method}{suffix}"
     _fill_models(s)
     return _from_flat(s)
+
+
+def _fill_data(s):
+    """The dataset's default evidence condition, and a refusal of a condition or split it cannot offer."""
+    from debate.data import datasets  # the readers import no torch; loaded here so the config's import stays light
+
+    if s["dataset"] not in datasets.NAMES:
+        raise ConfigError(f"--dataset must be one of {', '.join(datasets.NAMES)}, not {s['dataset']!r}")
+    dataset = datasets.get(s["dataset"])
+    if s["split"] == DEMO_SPLIT and s["dataset"] != "averitec":
+        raise ConfigError(f"--split demo is AVeriTeC's embedded demo set; {s['dataset']} has the splits "
+                          f"{', '.join(dataset.splits or ('DATA_DIR/<split>',))}")
+    if s["evidence"] is None:
+        s["evidence"] = dataset.default_condition
+    if s["split"] == DEMO_SPLIT and s["evidence"] == "retrieved":
+        s["evidence"] = "golden"  # the demo set has no retrieved evidence
+    if s["evidence"] not in dataset.conditions:
+        raise ConfigError(f"--evidence must be one of {', '.join(dataset.conditions)} on {s['dataset']}, "
+                          f"not {s['evidence']!r}")
 
 
 def _fill_models(s):
@@ -254,7 +275,7 @@ def _fill_models(s):
     s["refine_model"] = s["refine_model"] or s["moderator_model"]
 
 
-POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials")
+POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials", "evidence_k")
 FRACTIONS = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
              "gpu_memory_fraction")
 
@@ -266,7 +287,7 @@ def _check(s):
 
     if s["device_map"] not in (None, "auto"):
         raise ConfigError(f"--device-map must be auto, not {s['device_map']!r}")
-    for name, choices in (("refine", ("none", "madr")), ("evidence", ("golden", "retrieved", "none")),
+    for name, choices in (("refine", ("none", "madr")),
                           ("split_decision", ("chief-justice", "conflicting")), ("inconclusive", ("nee", "supported"))):
         if s[name] not in choices:
             raise ConfigError(f"{flag(name)} must be one of {', '.join(choices)}, not {s[name]!r}")

@@ -14,12 +14,12 @@ from debate.methods import baselines, debatecv, madr, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
-from debate.pipeline import progress, records, shards
+from debate.pipeline import evidence, progress, records, shards
 from debate.pipeline.config import ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, report
+from eval import averitec, metrics as label_scores, report
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -104,13 +104,22 @@ def config_json(config, roles=None, precision=None):
     return saved
 
 
-def load_claims(config):
-    d = config.data
-    data_dir = None if d.split == data.DEMO_SPLIT else data.resolve_data_dir(d.data_dir)
-    claims = data.load_split(d.split, data_dir)
-    retrieved = d.retrieved_file or data.retrieved_path(d.split, data_dir)
-    claims = data.attach_evidence(claims, d.evidence, retrieved)
-    return claims[: d.limit] if d.limit else claims
+# Methods whose verdicts are the dataset's labels: they take its LabelSet as `labels`.
+TAKES_LABELS = ("debatecv", "rag-cot", "majority", "cooperation")
+
+
+def method_options(config, labels):
+    """The keyword options of the config's method: METHODS[method][2](config), and the dataset's labels."""
+    kwargs = METHODS[config.method.method][2](config)
+    if config.method.method in TAKES_LABELS:
+        kwargs["labels"] = labels
+    return kwargs
+
+
+def load_claims(config, log=print):
+    """The run's claims with their evidence (debate/pipeline/evidence.py); loads the encoder when the retrieved
+    evidence comes from a corpus, so call it once the run's checks have passed."""
+    return evidence.retrieve(evidence.read(config), config, log).claims
 
 
 def model_roles(config):
@@ -145,9 +154,9 @@ def settings_of(config):
                            gpu_memory_fraction=g.gpu_memory_fraction)
 
 
-def check_run(config, claims):
+def check_run(config, claims, encoder_needed=False):
     """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet,
-    the courtroom's encoder directory and corpus.
+    the encoder directory (the courtroom's, or retrieving evidence from a corpus: `encoder_needed`) and corpus.
 
     Runs before the output directory is touched and before any weight is loaded, so a typo costs
     seconds and never an earlier run. Raises the toolkit's own errors (main_guard prints them).
@@ -155,9 +164,9 @@ def check_run(config, claims):
     prompts.check_files()
     role_paths, adapters = role_models(config, model_roles(config))
     models.check_roles(role_paths, adapters)
-    if any(c.get("label") for c in claims):
+    if config.data.dataset == "averitec" and any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
-    if config.method.method == "courtroom":
+    if config.method.method == "courtroom" or encoder_needed:
         encoder = Path(config.courtroom.embedder or retrieval.default_embedder_path())
         if not (encoder / "config.json").is_file():
             raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
@@ -184,21 +193,24 @@ def run(config, log=print):
     prompt_info = prompts.use_prompt_dir(config.method.prompts)
 
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
-    claims = load_claims(config)
-    check_run(config, claims)
+    inputs = evidence.read(config)
+    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None)
+    for note in inputs.notes:
+        log(f"note: {note}")
+    inputs = evidence.retrieve(inputs, config, log)
     shards.start(world)
     try:
-        return _run_trials(config, claims, prompt_info, world, log)
+        return _run_trials(config, inputs, prompt_info, world, log)
     finally:
         shards.stop(world)
 
 
-def _run_trials(config, claims, prompt_info, world, log):
+def _run_trials(config, inputs, prompt_info, world, log):
     trials = config.generation.trials
     if world.rank:
         log = _quiet
     if trials == 1:
-        return _run_one(config, claims, prompt_info, {}, log, world)
+        return _run_one(config, inputs, prompt_info, {}, log, world)
     # Trial k runs with seed + k - 1 in its own resumable directory; the agents are loaded once for all.
     top, first_seed, agents, results = Path(config.output.output_dir), config.generation.seed, {}, []
     top.mkdir(parents=True, exist_ok=True)
@@ -206,7 +218,7 @@ def _run_trials(config, claims, prompt_info, world, log):
         trial = replace(config, generation=replace(config.generation, seed=first_seed + k - 1),
                         output=replace(config.output, output_dir=str(top / f"trial-{k}")))
         log(f"trial {k}/{trials}: seed {trial.generation.seed}")
-        results.append(_run_one(trial, claims, prompt_info, agents, log, world))
+        results.append(_run_one(trial, inputs, prompt_info, agents, log, world))
     if world.rank:
         return None  # rank 0 writes the trials' summary
     saved = dict(config_json(config), trial_seeds=[first_seed + k for k in range(trials)],
@@ -246,48 +258,49 @@ def _quiet(*args, **kwargs):
     """The log of ranks other than 0: rank 0 speaks for the run."""
 
 
-def _saved_config(config, prompt_info):
-    """The config.json of a run (before its models are loaded)."""
+def _saved_config(config, prompt_info, labels):
+    """The config.json of a run (before its models are loaded); `labels`: the dataset's LabelSet."""
     saved = config_json(config, model_roles(config), models.precision(config.models.use_4bit))
+    saved["labels"] = list(labels.labels)
     if prompt_info:
         # The files' hash, not the directory's name, identifies the prompts a run used.
         saved.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
     return saved
 
 
-def _run_one(config, claims, prompt_info, agents, log, world=shards.World()):
+def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
     """One run (one trial) into the config's output directory; `agents` is filled on first need and reused
     after. In a multi-process launch (`world`), this process's shard of it, merged by rank 0."""
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     shards.check(out_dir, world.size, overwrite)  # before anything is written, on every rank alike
     if world.size == 1:
-        _verify(config, claims, prompt_info, agents, log)
-        return finish(config, claims, log)
+        _verify(config, inputs.claims, inputs.labels, prompt_info, agents, log)
+        return finish(config, inputs.claims, log, inputs.labels)
     if overwrite and world.rank == 0:
         shards.clear(out_dir, keep=world.size)  # another count's shards are no part of this run
     shard = replace(config, output=replace(config.output, output_dir=str(shards.shard_dir(out_dir, world))))
-    mine = shards.split(claims, world)
-    log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(claims)} claims")
-    _verify(shard, mine, prompt_info, agents, log)
+    mine = shards.split(inputs.claims, world)
+    log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(inputs.claims)} claims")
+    _verify(shard, mine, inputs.labels, prompt_info, agents, log)
     shards.barrier(world)
     if world.rank:
         return None
     shards.merge(out_dir, world.size)
-    saved = dict(_saved_config(config, prompt_info), shards=world.size)
+    saved = dict(_saved_config(config, prompt_info, inputs.labels), shards=world.size)
     shard_config = shards.shard_dir(out_dir, world) / records.CONFIG
     if shard_config.exists():
         saved["models"] = json.loads(shard_config.read_text(encoding="utf-8")).get("models")  # rank 0's devices
     records.write_json(Path(out_dir) / records.CONFIG, saved)
-    return finish(config, claims, log)
+    return finish(config, inputs.claims, log, inputs.labels)
 
 
-def _verify(config, claims, prompt_info, agents, log):
+def _verify(config, claims, labels, prompt_info, agents, log):
     """Verify the claims not yet done in the config's output directory, claim by claim into its files."""
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     roles = model_roles(config)
-    saved = _saved_config(config, prompt_info)
+    saved = _saved_config(config, prompt_info, labels)
     done = records.check(out_dir, saved, overwrite=overwrite)
-    kwargs = METHODS[config.method.method][2](config)  # once per run; the courtroom loads its encoder here
+    kwargs = method_options(config, labels)  # once per run; the courtroom loads its encoder here
     if not overwrite:
         records.recover(out_dir)  # every check has passed: what a killed --overwrite left can be settled
     else:
@@ -302,7 +315,7 @@ def _verify(config, claims, prompt_info, agents, log):
             agents.update(load_agents(config, roles))
         saved["models"] = models.model_info(agents)
         settings = settings_of(config)
-        check_schemas(config, agents, settings)
+        check_schemas(config, agents, settings, labels)
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
         hint = TURNS_AT_MOST.get(config.method.method) if config.method.refine == "none" else None
@@ -319,15 +332,15 @@ def _verify(config, claims, prompt_info, agents, log):
         log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
 
 
-def check_schemas(config, agents, settings):
+def check_schemas(config, agents, settings, labels):
     """Refuse a --max-new-tokens too short for the JSON answers the method (and MADR) ask for."""
     names = SCHEMAS[config.method.method] + (madr.SCHEMAS if config.method.refine == "madr" else ())
-    turns.check_schemas(agents, names, settings)
+    turns.check_schemas(agents, names, settings, labels)
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     """Verify `claims` with the config's method (and MADR); `write(record)` gets each claim's record as it is
-    decided. `kwargs`: the method's options (METHODS[method][2](config)).
+    decided. `kwargs`: the method's options (`method_options`).
 
     Continuous (the default): --batch-size claims in progress at once, each claim's turns joining the next
     model call of its model (debate/engine/scheduler.py). Otherwise claims go in fixed batches that move from turn
@@ -351,19 +364,27 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
             verify(claims[i:i + size])
 
 
-def finish(config, claims, log=print):
-    """Score the run directory's predictions against the claims' gold labels and write the reports."""
+def finish(config, claims, log=print, labels=None):
+    """Score the run directory's predictions against the claims' gold labels and write the reports: AVeriTeC's
+    scorer (labels, evidence score, justification METEOR) and submission.json on AVeriTeC, the label metrics
+    (eval.metrics) under the dataset's `labels` elsewhere."""
     out = Path(config.output.output_dir)
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
-    submission = records.submission(predictions, claims)
-    records.write_json(out / records.SUBMISSION, submission)
+    averitec_run = config.data.dataset == "averitec"
+    if averitec_run:
+        submission = records.submission(predictions, claims)
+        records.write_json(out / records.SUBMISSION, submission)
     references = [c for c in claims if c.get("label")]
     if not references:
         log("no gold labels for this split: predictions written, nothing scored")
         return None
-    metrics = averitec.score(submission, data.as_references(references))
+    if averitec_run:
+        metrics = averitec.score(submission, data.as_references(references))
+    else:
+        metrics = label_scores.score(predictions, references, labels)
+    metrics["dataset"] = config.data.dataset
     metrics["evidence_condition"] = config.data.evidence
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
