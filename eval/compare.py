@@ -1,8 +1,9 @@
 """Paired bootstrap comparison of two prediction files over the claims both of them predict.
 
 Each resample draws those claims with replacement and takes d = metric(A) - metric(B) on it, for
-accuracy and for AVeriTeC at one level (0.25 by default; per claim: label right and evidence score
-above the level). The 95% interval is the 2.5th and 97.5th percentiles of d. The p-value is
+accuracy and, with AVeriTeC references, for the AVeriTeC score at one level (0.25 by default; per claim: label
+right and evidence score above the level). Without --references (runs of any dataset) the gold label each
+run's predictions.jsonl records is used, and accuracy is compared. The 95% interval is the 2.5th and 97.5th percentiles of d. The p-value is
 two-sided: twice the smaller of the shares of resamples with d <= 0 and with d >= 0, capped at 1,
 i.e. how often the sign of the observed difference flips (a tie counts as a flip). Identical files
 give d = 0 on every resample and p = 1.
@@ -13,7 +14,7 @@ replacement, the trial indices, the same ones for A and B, so trial k of A is pa
 and both sets must hold the same number of trials. A directory without trials, or a predictions file,
 is a set of one trial.
 
-Run ``python -m eval.compare A B --references R [--evidence E] [--samples 10000 --seed 0] [--json]``.
+Run ``python -m eval.compare A B [--references R [--evidence E]] [--samples 10000 --seed 0] [--json]``.
 """
 import json
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.averitec import InputError, level_key, rows_from_files
+from eval.averitec import InputError, level_key, read_records, rows_from_files
 
 
 def paired_bootstrap(a, b, samples=10_000, seed=0):
@@ -54,10 +55,11 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
     }
 
 
-def trial_files(path):
+def trial_files(path, name="submission.json"):
     """The predictions of each trial of `path`: a run directory with trial-*/, a run directory, or a file.
 
-    A run directory's submission.json is read (it carries the evidence the AVeriTeC score needs)."""
+    A run directory's submission.json is read (it carries the evidence the AVeriTeC score needs), or with
+    `name` another of its files (predictions.jsonl: any dataset's, with each claim's gold label)."""
     path = Path(path)
     if not path.is_dir():
         return [path]
@@ -65,10 +67,23 @@ def trial_files(path):
                     key=lambda p: int(p.name[6:]))
     found = []
     for run in trials or [path]:
-        if not (run / "submission.json").is_file():
-            raise InputError(f"{run}: no submission.json in it (is the run finished?)")
-        found.append(run / "submission.json")
+        if not (run / name).is_file():
+            raise InputError(f"{run}: no {name} in it (is the run finished?)")
+        found.append(run / name)
     return found
+
+
+def label_rows(path):
+    """Per-claim rows {claim_id, correct} of a predictions file whose records carry their `gold_label` (a run's
+    predictions.jsonl, whatever the dataset); the AVeriTeC score needs --references instead."""
+    rows = []
+    for where, record in read_records(path):
+        if "gold_label" not in record or "claim_id" not in record:
+            raise InputError(f"{path}: {where}: no claim_id and gold_label (compare AVeriTeC submissions with "
+                             "--references)")
+        if record["gold_label"] is not None:
+            rows.append({"claim_id": record["claim_id"], "correct": record.get("label") == record["gold_label"]})
+    return rows
 
 
 def compare_trials(trials_a, trials_b, samples=10_000, seed=0, level=0.25):
@@ -86,7 +101,7 @@ def compare_trials(trials_a, trials_b, samples=10_000, seed=0, level=0.25):
         return [[float(t[c]["correct"] and (not averitec or t[c]["evidence_score"] > level)) for c in shared]
                 for t in trials]
 
-    return {
+    result = {
         "n": len(shared),
         "trials": len(trials_a),
         "n_only_a": len(all_a - set(shared)),
@@ -94,8 +109,10 @@ def compare_trials(trials_a, trials_b, samples=10_000, seed=0, level=0.25):
         "samples": samples,
         "seed": seed,
         "accuracy": paired_bootstrap(scores(by_a, False), scores(by_b, False), samples, seed),
-        f"averitec@{level_key(level)}": paired_bootstrap(scores(by_a, True), scores(by_b, True), samples, seed),
     }
+    if all("evidence_score" in r for t in by_a + by_b for r in t.values()):
+        result[f"averitec@{level_key(level)}"] = paired_bootstrap(scores(by_a, True), scores(by_b, True), samples, seed)
+    return result
 
 
 def compare_rows(rows_a, rows_b, samples=10_000, seed=0, level=0.25):
@@ -112,30 +129,33 @@ def compare_rows(rows_a, rows_b, samples=10_000, seed=0, level=0.25):
             for c in shared
         ]
 
-    return {
+    result = {
         "n": len(shared),
         "n_only_a": len(by_a.keys() - by_b.keys()),
         "n_only_b": len(by_b.keys() - by_a.keys()),
         "samples": samples,
         "seed": seed,
         "accuracy": paired_bootstrap(per_claim(by_a, False), per_claim(by_b, False), samples, seed),
-        f"averitec@{level_key(level)}": paired_bootstrap(
-            per_claim(by_a, True), per_claim(by_b, True), samples, seed
-        ),
     }
+    if all("evidence_score" in r for r in [*by_a.values(), *by_b.values()]):  # AVeriTeC references were given
+        result[f"averitec@{level_key(level)}"] = paired_bootstrap(
+            per_claim(by_a, True), per_claim(by_b, True), samples, seed)
+    return result
 
 
-def compare_files(path_a, path_b, references, evidence=None, samples=10_000, seed=0, level=0.25):
-    """`compare_rows` on two prediction files scored against `references`; `compare_trials` when either
-    is a run directory of several trials."""
-    files_a, files_b = trial_files(path_a), trial_files(path_b)
+def compare_files(path_a, path_b, references=None, evidence=None, samples=10_000, seed=0, level=0.25):
+    """`compare_rows` on two prediction files scored against AVeriTeC `references` or, without them, against the
+    gold labels the predictions record (any dataset's runs); `compare_trials` when either is a run directory of
+    several trials."""
+    name = "submission.json" if references else "predictions.jsonl"
+    files_a, files_b = trial_files(path_a, name), trial_files(path_b, name)
+
+    def rows(path):
+        return rows_from_files(path, references, evidence)[0] if references else label_rows(path)
+
     if len(files_a) == 1 and len(files_b) == 1:
-        rows_a, _ = rows_from_files(files_a[0], references, evidence)
-        rows_b, _ = rows_from_files(files_b[0], references, evidence)
-        return compare_rows(rows_a, rows_b, samples, seed, level)
-    trials_a = [rows_from_files(f, references, evidence)[0] for f in files_a]
-    trials_b = [rows_from_files(f, references, evidence)[0] for f in files_b]
-    return compare_trials(trials_a, trials_b, samples, seed, level)
+        return compare_rows(rows(files_a[0]), rows(files_b[0]), samples, seed, level)
+    return compare_trials([rows(f) for f in files_a], [rows(f) for f in files_b], samples, seed, level)
 
 
 def format_comparison(result, name_a="A", name_b="B"):
@@ -163,8 +183,9 @@ def build_parser():
     parser.add_argument("a", help="predictions of system A (a run's submission.json, JSONL, or a run directory, "
                         "with trials or not)")
     parser.add_argument("b", help="predictions of system B, on the same claims (likewise)")
-    parser.add_argument("--references", required=True,
-                        help="AVeriTeC dev.json-shaped file with the gold labels, evidence and justifications")
+    parser.add_argument("--references",
+                        help="AVeriTeC dev.json-shaped file with the gold labels, evidence and justifications, for the "
+                        "AVeriTeC score (default: the gold labels in the runs' predictions.jsonl, any dataset)")
     parser.add_argument("--evidence", help="evidence for predictions that carry none (default: none)")
     parser.add_argument("--samples", type=int, default=10_000, help="paired bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")

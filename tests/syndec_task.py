@@ -6,8 +6,10 @@ A Moderator that reads the debate can get every claim right; one that ignores it
 """
 import json
 
-from debate.data.labels import REFUTED, SUPPORTED
+from debate.data.labels import AVERITEC, REFUTED, SUPPORTED
 from debate.data.prompts import render
+
+AV = {"label_choices": AVERITEC.choices(), "label_answer": AVERITEC.answer_format()}
 
 JUSTIFICATION = "The debate settles it."
 PROCEED = json.dumps({"Primary Insight": "both sides repeat", "Evidence Gaps": "", "Justification for Proceeding": "",
@@ -32,9 +34,9 @@ def record(i, gold, predicted=None, corrected=None):
             {"round": 1, "role": "affirmative", "prompt": render("affirmative_opening", claim=claim), "response": aff},
             {"round": 1, "role": "negative", "prompt": render("negative_opening", opponent_argument=aff), "response": neg},
             {"round": 1, "role": "moderator", "response": PROCEED,
-             "prompt": render("moderator_round", round=1, affirmative_argument=aff, negative_argument=neg)},
+             "prompt": render("moderator_round", round=1, affirmative_argument=aff, negative_argument=neg, **AV)},
             {"round": "final", "role": "moderator", "response": final_reply(predicted),
-             "prompt": render("moderator_final", affirmative_argument=aff, negative_argument=neg, claim=claim)},
+             "prompt": render("moderator_final", affirmative_argument=aff, negative_argument=neg, claim=claim, **AV)},
         ],
         "gold_label": gold, "predicted_label": predicted, "predicted_justification": JUSTIFICATION,
         "correct": predicted == gold, "corrected_justification": corrected,

@@ -57,6 +57,7 @@ class Data:
     retrieved_file: str = identity()  # None: the dataset's own (AVeriTeC: DATA_DIR/<split>.retrieved.hero.jsonl)
     evidence_k: int = identity(5)  # retrieved from a corpus: passages per claim (ours)
     limit: int = None  # only the first N claims; None: all
+    sample_seed: int = None  # with limit: N claims drawn at random with this seed instead of the first N
 
 
 @dataclass(frozen=True)

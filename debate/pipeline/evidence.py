@@ -6,6 +6,7 @@ dataset's own corpus (Check-COVID: its abstracts); from a corpus, each claim's -
 to it under the project's sentence encoder (debate.engine.retrieval). That step loads the encoder, so it runs
 (`retrieve`) only after every check of the run has passed.
 """
+import random
 from dataclasses import dataclass
 
 from debate.data import averitec, claims as records, datasets
@@ -28,7 +29,12 @@ def read(config):
     dataset = datasets.get(d.dataset)
     claims = dataset.read(d.split, d.data_dir)
     labels = dataset.labels(d.split, d.data_dir)
-    claims = claims[: d.limit] if d.limit else claims
+    if d.limit and d.sample_seed is not None and d.limit < len(claims):
+        # A seeded draw, kept in file order: the same claims for every method run with this seed.
+        chosen = sorted(random.Random(d.sample_seed).sample(range(len(claims)), d.limit))
+        claims = [claims[i] for i in chosen]
+    elif d.limit:
+        claims = claims[: d.limit]
     notes = tuple(note for c in claims for note in c.get("notes", ()))
     where = f"{dataset.name} {d.split}"
     if d.evidence == "golden" and claims and not any(c["gold_evidence"] for c in claims):

@@ -1,0 +1,134 @@
+"""Every method on every dataset with a tiny random model: the prompts and the schemas carry only that dataset's
+labels, predictions and metrics are over them; a user's JSONL with a three-label card runs end to end; the
+Verifier loads its models once for batch after batch."""
+import json
+from pathlib import Path
+
+import pytest
+
+import run_debate
+from debate.data.labels import LABELS
+from debate.pipeline import records
+from tests.tiny_models import build_tiny_llama, missing, shared_dir
+
+METHODS = ("debatecv", "rag-cot", "majority", "cooperation")
+CARD = {"name": "mine", "labels": [{"label": "Accurate", "definition": "the evidence backs the claim."},
+                                   {"label": "Inaccurate", "definition": "the evidence contradicts the claim."},
+                                   {"label": "Unclear", "definition": "the evidence cannot settle the claim."}],
+        "nei": "Unclear"}
+USER_CLAIMS = [
+    {"claim_id": "u1", "claim": "Drinking tea cures the common cold.", "label": "Inaccurate",
+     "evidence": [{"text": "Two trials found no effect of tea on colds.", "url": "trial-report"}]},
+    {"claim_id": "u2", "claim": "The bridge opened in 1932.", "label": "Accurate",
+     "evidence": [{"text": "The bridge was opened to traffic in March 1932.", "url": "city-archive"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def user_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mine")
+    (folder / "card.json").write_text(json.dumps(CARD))
+    (folder / "dev.jsonl").write_text("".join(json.dumps(c) + "\n" for c in USER_CLAIMS))
+    return folder
+
+
+def run(tiny, out, method, dataset, split, data_dir, *extra):
+    argv = ["--dataset", dataset, "--split", split, "--data-dir", str(data_dir), "--method", method, "--model", tiny,
+            "--limit", "1", "--max-rounds", "1", "--max-new-tokens", "120", "--voters", "2", "--output-dir", str(out),
+            *extra]
+    return run_debate.main(argv)
+
+
+def read(out, name):
+    return [json.loads(line) for line in (Path(out) / name).read_text().splitlines()]
+
+
+def check_labels(out, labels):
+    """Predictions, every prompt, every structured choice and the metrics speak only of `labels`."""
+    [prediction] = read(out, records.PREDICTIONS)
+    assert prediction["label"] in labels and set(prediction["label_probs"]) == set(labels)
+    [transcript] = read(out, records.TRANSCRIPTS)
+    foreign = [label for label in LABELS if label not in labels]
+    verdicts = 0
+    for turn in transcript["turns"]:
+        assert not [label for label in foreign if label in turn["prompt"]], turn["prompt"]
+        verdict = (turn.get("probs") or {}).get("Verdict")
+        if verdict:
+            verdicts += 1
+            assert list(verdict) == list(labels)
+    assert verdicts >= 1
+    metrics = json.loads((Path(out) / records.METRICS).read_text())
+    assert metrics["labels"] == list(labels) and set(metrics["per_class_f1"]) == set(labels)
+    assert metrics["n"] == 1 and "intervals" in metrics
+    config = json.loads((Path(out) / records.CONFIG).read_text())
+    assert config["labels"] == list(labels)
+    assert not (Path(out) / records.SUBMISSION).exists()  # AVeriTeC's submission shape only for AVeriTeC
+
+
+DATASETS = [  # (dataset, split, shared folder, evidence, labels)
+    ("check-covid", "test", "check-covid", "golden", ("SUPPORT", "REFUTE", "NOTENOUGHINFO")),
+    ("check-covid", "test-binary", "check-covid", "golden", ("SUPPORT", "REFUTE")),
+    ("healthver", "dev", "healthver", "golden", ("Supports", "Refutes", "Neutral")),
+    ("politihop", "test", "politihop", "ruling", ("true", "false", "half-true")),
+    ("feverous", "sample", "proclaim", "none", ("SUPPORT", "REFUTE")),
+    ("scifact", "sample", "proclaim", "none", ("SUPPORT", "REFUTE")),
+]
+
+
+@pytest.mark.parametrize("dataset, split, folder, evidence, labels", DATASETS, ids=[f"{d[0]}-{d[1]}" for d in DATASETS])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_on_every_dataset_speaks_its_labels(tiny, tmp_path, method, dataset, split, folder, evidence,
+                                                         labels):
+    data_dir = shared_dir(folder)
+    if not data_dir.is_dir():
+        missing(f"no shared {folder} data at {data_dir}")
+    out = tmp_path / "run"
+    metrics = run(tiny, out, method, dataset, split, data_dir, "--evidence", evidence)
+    assert metrics["dataset"] == dataset and metrics["evidence_condition"] == evidence
+    check_labels(out, labels)
+
+
+@pytest.mark.parametrize("method", ["debatecv", "rag-cot"])
+def test_a_users_jsonl_with_a_three_label_card_runs_end_to_end(tiny, tmp_path, user_data, method):
+    out = tmp_path / "run"
+    run(tiny, out, method, "jsonl", "dev", user_data)
+    check_labels(out, ("Accurate", "Inaccurate", "Unclear"))
+    [transcript] = read(out, records.TRANSCRIPTS)
+    assert "Two trials found no effect of tea on colds." in json.dumps(transcript)  # its own evidence, as passages
+    # Resuming with an edited card (other labels) is refused: the labels are part of the run's identity.
+    card = dict(CARD, labels=CARD["labels"][:2])
+    (user_data / "card.json").write_text(json.dumps(card))
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run(tiny, out, method, "jsonl", "dev", user_data)
+        assert stop.value.code == 2
+    finally:
+        (user_data / "card.json").write_text(json.dumps(CARD))
+
+
+def test_the_verifier_loads_once_and_verifies_batch_after_batch(tiny, user_data, monkeypatch):
+    from debate import Verifier, build
+    from debate.data.claims import DataError
+    from debate.engine import models
+
+    loads = []
+    real = models.load_roles
+    monkeypatch.setattr(models, "load_roles", lambda *a, **k: loads.append(1) or real(*a, **k))
+    config = build(dataset="jsonl", split="dev", data_dir=str(user_data), method="rag-cot", model=tiny,
+                   max_new_tokens=120, temperature=0)
+    with Verifier(config) as verifier:
+        first = verifier.verify(USER_CLAIMS)
+        second = verifier.verify(["The bridge opened in 1932."])
+        assert loads == [1]  # the models loaded once for both batches
+        assert [p["claim_id"] for p in first] == ["u1", "u2"] and second[0]["claim_id"] == 0
+        assert all(p["label"] in verifier.labels.labels for p in first + second)
+        assert first[0]["gold_label"] == "Inaccurate"
+        with pytest.raises(DataError, match="label 'True' is not one of Accurate, Inaccurate, Unclear"):
+            verifier.verify([{"claim": "x", "label": "True"}])
+    with pytest.raises(RuntimeError, match="closed"):
+        verifier.verify(["again"])
