@@ -111,6 +111,11 @@ def check_label(path, where, value, labels, field="label"):
     return label
 
 
+def evidence_text(item):
+    """An evidence item as one text: a passage's text, a question-answer pair's "question answer"."""
+    return item["text"] if "text" in item and "question" not in item else f"{item['question']} {item['answer']}".strip()
+
+
 def record(claim_id, claim, label, gold_evidence, shape, justification=None, **extra):
     """A claim record (see the module doc), its evidence the golden one until a condition is attached."""
     return {"claim_id": claim_id, "claim": claim, "label": label, "justification": justification,

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from debate.data import jsonl
 from debate.engine import models
-from debate.data.claims import json_problem
+from debate.data.claims import evidence_text, json_problem
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,8 @@ def corpus_index(corpus_path, embedder, log_fn=log.info):
 
 def evidence_passages(claim):
     """A claim's own evidence items as a corpus (the courtroom's pool when no --corpus is given)."""
-    return [{"id": f"{claim['claim_id']}-{j}", "text": f"{e['question']} {e['answer']}".strip(),
-             "question": e["question"], "answer": e["answer"], "url": e.get("url") or ""}
+    return [{"id": f"{claim['claim_id']}-{j}", "text": evidence_text(e), "url": e.get("url") or "",
+             **({"question": e["question"], "answer": e["answer"]} if "question" in e else {})}
             for j, e in enumerate(claim["evidence"])]
 
 

@@ -307,7 +307,7 @@ def _verify(config, claims, labels, prompt_info, agents, log):
         shards.clear(out_dir)  # a sharded run's shards are no part of this one (a shard has none)
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
     todo = sorted((c for c in claims if c["claim_id"] not in done),
-                  key=lambda c: sum(len(e["question"]) + len(e["answer"]) for e in c["evidence"]))
+                  key=lambda c: sum(len(data.evidence_text(e)) for e in c["evidence"]))
     log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {out_dir}, {len(todo)} to go")
 
     if todo:
