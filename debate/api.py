@@ -4,6 +4,7 @@
     config = build(split="demo", method="rag-cot", limit=2)   # the flags' names and defaults, checked
     metrics = run(config)                                      # = run_debate.py: the same output directory
     predictions = verify([{"claim": "...", "evidence": [...]}], config)   # in memory, no directory
+    view(config.output.output_dir, "report.html")              # = python -m eval.view: the run as one HTML file
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
@@ -42,6 +43,15 @@ def verify(claims, config):
     runner.verify_claims(config, agents, claims, settings, turns.Streams(turns.device_of(agents)), kwargs,
                          lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
     return [done[c["claim_id"]] for c in claims]
+
+
+def view(run_dirs, output="report.html", **options):
+    """Write the self-contained HTML report of one run directory or several (a list) to `output`, as
+    `python -m eval.view` does; return its path. `options`: trial, prompts (False leaves the prompts out),
+    samples, seed, title."""
+    from eval import view as report
+
+    return report.write(run_dirs, output, **options)
 
 
 def _claim(claim, index):

@@ -26,7 +26,8 @@
   }
 
   function num(value, digits) {
-    if (typeof value !== "number" || !isFinite(value)) return value === null || value === undefined ? "-" : String(value);
+    if (value === null || value === undefined) return "-";
+    if (typeof value !== "number" || !isFinite(value)) return String(value);
     return Number.isInteger(value) ? value.toLocaleString("en") : value.toFixed(digits === undefined ? 3 : digits);
   }
 
@@ -71,20 +72,24 @@
     const host = document.querySelector(`.claims[data-run="${r}"]`);
     const labels = run.labels;
     const hasGold = run.rows.some((row) => row.gold !== null && row.gold !== undefined);
-    const search = el("input", {type: "search", class: "search", placeholder: "claim text or id", "aria-label": "filter by text"});
+    const search = el("input", {type: "search", class: "search", placeholder: "claim text or id",
+      "aria-label": "filter by text"});
     const wrong = el("input", {type: "checkbox", class: "wrong", disabled: !hasGold});
-    const options = (values) => [el("option", {value: ""}, "any")].concat(values.map((v) => el("option", {value: v}, v)));
+    const options = (values) => [el("option", {value: ""}, "any")]
+      .concat(values.map((v) => el("option", {value: v}, v)));
     const predicted = labels.concat(run.rows.some((row) => !labels.includes(row.pred)) ? [NO_VERDICT] : []);
     const gold = el("select", {class: "gold", disabled: !hasGold}, options(labels));
     const pred = el("select", {class: "pred"}, options(predicted));
-    const stops = Array.from(new Set(run.rows.map((row) => row.stop).filter((s) => s !== null && s !== undefined))).map(String);
+    const stops = Array.from(new Set(run.rows.map((row) => row.stop).filter((s) => s !== null && s !== undefined)))
+      .map(String);
     const stop = el("select", {class: "stop", disabled: !stops.length}, options(stops.sort()));
     const count = el("p", {class: "count", role: "status"});
     const legend = el("p", {class: "legend"}, labels.map((label) => el("span", {},
       el("i", {class: "swatch", style: null}), label)));
     legend.querySelectorAll("i").forEach((swatch, k) => { swatch.style.background = colorOf(labels, labels[k]); });
     const body = el("tbody");
-    const items = run.rows.map((row) => ({row, tr: trOf(r, row, labels), text: `${row.id} ${row.claim}`.toLowerCase()}));
+    const items = run.rows.map((row) => ({row, tr: trOf(r, row, labels),
+      text: `${row.id} ${row.claim}`.toLowerCase()}));
     const head = el("tr", {}, COLUMNS.map(([key, name]) => el("th", {},
       el("button", {type: "button", "data-key": key, onclick: () => sortBy(key)}, name))));
     let order = items.slice();
@@ -194,10 +199,12 @@
 
   function turnView(t, k, labels) {
     const role = String(t.role ?? "?");
-    const badges = [["parse_status", "status"], ["schema", "schema"]].filter(([key]) => t[key] !== undefined && t[key] !== null)
+    const badges = [["parse_status", "status"], ["schema", "schema"]]
+      .filter(([key]) => t[key] !== undefined && t[key] !== null)
       .map(([key, name]) => el("span", {class: "badge"}, `${name}: ${t[key]}`));
     const probs = t.probs && typeof t.probs === "object" ? Object.entries(t.probs).map(([field, dist]) =>
-      el("div", {class: "choice"}, el("b", {}, field), dist && typeof dist === "object" ? probsTable(labels, dist) : value(dist))) : [];
+      el("div", {class: "choice"}, el("b", {}, field),
+        dist && typeof dist === "object" ? probsTable(labels, dist) : value(dist))) : [];
     const extra = Object.fromEntries(Object.entries(t).filter(([key]) =>
       !["round", "role", "prompt", "response", "parse_status", "schema", "probs"].includes(key)));
     const turn = el("div", {class: `turn ${SIDE[role] || (role.startsWith("madr") ? "madr" : "")}`},
@@ -206,7 +213,8 @@
       value(t.response ?? ""), probs.length ? el("div", {class: "choices"}, probs) : null,
       Object.keys(extra).length ? facts(Object.entries(extra)) : null);
     if (typeof t.prompt === "string") {
-      const details = el("details", {}, el("summary", {}, `prompt (${t.prompt.length.toLocaleString("en")} characters)`));
+      const size = t.prompt.length.toLocaleString("en");
+      const details = el("details", {}, el("summary", {}, `prompt (${size} characters)`));
       // Filled when first opened: most prompts are never read, and they are most of a transcript.
       details.addEventListener("toggle", () => {
         if (details.open && details.childElementCount === 1) details.append(value(t.prompt));
@@ -231,22 +239,26 @@
       ["panel", p.panel && p.panel.note !== undefined ? p.panel.note : p.panel]].filter(([, v]) => v !== undefined);
     if (pairs.length) parts.push(facts(pairs));
     if (Array.isArray(p.hearings)) {
+      const head = ["hearing", "rounds", "stop reason", "P-RAG stop", "discovered", "reflection totals"];
+      const row = (h, k) => el("tr", {}, el("td", {}, k ? "role-switched" : "first"), el("td", {}, num(h.rounds)),
+        el("td", {}, String(h.stop_reason ?? "-")), el("td", {}, String(h.prag_stop ?? "-")),
+        el("td", {}, num(h.discovered)),
+        el("td", {}, (h.reflection_totals || []).map((x) => num(x, 2)).join(", ") || "-"));
       parts.push(el("h4", {}, "Hearings"), el("table", {class: "votes"},
-        el("thead", {}, el("tr", {}, ["hearing", "rounds", "stop reason", "P-RAG stop", "discovered", "reflection totals"]
-          .map((h) => el("th", {}, h)))),
-        el("tbody", {}, p.hearings.map((h, k) => el("tr", {}, el("td", {}, k ? "role-switched" : "first"),
-          el("td", {}, num(h.rounds)), el("td", {}, String(h.stop_reason ?? "-")), el("td", {}, String(h.prag_stop ?? "-")),
-          el("td", {}, num(h.discovered)), el("td", {}, (h.reflection_totals || []).map((x) => num(x, 2)).join(", ") || "-"))))));
+        el("thead", {}, el("tr", {}, head.map((h) => el("th", {}, h)))), el("tbody", {}, p.hearings.map(row))));
       p.hearings.forEach((h, k) => {
         if (Array.isArray(h.queries) && h.queries.length) {
-          parts.push(el("details", {}, el("summary", {}, `P-RAG queries of the ${k ? "role-switched" : "first"} hearing (${h.queries.length})`),
-            el("table", {class: "votes"}, el("tbody", {}, h.queries.map((q) => el("tr", {},
-              el("td", {}, `round ${q.round ?? "-"}`), el("td", {}, String(q.side ?? "-")), el("td", {}, value(q.query)),
-              el("td", {}, `${num(q.admitted)} of ${num(q.retrieved)} admitted`)))))));
+          const which = k ? "role-switched" : "first";
+          const query = (q) => el("tr", {}, el("td", {}, `round ${q.round ?? "-"}`),
+            el("td", {}, String(q.side ?? "-")), el("td", {}, value(q.query)),
+            el("td", {}, `${num(q.admitted)} of ${num(q.retrieved)} admitted`));
+          parts.push(el("details", {}, el("summary", {}, `P-RAG queries of the ${which} hearing (${h.queries.length})`),
+            el("table", {class: "votes"}, el("tbody", {}, h.queries.map(query)))));
         }
       });
     }
-    return parts.length ? el("section", {}, el("h3", {}, "votes" in p && "confidence" in p ? "Panel" : "Votes"), parts) : null;
+    if (!parts.length) return null;
+    return el("section", {}, el("h3", {}, "votes" in p && "confidence" in p ? "Panel" : "Votes"), parts);
   }
 
   function debateView(r, d) {
@@ -257,7 +269,10 @@
     const right = gold === null || gold === undefined ? "-" : p.label === gold ? "yes" : "no";
     const verdict = facts([["predicted", labelText(p.label)], ["gold", gold ?? "-"], ["correct", right],
       ["parse status", p.parse_status], ["stop reason", p.stop_reason], ["rounds", p.rounds],
-      ["tokens (prompt / encoded / completion)", [p.prompt_tokens, p.encoded_tokens, p.completion_tokens].map((x) => num(x)).join(" / ")]]);
+      ["tokens (prompt / encoded / completion)",
+        [p.prompt_tokens, p.encoded_tokens, p.completion_tokens].map((x) => num(x)).join(" / ")]]);
+    const probs = p.label_probs && typeof p.label_probs === "object"
+      ? [el("h4", {}, "Label probabilities"), probsTable(labels, p.label_probs)] : null;
     const justification = "justification_unrefined" in p
       ? [el("h3", {}, "Justification, refined by MADR"), value(p.justification),
          el("h3", {}, "Justification before refinement"), value(p.justification_unrefined),
@@ -268,14 +283,15 @@
     return el("article", {class: "debate"},
       el("p", {class: "muted"}, `${run.name}: claim ${d.id}`),
       el("h2", {class: "text"}, d.claim || "(no claim text)"),
-      el("section", {class: `verdict ${right === "no" ? "wrong" : right === "yes" ? "right" : ""}`}, el("h3", {}, "Verdict"), verdict,
-        p.label_probs && typeof p.label_probs === "object" ? [el("h4", {}, "Label probabilities"), probsTable(labels, p.label_probs)] : null),
+      el("section", {class: `verdict ${right === "no" ? "wrong" : right === "yes" ? "right" : ""}`},
+        el("h3", {}, "Verdict"), verdict, probs),
       el("section", {}, justification),
       panelView(p),
       el("section", {}, el("h3", {}, `Evidence (${(d.evidence || []).length})`), evidenceList(d.evidence)),
       el("section", {}, el("h3", {}, `Debate (${(d.turns || []).length} turns)`),
         (d.turns || []).map((t, k) => turnView(t, k, labels))),
-      other.length || recorded.length ? el("section", {}, el("h3", {}, "Other fields"), facts(other.concat(recorded))) : null);
+      other.length || recorded.length
+        ? el("section", {}, el("h3", {}, "Other fields"), facts(other.concat(recorded))) : null);
   }
 
   // ------------------------------------------------------------ tabs, the debate panel, the address
@@ -299,7 +315,8 @@
     const block = document.getElementById(`d${r}-${i}`);
     if (!block) return false;
     panelBody.replaceChildren(debateView(r, JSON.parse(block.textContent)));
-    if (current && tables[current.r] && tables[current.r].rowOf(current.i)) tables[current.r].rowOf(current.i).classList.remove("open");
+    const before = current && tables[current.r].rowOf(current.i);
+    if (before) before.classList.remove("open");
     current = {r, i};
     const tr = tables[r].rowOf(i);
     if (tr) tr.classList.add("open");

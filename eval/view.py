@@ -267,8 +267,8 @@ def run_section(run, k):
 
 def compare_section(runs, samples, seed):
     names = [f"{k + 1}. {run['name']}" for k, run in enumerate(runs)]
-    rows_by_run = [{name: (value, interval) for name, value, interval in metric_rows(run["metrics"] or {}, ("confusion",))}
-                   for run in runs]
+    rows_by_run = [{name: (value, interval)
+                    for name, value, interval in metric_rows(run["metrics"] or {}, ("confusion",))} for run in runs]
     metric_names = list(dict.fromkeys(name for rows in rows_by_run for name in rows))
     side = [[name] + [" ".join(x for x in rows.get(name, ("-", "")) if x) for rows in rows_by_run]
             for name in metric_names]
