@@ -113,7 +113,8 @@ def claim_row(prediction, transcript, submitted, position):
         "p": _number(probs.get(label)) if probs and isinstance(label, str) else None,
         "rounds": rounds,
         "stop": prediction.get("stop_reason"),
-        "correct": None if gold is None else label == gold,
+        # A record with no label key at all (an explanation task's) was never asked for a verdict.
+        "correct": None if gold is None or "label" not in prediction else label == gold,
         "tokens": sum(t for t in tokens if t is not None) if any(t is not None for t in tokens) else None,
         "prediction": prediction,
         "turns": (transcript or {}).get("turns") or [],
@@ -187,6 +188,6 @@ def _correct_by_claim(predictions):
     out = {}
     for p in predictions:
         gold = p.get("gold_label", p.get("gold"))
-        if gold is not None:
-            out.setdefault(_key(p["claim_id"]), p.get("label") == gold)
+        if gold is not None and "label" in p:
+            out.setdefault(_key(p["claim_id"]), p["label"] == gold)
     return out

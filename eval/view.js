@@ -266,7 +266,7 @@
     const p = d.prediction || {};
     const gold = p.gold_label !== undefined ? p.gold_label : p.gold;
     const labels = run.labels;
-    const right = gold === null || gold === undefined ? "-" : p.label === gold ? "yes" : "no";
+    const right = gold === null || gold === undefined || !("label" in p) ? "-" : p.label === gold ? "yes" : "no";
     const verdict = facts([["predicted", labelText(p.label)], ["gold", gold ?? "-"], ["correct", right],
       ["parse status", p.parse_status], ["stop reason", p.stop_reason], ["rounds", p.rounds],
       ["tokens (prompt / encoded / completion)",

@@ -150,8 +150,9 @@ def paired_accuracy(run_a, run_b, samples, seed):
 
 def differing_claims(runs):
     """[(claim key, claim text, gold, [(run index, row index, label) or None per run])] of the claims on
-    which the runs holding them do not all give the same verdict."""
-    index = [{c["id"]: c for c in run["claims"]} for run in runs]
+    which the runs holding them do not all give the same verdict (a run asked for none, with no label in
+    its records, is left out)."""
+    index = [{c["id"]: c for c in run["claims"] if "label" in c["prediction"]} for run in runs]
     out = []
     for key in dict.fromkeys(k for table in index for k in table):
         rows = [table.get(key) for table in index]

@@ -113,8 +113,9 @@ def shape(method, claim_id, gold, label, labels=AVERITEC):
         return dict(prediction, justification="refined why", justification_unrefined=f"why {label}",
                     madr={"iterations": 1, "stop_reason": "agreement", "refine_status": "field"}), turns
     if method == "explain":
-        # issue 21's explanation task: fields the report has never heard of are shown as they are
-        return dict(base, label_probs=None, explanation="the ruling says so", geval={"document": 4.2}), \
+        # issue 21's explanation task: no verdict asked for, and fields the report has never heard of
+        explained = {k: v for k, v in base.items() if k not in ("label", "label_probs", "parse_status")}
+        return dict(explained, explanation="the ruling says so", geval={"document": 4.2}), \
             [turn(1, "explainer", "an explanation")]
     raise ValueError(method)
 
@@ -225,9 +226,11 @@ def test_a_run_of_unknown_labels_and_fields_shows_them_without_averitec(tmp_path
     run = make_run(tmp_path / "explain", "explain", ["true", "half-true", "false"], ["true", "false", "false"], labels,
                    config={"task": "explain", "dataset": "politihop"})
     page = view.build(run)
-    # no label declared, no probabilities: the gold and predicted labels, sorted
+    # no label declared, no probabilities: the gold labels, sorted
     assert blocks(page)["runs-data"][0]["labels"] == ["false", "half-true", "true"]
     assert debate(page, 0, 0)["prediction"]["geval"] == {"document": 4.2}
+    # no verdict was asked for, so no claim is wrong
+    assert [r["correct"] for r in table_rows(page)] == [None, None, None]
     assert not any(label in page for label in AVERITEC)
     assert "<td>politihop</td>" in page and "<td>explain</td>" in page
 
