@@ -2,7 +2,7 @@
 
     python bench/bench_view.py [--claims 500] [--turn-chars 2000]     # a 500-claim DebateCV run, then its report
     python bench/bench_view.py --source tiny --claims 8               # the run made by the tests' tiny model
-    python bench/bench_view.py --run RUN_DIR [--screenshot docs/report.png]   # the report of a run you have
+    python bench/bench_view.py --run RUN_DIR [--screenshot PNG --open 1]   # the report of a run you have
 
 The run (into --out, made again only when its settings change):
 - `--source scripted` (the default): DebateCV's own protocol (debate/methods/debatecv.py), its prompts and
@@ -176,12 +176,25 @@ LOADED = ("(() => { const n = performance.getEntriesByType('navigation')[0]; "
           "return {dom_ms: n.domContentLoadedEventEnd, load_ms: n.loadEventEnd}; })()")
 
 
+def save_png(data, path):
+    """`data` (PNG bytes) to `path`, as 256 colours where Pillow (matplotlib's) is there."""
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError:
+        Path(path).write_bytes(data)
+        return
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    image.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(path, optimize=True)
+
+
 def in_browser(report, screenshot=None, claim=0):
     from tests.browser import Browser, find_chromium
 
     if not find_chromium():
         return {"skipped": "no Chromium (apt-get install chromium)"}
-    with Browser(width=1280, height=800, timeout=300) as browser:
+    with Browser(width=1600, height=1000, timeout=300) as browser:
         start = time.perf_counter()
         browser.open(report.resolve().as_uri())
         wall = time.perf_counter() - start
@@ -189,7 +202,10 @@ def in_browser(report, screenshot=None, claim=0):
         out["filter"] = browser.evaluate(FILTER)
         out["open_debate"] = browser.evaluate(OPEN % claim)
         if screenshot:
-            Path(screenshot).write_bytes(browser.screenshot())
+            # The figures and the claim table beside the open debate; 256 colours keep the PNG small.
+            browser.evaluate("window.scrollTo(0, document.querySelector('.claims').offsetTop - 600); "
+                             "new Promise((done) => requestAnimationFrame(() => setTimeout(done, 50)))")
+            save_png(browser.screenshot(), screenshot)
         out["errors"] = browser.errors()
         out["requests_other_than_the_file"] = [u for u in browser.requests()
                                                if not u.startswith(("file:", "data:"))]

@@ -1,6 +1,8 @@
-"""See a run: one self-contained HTML file with its settings, metrics, figures, a claim table that sorts and
-filters, and every claim's debate, turn by turn; with several runs, their metrics side by side, the paired
-bootstrap of accuracy and the claims whose verdict differs.
+"""See a run: one self-contained HTML file for one run directory or several, opened from disk in a browser.
+
+It holds the run's settings, metrics and figures, a claim table that sorts and filters, and every claim's
+debate, turn by turn; with several runs, their metrics side by side, the paired bootstrap of accuracy and
+the claims whose verdict differs.
 
 Run ``python -m eval.view RUN_DIR [RUN_DIR ...] -o report.html`` (or ``debatecv-view``, or
 ``debate.api.view``). The file needs no server and no network: styles, the script and the figures
