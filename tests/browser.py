@@ -18,7 +18,8 @@ from pathlib import Path
 # The flags this machine's notes name for a headless Chromium as root with no network, and no first-run noise.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--no-default-browser-check", "--hide-scrollbars", "--mute-audio")
+         "--disable-extensions", "--no-default-browser-check", "--hide-scrollbars", "--mute-audio",
+         "--disable-dev-shm-usage")  # a container's small /dev/shm would crash a large page's renderer
 
 
 def find_chromium():
@@ -38,6 +39,9 @@ class Browser:
     event of the page (requests, console, exceptions) since it was made."""
 
     def __init__(self, executable=None, width=1280, height=900, timeout=60):
+        executable = executable or find_chromium()
+        if not executable:
+            raise BrowserError("no Chromium found (apt-get install chromium, or set DEBATECV_CHROMIUM)")
         self.timeout, self.events, self._buffer, self._next = timeout, [], b"", 0
         self._profile = tempfile.mkdtemp(prefix="debatecv-chromium-")
         self._log = open(Path(self._profile) / "stderr.log", "wb")  # noqa: SIM115 (closed by close())
@@ -47,7 +51,7 @@ class Browser:
         theirs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (commands[0], replies[1])]
         self._process = subprocess.Popen(
             ["bash", "-c", f'exec "$0" "$@" 3<&{theirs[0]} 4>&{theirs[1]} {theirs[0]}<&- {theirs[1]}>&-',
-             executable or find_chromium(), *FLAGS, f"--user-data-dir={self._profile}", "--remote-debugging-pipe",
+             executable, *FLAGS, f"--user-data-dir={self._profile}", "--remote-debugging-pipe",
              "about:blank"], pass_fds=theirs, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
         for fd in (*theirs, commands[0], replies[1]):
             os.close(fd)

@@ -142,6 +142,12 @@ def make_run(out, method, golds, preds, labels=AVERITEC, config=None, metrics=No
     return out
 
 
+@pytest.fixture
+def no_figures(monkeypatch):
+    """For the tests about something else: matplotlib's figures are most of a small report's build time."""
+    monkeypatch.setattr(figures, "available", lambda: False)
+
+
 GOLDS = ["Supported", "Refuted", "Supported", "Not Enough Evidence", "Refuted", "Supported"]
 PREDS = ["Supported", "Supported", "Supported", "Not Enough Evidence", "Refuted", None]
 
@@ -299,7 +305,7 @@ def test_two_runs_compare_their_verdicts_and_accuracy(tmp_path):
     assert page.count('id="tab-r') == 2 and 'id="tab-compare"' in page
 
 
-def test_two_trial_runs_are_paired_trial_by_trial(tmp_path):
+def test_two_trial_runs_are_paired_trial_by_trial(tmp_path, no_figures):
     runs = []
     for name, shift in (("a", 0), ("b", 1)):
         top = tmp_path / name
@@ -318,7 +324,7 @@ def test_two_trial_runs_are_paired_trial_by_trial(tmp_path):
     assert "± 0.1000 (sd) over 2 trials" in page
 
 
-def test_bad_input_is_one_error_line_naming_the_path(tmp_path, capsys):
+def test_bad_input_is_one_error_line_naming_the_path(tmp_path, capsys, no_figures):
     (tmp_path / "empty").mkdir()
     torn = make_run(tmp_path / "torn", "debatecv", GOLDS[:2], PREDS[:2])
     with open(torn / "predictions.jsonl", "a") as f:
@@ -343,7 +349,7 @@ def test_without_matplotlib_the_report_says_so_and_has_no_figures(tmp_path, monk
     assert len(table_rows(page)) == len(GOLDS)
 
 
-def test_no_prompts_leaves_the_prompts_out(tmp_path):
+def test_no_prompts_leaves_the_prompts_out(tmp_path, no_figures):
     run = make_run(tmp_path / "run", "debatecv", GOLDS, PREDS)
     with_prompts, without = view.build(run), view.build(run, prompts=False)
     assert "prompt of affirmative" in with_prompts and "prompt of affirmative" not in without
