@@ -124,7 +124,9 @@ def metric_rows(metrics, skip=()):
             interval = f"[{fmt(sibling[0])}, {fmt(sibling[1])}]" if sibling else ""
             rows.append((name, fmt(node), interval))
 
-    walk("", {k: v for k, v in (metrics or {}).items() if k not in skip})
+    kept = {k: v for k, v in (metrics or {}).items() if k not in skip}
+    if kept:
+        walk("", kept)
     return rows
 
 
@@ -304,10 +306,12 @@ def compare_section(runs, samples, seed):
         f"(<code>eval.compare.paired_bootstrap</code>, {samples:,} resamples, seed {seed}; two <code>--trials</code> "
         "runs of as many trials are resampled over trials too). The AVeriTeC evidence score needs the "
         "references: <code>python -m eval.compare A B --references R</code>.</p>"
-        + table(("A", "B", "claims", "accuracy A", "accuracy B", "A - B", "95% CI of A - B", "p"), tests, "metrics")
+        + table(("A", "B", "claims", "accuracy A", "accuracy B", "A - B", "95% CI of A - B", "p"), tests, "numbers")
         + f"<h3>Verdicts that differ ({len(differ):,} claims)</h3>"
         + table(["claim id", "claim", "gold"] + names, differ_rows, "differ")
-        + "<h3>Metrics side by side</h3>" + table(["metric"] + names, side, "metrics") + "</section>"
+        + "<h3>Metrics side by side</h3>"
+        + (table(["metric"] + names, side, "metrics") if side else '<p class="note">No run has a metrics.json.</p>')
+        + "</section>"
     )
 
 

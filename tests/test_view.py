@@ -303,6 +303,7 @@ def test_two_runs_compare_their_verdicts_and_accuracy(tmp_path):
     cells = f"<td>{expected['diff']:+.4f}</td><td>[{low:+.4f}, {high:+.4f}]</td><td>{expected['p_value']:.4f}</td>"
     assert cells in page
     assert page.count('id="tab-r') == 2 and 'id="tab-compare"' in page
+    assert "No run has a metrics.json" in page  # nothing to set side by side, and no empty row for it
 
 
 def test_two_trial_runs_are_paired_trial_by_trial(tmp_path, no_figures):
