@@ -27,6 +27,7 @@ ASSETS = Path(__file__).resolve().parent
 # Shown in the run's own boxes, not among its other settings.
 MODEL_KEYS = ("model", "debater_model", "moderator_model", "defense_model", "judge_models", "refine_model",
               "moderator_adapter", "embedder")
+EXTRA_MODEL_KEYS = ("moderator_adapter", "embedder")  # shown whether or not config.json has `models`
 HEAD_KEYS = ("dataset", "split", "evidence", "method", "refine", "task")
 
 
@@ -214,9 +215,8 @@ def run_info(run):
             else:
                 rows.append((f"model: {role}", fmt(m)))
     else:
-        rows += [(f"model: {k}", fmt(config[k])) for k in MODEL_KEYS if config.get(k)]
-    if config.get("moderator_adapter"):
-        rows.append(("moderator adapter", config["moderator_adapter"]))
+        rows += [(f"model: {k}", fmt(config[k])) for k in MODEL_KEYS if config.get(k) and k not in EXTRA_MODEL_KEYS]
+    rows += [(k.replace("_", " "), fmt(config[k])) for k in EXTRA_MODEL_KEYS if config.get(k)]
     for name, value in (config.get("versions") or {}).items():
         rows.append((f"version: {name}", value))
     rows.append(("git commit", config.get("git_commit") or "-"))

@@ -246,9 +246,12 @@ def test_the_dataset_s_declared_labels_order_the_report(tmp_path):
     metrics = {"labels": COVID, "accuracy": {"value": 0.5, "ci95": [0.25, 0.75]}, "macro_f1": 0.4,
                "macro_f1_ci95": [0.1, 0.6], "per_class_f1": {"SUPPORT": 0.6, "REFUTE": 0.2, "NOTENOUGHINFO": 0.4}}
     run = make_run(tmp_path / "covid", "debatecv", ["REFUTE", "SUPPORT"], ["REFUTE", "REFUTE"], COVID,
-                   config={"dataset": {"name": "check-covid", "labels": COVID}}, metrics=metrics)
+                   config={"dataset": {"name": "check-covid", "labels": COVID}, "moderator_adapter": "/adapters/dpo",
+                           "models": {"moderator": {"path": "/models/m", "adapter": "/adapters/dpo",
+                                                    "dtype": "bfloat16", "device": "cuda:0"}}}, metrics=metrics)
     page = view.build(run)
     assert blocks(page)["runs-data"][0]["labels"] == COVID
+    assert "<td>check-covid</td>" in page and "<td>/models/m + adapter /adapters/dpo (bfloat16, cuda:0)</td>" in page
     assert not any(label in page for label in AVERITEC)
     rows = {name: (value, interval) for name, value, interval in view.metric_rows(metrics)}
     assert rows["accuracy"] == ("0.5000", "[0.2500, 0.7500]")
