@@ -344,6 +344,8 @@ def test_bad_input_is_one_error_line_naming_the_path(tmp_path, capsys, no_figure
         assert len(err) == 1 and err[0].startswith(f"error: {path}") and reason in err[0]
     assert view.main([str(torn), "-o", str(tmp_path / "no" / "dir" / "r.html")]) == 2
     assert "no directory" in capsys.readouterr().err
+    assert view.main([str(torn), "--trial", "2", "-o", str(tmp_path / "r.html")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {torn}: a run of one trial, there is no trial 2"
 
 
 def test_without_matplotlib_the_report_says_so_and_has_no_figures(tmp_path, monkeypatch):
