@@ -6,6 +6,7 @@
     with Verifier(config) as verifier:                         # loads the models once
         predictions = verifier.verify([{"claim": "...", "evidence": [...]}])   # in memory, no directory
         more = verifier.verify(other_claims)                    # batch after batch, the same models
+    view(config.output.output_dir, "report.html")              # = python -m eval.view: the run as one HTML file
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
@@ -112,3 +113,12 @@ def verify(claims, config):
     checked_claims(claims, labels_of(build(**to_dict(config))))  # a bad claim is refused before any model loads
     with Verifier(config) as verifier:
         return verifier.verify(claims)
+
+
+def view(run_dirs, output="report.html", **options):
+    """Write the self-contained HTML report of one run directory or several (a list) to `output`, as
+    `python -m eval.view` does; return its path. `options`: trial, prompts (False leaves the prompts out),
+    samples, seed, title."""
+    from eval import view as report
+
+    return report.write(run_dirs, output, **options)

@@ -82,7 +82,7 @@ def test_the_console_scripts_run_a_one_claim_demo_from_an_empty_directory(instal
     except wordnet.WordNetMissingError as err:
         missing(str(err))
     bin_dir, env = installed
-    for script in ("debatecv-run", "debatecv-train"):
+    for script in ("debatecv-run", "debatecv-train", "debatecv-view"):
         assert "--help" in _run([bin_dir / script, "--help"], cwd=tmp_path, env=env)
     tiny = build_tiny_llama(tmp_path / "tiny")
     work = tmp_path / "work"
@@ -94,3 +94,7 @@ def test_the_console_scripts_run_a_one_claim_demo_from_an_empty_directory(instal
     lines = (run_dir / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["label"] in LABELS
     assert json.loads((run_dir / "metrics.json").read_text())["n"] == 1
+    # The report's script and styles are package data: a report built from the wheel alone carries them.
+    _run([bin_dir / "debatecv-view", run_dir, "-o", work / "report.html"], cwd=work, env=env)
+    page = (work / "report.html").read_text(encoding="utf-8")
+    assert 'id="runs-data"' in page and "function buildTable" in page and ".claim-table" in page
