@@ -70,7 +70,7 @@ class Court:
                                          "Scientific Reliability": 6, "Verdict": "Supported",
                                          "Justification": f"{model} finds it supported"})
         self.__dict__.update(override)
-        self.reflections, self.arguments = {}, {}
+        self.argued = {}  # side -> the round it last argued (the expert request names no round)
 
     def __call__(self, model, conv, prompt):
         side = "plaintiff" if "Plaintiff Counsel in a legal proceeding" in conv.system else \
@@ -100,16 +100,15 @@ class Court:
             asker, n = re.search(r"(plaintiff|defense) gap (\d+)", prompt).groups()
             return js(Query=self.query(asker, int(n)))
         if "Give your statement for this round" in prompt:
-            self.arguments[id(conv)] = round_no
+            self.argued[side] = round_no
             return self.argument(side, round_no, model)
         if "call an expert witness to clarify" in prompt:
-            return self.expert(side, self.arguments[id(conv)])
+            return self.expert(side, self.argued[side])
         if "asks to call an expert witness" in prompt:
             expert = re.search(r"expert witness: (.+)", prompt).group(1)
             return js(Ruling=self.ruling(expert), Reason="-")
         if "Audit your own performance" in prompt:
-            self.reflections[(id(conv))] = self.reflections.get(id(conv), 0) + 1
-            return self.reflection(side, self.reflections[id(conv)])
+            return self.reflection(side, round_no)
         if "Score each side from 0.0 to 1.0" in prompt:
             scores = {f"{side.title()} {k}": v for side in ("plaintiff", "defense")
                       for k, v in self.critic(side, round_no).items()}
@@ -132,35 +131,50 @@ def run(monkeypatch, court, lib, models=None, settings=None, max_rounds=10, **op
     return record["prediction"], record["transcript"]["turns"], calls
 
 
-def hearing_system(calls):
-    """The plaintiff counsel's system prompt in the hearing (after the negotiation)."""
-    return next(c.systems[0] for c in calls if "Plaintiff Counsel in a legal proceeding" in c.systems[0]
-                and "critical gap" in c.prompts[0])
-
-
 def prompts_of(said, role, stage=None):
     return [t["prompt"] for t in said if t["role"] == role and (stage is None or t["round"] == stage)]
 
 
-def test_negotiation_admits_disputes_and_drops_by_admissibility_weight(monkeypatch, embedder):
-    weights = {"potassium": (0.6, 0.5), "Amazon": (0.3, 0.3)}  # 0.3 disputed, 0.09 dropped; others 0.81
-    court = Court(scores=lambda prompt: next((w for k, w in weights.items() if k in prompt), (0.9, 0.9)),
-                  resolved=lambda r: "Yes")
-    pred, said, calls = run(monkeypatch, court, library(embedder, TOPICS[:3]))
-    assert pred["negotiation"] == {"admitted": 1, "disputed": 1, "dropped": 1, "unscored": 0}
-    counsel_system = hearing_system(calls)
-    assert "Eiffel" in counsel_system and "potassium" in counsel_system and "(evidence disputed)" in counsel_system
-    assert "Amazon" not in counsel_system  # a dropped item never reaches the counsels
-    assert counsel_system.index("Eiffel") < counsel_system.index("potassium")  # admitted first
-    answers = [e["answer"] for e in pred["evidence"]]
-    assert TOPICS[0] in answers and TOPICS[2] not in answers
+def argument_prompts(said, side, stage):
+    return [p for p in prompts_of(said, side, stage) if "Give your statement" in p]
 
 
-def test_unreadable_admissibility_is_unscored_and_shown_as_such(monkeypatch, embedder):
-    court = Court(scores=lambda prompt: (None, None), resolved=lambda r: "Yes")
-    pred, _, calls = run(monkeypatch, court, library(embedder, TOPICS[:2]))
-    assert pred["negotiation"] == {"admitted": 0, "disputed": 0, "dropped": 0, "unscored": 2}
-    assert "(evidence unscored)" in hearing_system(calls)
+# --- behaviour 1: only admitted evidence reaches the debate (section 2.3, Appendix K) ----------------
+
+def test_only_admitted_evidence_reaches_counsels_witness_and_judges_and_the_rerun_restores_it(monkeypatch, embedder):
+    # Negotiation finds the four first topics (one premise each): the tower is admitted (0.81), the bananas
+    # disputed (0.3), the river dropped (0.09), Everest unscored (unreadable rating).
+    weights = {"potassium": (0.6, 0.5), "Amazon": (0.3, 0.3), "Everest": (None, None)}
+    asked = []
+
+    def query(side, r):  # the first hearing discovers the wall and the penguins, the rerun Venus and coffee
+        asked.append(side)
+        return TOPICS[4 + len(asked)]
+
+    court = Court(premises=TOPICS[:4], search=TOPICS[0], query=query, ready=lambda r: "Yes",
+                  scores=lambda prompt: next((w for k, w in weights.items() if k in prompt), (0.9, 0.9)),
+                  expert=lambda side, r: js(**{"Expert Type": "geologist", "Reasoning": "-"}) if side == "plaintiff"
+                  else "None")
+    models = {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
+    pred, said, _ = run(monkeypatch, court, library(embedder), models=models, role_switch=True, top_k=1, seed_k=0)
+    assert pred["negotiation"] == {"admitted": 1, "disputed": 1, "dropped": 1, "unscored": 1}
+    kept_out = ("potassium", "Amazon", "Everest")
+    # The counsels saw every candidate while negotiating (negotiation injection happens before admission) ...
+    disclosure = " ".join(prompts_of(said, "plaintiff", "negotiation"))
+    assert all(k in disclosure for k in kept_out)
+    # ... but no counsel, witness or judge prompt of the hearings or the panel shows one that was not admitted.
+    debate = [t for t in said if t["round"] not in ("premises", "negotiation")
+              and t["role"] in ("plaintiff", "defense", "witness", "judge_1", "judge_2", "judge_3")]
+    assert {t["role"] for t in debate} == {"plaintiff", "defense", "witness", "judge_1", "judge_2", "judge_3"}
+    assert not [t["role"] for t in debate if any(k in t["prompt"] for k in kept_out)]
+    first = argument_prompts(said, "plaintiff", "first-1")[0]
+    assert "Eiffel" in first and "Great Wall" in first and "Penguins" in first  # admitted, then discovered
+    # The rerun starts again from the originally admitted exhibits: the first hearing's discoveries are gone.
+    rerun = argument_prompts(said, "plaintiff", "switched-1")[0]
+    assert "Eiffel" in rerun and "Venus" in rerun and "Great Wall" not in rerun and "Penguins" not in rerun
+    testimony = prompts_of(said, "witness", "first-1")[0]
+    assert "Eiffel" in testimony and "Great Wall" in testimony
+    assert [e["answer"] for e in pred["evidence"]] == [TOPICS[0], TOPICS[5], TOPICS[6]]
 
 
 def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage(monkeypatch, embedder):
@@ -184,8 +198,10 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
 @pytest.mark.parametrize("override, rounds, reason", [
     ({"resolved": lambda r: "Yes" if r == 2 else "No"}, 2, "critic_resolved"),
     ({"ready": lambda r: "Yes"}, 1, "court_ready"),
-    ({"reflection": lambda side, r: js(Logic=0.5, Novelty=0.5, Rebuttal=0.5 + 0.01 * r, **{"Discovery Need": "x"})},
-     3, "reflection_plateau"),
+    # Each counsel's total rises 0.048 in round 2 (S_total, their sum, 0.096: go on; their mean would have
+    # moved 0.048 and stopped) and 0.02 in round 3 (S_total 0.04 < 0.05: stop).
+    ({"reflection": lambda side, r: js(Logic={1: 0.5, 2: 0.62, 3: 0.67, 4: 0.9}[r], Novelty=0.5, Rebuttal=0.5,
+                                       **{"Discovery Need": "x"})}, 3, "reflection_plateau"),
     ({"query": lambda side, r: TOPICS[1]}, 3, "novelty_exhausted"),  # new in round 1, nothing new in 2 and 3
     ({}, 4, "max_rounds"),
 ])
@@ -197,6 +213,8 @@ def test_each_stopping_rule_ends_the_hearing(monkeypatch, embedder, override, ro
     assert (pred["rounds"], pred["stop_reason"]) == (rounds, reason)
     assert {t["round"] for t in said if t["round"].startswith("first-")} == {f"first-{r}" for r in
                                                                              range(1, rounds + 1)}
+    if reason == "reflection_plateau":  # S_total per round: the sum of both counsels' 0.4 l + 0.3 n + 0.3 b
+        assert pred["hearings"][0]["reflection_totals"] == pytest.approx([1.0, 1.096, 1.136])
 
 
 def test_default_cap_is_ten_rounds(monkeypatch, embedder):
@@ -206,16 +224,78 @@ def test_default_cap_is_ten_rounds(monkeypatch, embedder):
     assert (pred["rounds"], pred["stop_reason"]) == (10, "max_rounds")
 
 
-def test_reflection_feeds_the_next_discovery_query_and_the_confidence(monkeypatch, embedder):
-    court = Court(reflection=lambda side, r: js(Logic=1.0, Novelty=0.5, Rebuttal=0.0,
-                                                **{"Discovery Need": f"{side} needs proof {r}"}),
-                  ready=lambda r: "Yes" if r == 2 else "No")
-    pred, said, _ = run(monkeypatch, court, library(embedder))
+def test_counsel_turns_are_stateless_and_reflection_feeds_only_discovery(monkeypatch, embedder):
+    # Logic rises each round, so the reflection total never plateaus before the court closes in round 3.
+    court = Court(reflection=lambda side, r: js(Logic={1: 0.2, 2: 0.6, 3: 1.0}[r], Novelty=0.5, Rebuttal=0.0,
+                                                **{"Discovery Need": f"{side} needs proof {r}",
+                                                   "Refined Stance": f"{side} stance {r}"}),
+                  expert=lambda side, r: js(**{"Expert Type": "None", "Reasoning": f"{side} reasons {r}"}),
+                  argument=lambda side, r, model: f"{side} argues round {r}",
+                  ready=lambda r: "Yes" if r == 3 else "No")
+    history = []  # the messages each counsel turn's conversation held before its reply
+    base = court.__call__
+
+    def reply(model, conv, prompt):
+        if "Counsel in a legal proceeding" in conv.system:
+            history.append(len(conv.messages))
+        return base(model, conv, prompt)
+
+    pred, said, _ = run(monkeypatch, reply, library(embedder))
+    assert history and set(history) == {1}  # every counsel turn is one prompt in a fresh conversation
+    counsel_prompts = " ".join(t["prompt"] for t in said if t["role"] in ("plaintiff", "defense"))
+    # Nothing of a reflection, a gap or an expert request is carried into a later counsel prompt ...
+    assert "needs proof" not in counsel_prompts and "stance" not in counsel_prompts
+    assert "gap 1" not in counsel_prompts and "reasons" not in counsel_prompts
+    # ... the discovery need reaches P-RAG's next query (Appendix I), and only it.
     round2_queries = [p for p in prompts_of(said, "court", "first-2") if "write a precise search query" in p]
     assert "plaintiff gap 2 Focus also on: plaintiff needs proof 1" in round2_queries[0]
     assert "defense gap 2 Focus also on: defense needs proof 1" in round2_queries[1]
+    # The per-turn prompt carries the claim, the pool and the recent proceedings (this round's plaintiff too).
+    third = argument_prompts(said, "defense", "first-3")[0]
+    assert CLAIM["claim"] in third and "Eiffel" in third and "plaintiff argues round 3" in third
+    assert "defense argues round 2" in third
+    # Self-reflection reads the counsel's own last two arguments and the opponent's last two (H.7).
+    audit = next(p for p in prompts_of(said, "defense", "first-3") if "Audit your own performance" in p)
+    assert "defense argues round 2" in audit and "plaintiff argues round 3" in audit
+    assert "defense argues round 1" not in audit and "plaintiff argues round 1" not in audit
     # Supported wins, so the plaintiff's last reflection counts: total 0.4 + 0.15 = 0.55 -> +0.03.
     assert pred["confidence_parts"]["reflection"] == pytest.approx((0.55 - 0.5) * 0.6, abs=1e-4)
+
+
+# --- behaviours 3 and 4: P-RAG searches a corpus, and measures novelty against the current pool -------
+
+def test_prag_finds_a_passage_outside_the_claims_own_evidence_in_the_datasets_corpus(monkeypatch, embedder,
+                                                                                      tmp_path):
+    monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path))
+    passages = [{"id": f"c{i}", "text": t, "url": f"https://example.org/{i}"} for i, t in enumerate(TOPICS)]
+    court = Court(ready=lambda r: "Yes")  # round 1's queries name the bananas and the river
+    options = config.Courtroom(role_switch=False, top_k=1, seed_k=0, **NO_SAMPLING)
+    lib = case.library_from(options, passages=passages, log=lambda m: None)
+    pred, said, _ = run(monkeypatch, court, lib, top_k=1, seed_k=0)
+    assert pred["corpus"] == "dataset corpus"
+    own = {e["answer"] for e in CLAIM["evidence"]}
+    found = [q for q in pred["hearings"][0]["queries"] if q["admitted"]]
+    assert len(found) == 2 and TOPICS[1] not in own and TOPICS[1] in argument_prompts(said, "plaintiff", "first-1")[0]
+    # Searching the claim's own evidence only (ours), P-RAG has nothing new to find.
+    lib = case.library_from(config.Courtroom(claim_evidence_only=True), passages=passages)
+    pred, _, _ = run(monkeypatch, Court(ready=lambda r: "Yes"), lib, top_k=1, seed_k=0)
+    assert pred["corpus"] == "claim evidence" and pred["hearings"][0]["discovered"] == 0
+
+
+def test_a_candidate_dropped_at_admissibility_can_be_rediscovered(monkeypatch, embedder):
+    # The river passage is found in negotiation and dropped (0.09); the plaintiff's round-1 query names it.
+    court = Court(premises=TOPICS[:2], search=TOPICS[0], ready=lambda r: "Yes",
+                  scores=lambda prompt: (0.3, 0.3) if "Amazon" in prompt else (0.9, 0.9),
+                  query=lambda side, r: TOPICS[2] if side == "plaintiff" else TOPICS[3])
+    pred, said, _ = run(monkeypatch, court, library(embedder, TOPICS[:4]), top_k=1, seed_k=0)
+    assert pred["negotiation"]["dropped"] == 0 and pred["negotiation"]["admitted"] == 2
+    court.premises = TOPICS[:3]
+    pred, said, _ = run(monkeypatch, court, library(embedder, TOPICS[:4]), top_k=1, seed_k=0)
+    assert pred["negotiation"]["dropped"] == 1
+    plaintiff_q = pred["hearings"][0]["queries"][0]
+    # Novelty is against the admitted pool (tower, bananas), not the dropped candidate: the river is new.
+    assert plaintiff_q["admitted"] == 1 and plaintiff_q["novelty"][0] > 0.5
+    assert "Amazon" in argument_prompts(said, "plaintiff", "first-1")[0]
 
 
 def test_role_switch_reruns_with_the_counsels_models_swapped(monkeypatch, embedder):
@@ -448,6 +528,18 @@ def test_each_role_samples_at_its_own_temperature(monkeypatch, embedder):
     assert temperatures == {"A": {0.5}, "B": {0.5}, "court": {0.2}, "critic": {0.3}, "witness": {0.5},
                             "j1": {0.3}, "j2": {0.3}, "j3": {0.3}}
     assert calls
+    # Heterogeneous agents: every role its own model and temperature (one judge greedy, so two of the
+    # three share nothing with it).
+    seen.clear()
+    options = config.Courtroom(plaintiff_temperature=0.6, defense_temperature=0.7, judge_temperatures=(0.0, 0.2, 0.4),
+                               court_temperature=0.1, critic_temperature=0.25, witness_temperature=0.9)
+    trial.run_batch(agents, [CLAIM], engine.Settings(), options, library(embedder), max_rounds=10,
+                    streams=turns.Streams("cpu"))
+    temperatures = {}
+    for model, temperature, _ in seen:
+        temperatures.setdefault(model, set()).add(temperature)
+    assert temperatures == {"A": {0.6}, "B": {0.7}, "court": {0.1}, "critic": {0.25}, "witness": {0.9},
+                            "j1": {0.0}, "j2": {0.2}, "j3": {0.4}}
 
 
 def test_a_three_way_split_goes_to_the_chief_justice(monkeypatch, embedder):

@@ -10,16 +10,16 @@ from dataclasses import fields, replace
 from importlib import metadata
 from pathlib import Path
 
-from debate.methods import baselines, debatecv, madr, turns
+from debate.methods import baselines, debatecv, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
 from debate.pipeline import progress, records, shards
-from debate.pipeline.config import ConfigError, Courtroom, to_dict
+from debate.pipeline.config import COURTROOM_METHODS, ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, report
+from eval import averitec, report, trials as trial_metrics
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -30,7 +30,8 @@ def _fixed(table):
 
 
 # The JSON answers each method asks for, checked against --max-new-tokens before any claim runs.
-SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS}
+SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS,
+           **proclaim_baselines.SCHEMAS}
 
 # name -> (function over a batch of claims, its roles -> model flag, its keyword options from the config)
 METHODS = {
@@ -42,6 +43,12 @@ METHODS = {
     "courtroom": (courtroom.run_batch, lambda c: courtroom.model_of(len(c.models.judge_models)),
                   lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom,
                              "library": courtroom_case.library_from(c.courtroom)}),
+    # PROClaim's Table 4 baselines, on the courtroom's corpus and encoder.
+    "standard-mad": (proclaim_baselines.standard_mad, _fixed(proclaim_baselines.STANDARD_MAD_MODELS),
+                     lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom,
+                                "library": courtroom_case.library_from(c.courtroom)}),
+    "single-call": (proclaim_baselines.single_call, _fixed(proclaim_baselines.SINGLE_CALL_MODELS),
+                    lambda c: {"options": c.courtroom, "library": courtroom_case.library_from(c.courtroom)}),
 }
 
 
@@ -53,12 +60,12 @@ TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot
 
 # Model flag of a role (as model_roles names it) -> the setting holding its path.
 FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defense": "defense_model",
-             "refine": "refine_model"}
+             "refine": "refine_model", "court": "court_model", "critic": "critic_model", "witness": "witness_model"}
 
 
 def _unused_options(config):
     """The method settings this run's method and refinement never read: they are left out of config.json."""
-    unused = [] if config.method.method == "courtroom" else [f.name for f in fields(Courtroom)]
+    unused = [] if config.method.method in COURTROOM_METHODS else [f.name for f in fields(Courtroom)]
     unused += [] if config.method.method == "majority" else ["voters"]
     unused += [] if config.method.refine == "madr" else ["madr_iterations"]
     return unused
@@ -125,9 +132,13 @@ def role_models(config, roles):
     """({role: model path}, {role: adapter}) of `roles` ({role: model flag}) under the config's models."""
     m = config.models
     paths = {"debater": m.debater_model, "moderator": m.moderator_model, "defense": m.defense_model,
-             "refine": m.refine_model, **{f"judge_{i + 1}": p for i, p in enumerate(m.judge_models)}}
+             "refine": m.refine_model, "court": m.court_model, "critic": m.critic_model, "witness": m.witness_model,
+             **{f"judge_{i + 1}": p for i, p in enumerate(m.judge_models)}}
     role_paths = {role: paths[flag] for role, flag in roles.items()}
-    adapters = {role: m.moderator_adapter for role, flag in roles.items() if flag == "moderator"}
+    # The adapter goes on the Moderator's roles, and on the courtroom's court and critic while they run on
+    # the Moderator's model (their default).
+    adapters = {role: m.moderator_adapter for role, flag in roles.items()
+                if flag == "moderator" or (flag in ("court", "critic") and paths[flag] == m.moderator_model)}
     return role_paths, adapters
 
 
@@ -157,7 +168,7 @@ def check_run(config, claims):
     models.check_roles(role_paths, adapters)
     if any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
-    if config.method.method == "courtroom":
+    if config.method.method in COURTROOM_METHODS:
         encoder = Path(config.courtroom.embedder or retrieval.default_embedder_path())
         if not (encoder / "config.json").is_file():
             raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
@@ -217,6 +228,12 @@ def _run_trials(config, claims, prompt_info, world, log):
     if any(m is None for m in results):
         return None
     summary = trial_summary(results)
+    if config.method.method in COURTROOM_METHODS:
+        # PROClaim's Table 3 over the trials (eval/trials.py): each run, the vote over runs, the oracle.
+        references = {c["claim_id"]: c.get("label") for c in claims if c.get("label")}
+        runs = [records.read_predictions(top / f"trial-{k}") for k in range(1, trials + 1)]
+        summary["table3"] = trial_metrics.table3(runs, references)
+        log(trial_metrics.table3_text(summary["table3"]))
     records.write_json(top / records.METRICS, summary)
     log(report.trials_table(summary))
     return summary
@@ -365,6 +382,9 @@ def finish(config, claims, log=print):
         return None
     metrics = averitec.score(submission, data.as_references(references))
     metrics["evidence_condition"] = config.data.evidence
+    if config.method.method in COURTROOM_METHODS:
+        # The panel's agreement, Table 5's evidence and rounds, Appendix P's tokens (eval/trials.py).
+        metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references}))
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
     return metrics
