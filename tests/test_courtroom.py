@@ -6,11 +6,12 @@ import re
 
 import pytest
 
-from debate.pipeline import config
+from debate.pipeline import config, runner
 from debate.methods.courtroom import case, rules, trial
 from debate.engine import engine, retrieval
 from debate.methods import turns
-from debate.data.labels import SUPPORTED
+from debate.data.labels import SUPPORTED, LabelSet
+from debate.methods import proclaim_baselines
 from tests import scripted
 
 TOPICS = ["The Eiffel Tower in Paris is 330 metres tall.",
@@ -573,6 +574,33 @@ def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
     greedy = cli.parse_run_args(["--method", "courtroom", "--model", "m", "--temperature", "0",
                                  "--judge-temperature", "0.7"]).courtroom
     assert greedy.temperatures == {"counsel": 0.0, "court": 0.0, "judge": 0.7, "witness": 0.0, "critic": 0.0}
+    assert (opts.prag, opts.reflection, opts.role_switch, opts.single_judge, opts.claim_evidence_only) == \
+        (True, True, True, False, False)
+
+
+def test_ablation_and_heterogeneity_flags_build_their_config():
+    from debate.pipeline import cli
+
+    def build(*flags):
+        return cli.parse_run_args(["--method", "courtroom", "--model", "m", *flags])
+
+    a3 = build("--no-prag")
+    assert (a3.courtroom.prag, a3.generation.max_rounds) == (False, 3)  # Table 6: A3 runs 3 rounds
+    assert build("--no-prag", "--max-rounds", "5").generation.max_rounds == 5
+    assert build().generation.max_rounds == 10
+    a2 = build("--judge-models", "x", "y", "z", "--single-judge")
+    assert a2.models.judge_models == ("x",) and a2.courtroom.single_judge
+    every = build("--debater-model", "P", "--defense-model", "D", "--court-model", "C", "--critic-model", "K",
+                  "--witness-model", "W", "--judge-models", "J1", "J2", "J3", "--plaintiff-temperature", "0.6",
+                  "--judge-temperatures", "0.1", "0.2")
+    roles, _ = runner.role_models(every, runner.model_roles(every))
+    assert roles == {"plaintiff": "P", "defense": "D", "court": "C", "critic": "K", "witness": "W",
+                     "judge_1": "J1", "judge_2": "J2", "judge_3": "J3"}
+    opts = every.courtroom
+    assert [opts.temperature_of(r) for r in ("plaintiff", "defense", "judge_1", "judge_2", "judge_3")] == \
+        [0.6, 0.5, 0.1, 0.2, 0.3]
+    defaults, _ = runner.role_models(build(), runner.model_roles(build()))
+    assert set(defaults.values()) == {"m"}  # one path: models.load_roles loads it once for every role
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -581,6 +609,9 @@ def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
     (["--chief-justice", "4"], "--chief-justice must name one of the judge seats"),
     (["--judge-models", "a", "b", "--chief-justice", "3"], "--chief-justice must name one of the judge seats"),
     (["--court-temperature", "-1"], "--court-temperature must be >= 0"),
+    (["--judge-temperatures", "0.1", "0.2", "0.3", "0.4"], "one temperature per judge seat (3), got 4"),
+    (["--single-judge", "--judge-temperatures", "0.1", "0.2"], "one temperature per judge seat (1), got 2"),
+    (["--defense-temperature", "-0.1"], "--defense-temperature must be >= 0"),
 ])
 def test_bad_courtroom_flags_are_refused(flags, message, capsys):
     from debate.pipeline import cli
@@ -588,3 +619,138 @@ def test_bad_courtroom_flags_are_refused(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.parse_run_args(["--method", "courtroom", *flags])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# --- the ablations of Tables 5-6 -------------------------------------------------------------------
+
+TABLE_6 = {  # the paper's component matrix, one column per run (adaptive convergence: on / partial / off)
+    "full": {},
+    "A1": {"role_switch": False},
+    "A2": {"three_judge_panel": False},
+    "A3": {"prag": False, "reflection_to_prag": False, "adaptive_convergence": "off"},
+    "A4": {"self_reflection": False, "reflection_to_prag": False, "adaptive_convergence": "partial",
+           "reflection_confidence": False},
+}
+ABLATION_OPTIONS = {"full": {}, "A1": {"role_switch": False}, "A2": {"single_judge": True}, "A3": {"prag": False},
+                    "A4": {"reflection": False}}
+
+
+@pytest.mark.parametrize("column", sorted(TABLE_6))
+def test_each_ablation_switches_off_exactly_its_table_6_column(monkeypatch, embedder, column):
+    # Constant reflections plateau in round 2; the critic resolves in round 3; the court never closes.
+    court = Court(reflection=lambda side, r: js(Logic=1.0, Novelty=0.5, Rebuttal=0.0, **{"Discovery Need": "more"}),
+                  resolved=lambda r: "Yes" if r == 3 else "No",
+                  expert=lambda side, r: js(**{"Expert Type": "geologist", "Reasoning": "-"}) if side == "plaintiff"
+                  else "None")
+    scripted.install(monkeypatch, court)
+    options = ABLATION_OPTIONS[column]
+    judges = 1 if options.get("single_judge") else 3
+    agents = scripted.agents(trial.model_of(judges), {"plaintiff": "A", "defense": "B", "judge_1": "j1",
+                                                      "judge_2": "j2", "judge_3": "j3"})
+    opts = config.Courtroom(**{**NO_SAMPLING, "role_switch": True, "top_k": 1, "seed_k": 0,
+                               "relevance_gain": float("-inf"), **options})
+    record = trial.run_batch(agents, [CLAIM], engine.Settings(), opts, library(embedder), max_rounds=4)[0]
+    pred, said = record["prediction"], record["transcript"]["turns"]
+
+    def prompts(role):
+        return [t["prompt"] for t in said if t["role"] == role]
+
+    observed = {
+        "evidence_negotiation": any("Weigh the scientific relevance" in p for p in prompts("court")),
+        "prag": any("critical gap in the exhibits" in p for p in prompts("plaintiff")),
+        "expert_witness": any("call an expert witness" in p for p in prompts("plaintiff")),
+        "self_reflection": any("Audit your own performance" in p for p in prompts("plaintiff")),
+        "reflection_to_prag": any("Focus also on: more" in p for p in prompts("court")),
+        "critic": any("Score each side" in p for p in prompts("critic")),
+        "adaptive_convergence": {"reflection_plateau": "on", "critic_resolved": "partial",
+                                 "max_rounds": "off"}[pred["stop_reason"]],
+        "role_switch": any(t["round"].startswith("switched") for t in said),
+        "three_judge_panel": len(pred["votes"]) == 3,
+        "reflection_confidence": pred["confidence_parts"]["reflection"] != 0,
+    }
+    expected = {k: True for k in observed} | {"adaptive_convergence": "on"} | TABLE_6[column]
+    assert observed == expected == pred["components"]
+    # Table 5 counts both hearings' rounds: primary (plateau at 2, critic at 3, the cap of 4) + switched.
+    primary = {"on": 2, "partial": 3, "off": 4}[expected["adaptive_convergence"]]
+    switched = 0 if column == "A1" else 2
+    assert (pred["rounds"], pred["rounds_switched"], pred["total_rounds"]) == (primary, switched, primary + switched)
+    assert pred["retrieved"] > 0 and pred["evidence_pool"] >= 1
+
+
+# --- cost (Appendix P) and the dataset's labels -------------------------------------------------------
+
+def test_tokens_are_counted_per_role_and_stage_and_add_up_to_the_claims_total(monkeypatch, embedder):
+    models = {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
+    pred, said, _ = run(monkeypatch, Court(ready=lambda r: "Yes"), library(embedder), models=models, role_switch=True)
+    tokens = pred["tokens"]
+    # The scripted engine bills 10 tokens in and 5 out per turn.
+    assert (tokens["in"], tokens["out"]) == (10 * len(said), 5 * len(said)) == (pred["prompt_tokens"],
+                                                                               pred["completion_tokens"])
+    by_stage = {stage: spent["in"] // 10 for stage, spent in tokens["by_stage"].items()}
+    assert by_stage == {"premises": 1, "negotiation": sum(t["round"] == "negotiation" for t in said),
+                        "primary_debate": sum(t["round"].startswith("first-") for t in said),
+                        "role_switch_debate": sum(t["round"].startswith("switched-") for t in said),
+                        "consistency": 1, "panel": 3}
+    assert {role: spent["out"] // 5 for role, spent in tokens["by_role"].items()} == \
+        {role: sum(t["role"] == role for t in said) for role in {t["role"] for t in said}}
+
+
+BINARY = LabelSet(name="binary", labels=("SUPPORT", "REFUTE"), definitions=("backed", "contradicted"),
+                  supported="SUPPORT", refuted="REFUTE")
+THREE = LabelSet(name="three", labels=("SUPPORT", "REFUTE", "NEI"), definitions=("backed", "contradicted", "unsure"),
+                 supported="SUPPORT", refuted="REFUTE", nei="NEI")
+
+
+@pytest.mark.parametrize("labels, inconclusive, expected", [
+    (BINARY, "nee", "SUPPORT"),  # no not-enough-information label: the paper's burden of refutation
+    (THREE, "nee", "NEI"),
+    (THREE, "supported", "SUPPORT"),  # the paper's rule asked for on a dataset that has one
+])
+def test_the_panel_maps_onto_the_datasets_labels_and_no_averitec_label_appears(monkeypatch, embedder, labels,
+                                                                               inconclusive, expected):
+    scripted.install(monkeypatch, Court(ready=lambda r: "Yes", judge=lambda model: js(**{
+        "Evidence Strength": 5, "Argument Validity": 5, "Scientific Reliability": 5, "Verdict": "Inconclusive",
+        "Justification": "-"})))
+    agents = scripted.agents(ROLES, {"judge_1": "j1", "judge_2": "j2", "judge_3": "j3"})
+    opts = config.Courtroom(role_switch=False, inconclusive=inconclusive, **NO_SAMPLING)
+    record = trial.run_batch(agents, [dict(CLAIM, label=expected)], engine.Settings(), opts, library(embedder),
+                             max_rounds=1, labels=labels)[0]
+    assert record["prediction"]["label"] == expected
+    assert record["prediction"]["judge_labels"] == [labels.nei or "Inconclusive"] * 3
+    text = json.dumps(record)
+    assert not [label for label in ("Refuted", "Not Enough Evidence", "Conflicting Evidence") if label in text]
+
+
+def test_standard_mad_is_two_counsels_three_fixed_rounds_and_one_judge(monkeypatch, embedder):
+    court = Court(ready=lambda r: "Yes")
+    calls = scripted.install(monkeypatch, lambda model, conv, prompt: js(**{
+        "Evidence Strength": 6, "Argument Validity": 6, "Scientific Reliability": 6, "Verdict": "Not Supported",
+        "Justification": "judged"}) if "five stages" in prompt else court(model, conv, prompt))
+    agents = scripted.agents(proclaim_baselines.STANDARD_MAD_MODELS, {"judge_1": "j1"})
+    opts = config.Courtroom(seed_k=2, **NO_SAMPLING)
+    record = proclaim_baselines.standard_mad(agents, [CLAIM], engine.Settings(), options=opts,
+                                             library=library(embedder), max_rounds=3)[0]
+    pred, said = record["prediction"], record["transcript"]["turns"]
+    assert [(t["round"], t["role"]) for t in said] == [(f"debate-{r}", s) for r in (1, 2, 3)
+                                                        for s in ("plaintiff", "defense")] + [("panel", "judge_1")]
+    assert (pred["label"], pred["votes"], pred["retrieved"], pred["evidence_pool"]) == ("Refuted", ["Not Supported"],
+                                                                                         2, 2)
+    assert pred["confidence"] == pytest.approx(0.8 + 0.3 * 0.6)  # one vote of one: the paper's single-judge formula
+    assert "Eiffel" in said[0]["prompt"] and "plaintiff argues round 3" in said[-1]["prompt"]
+    assert set(pred["tokens"]["by_stage"]) == {"debate", "panel"} and len(calls) == 7
+
+
+def test_single_call_mines_premises_pools_their_retrieval_and_asks_once(monkeypatch, embedder):
+    court = Court(premises=[TOPICS[1], TOPICS[2]])
+    scripted.install(monkeypatch, lambda model, conv, prompt: js(**{
+        "Justification for Verdict": "from the pool", "Verdict": "Supported"}) if model == "verifier"
+        else court(model, conv, prompt))
+    agents = scripted.agents(proclaim_baselines.SINGLE_CALL_MODELS)
+    opts = config.Courtroom(seed_k=1, top_k=1, **NO_SAMPLING)
+    record = proclaim_baselines.single_call(agents, [CLAIM], engine.Settings(), options=opts,
+                                            library=library(embedder))[0]
+    pred, said = record["prediction"], record["transcript"]["turns"]
+    assert [t["role"] for t in said] == ["critic", "verifier"] and pred["label"] == SUPPORTED
+    assert [e["answer"] for e in pred["evidence"]] == TOPICS[:3] and pred["retrieval_calls"] == 3
+    assert all(t in said[1]["prompt"] for t in TOPICS[:3])
+    assert (pred["prompt_tokens"], pred["tokens"]["in"]) == (20, 20)

@@ -82,6 +82,8 @@ def config_json(config, roles=None, precision=None):
     saved = to_dict(config)
     if roles is not None:
         used = {FLAG_ARGS.get(flag, "judge_models") for flag in roles.values()}
+        if used & {"court_model", "critic_model"}:
+            used.add("moderator_model")  # their default, and the model --moderator-adapter goes on
         for key in (*FLAG_ARGS.values(), "judge_models"):
             if key not in used:
                 saved.pop(key, None)
