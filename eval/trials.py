@@ -195,3 +195,41 @@ def table3_text(table):
     lines.append(f"per claim: rounds {eff['avg_rounds'] or 0:.2f} (primary + switched), evidence "
                  f"{eff['avg_evidence'] or 0:.1f} retrieved, tokens {eff['tokens']['per_claim'] or 0:,.0f}")
     return "\n".join(lines)
+
+
+def read_trials(run_dir):
+    """The predictions of each trial directory (trial-1, trial-2, ...) of a --trials run, and the gold labels
+    they carry ({claim_id: gold_label})."""
+    import json
+    from pathlib import Path
+
+    dirs = sorted(Path(run_dir).glob("trial-*"), key=lambda d: int(d.name.split("-")[1]))
+    if not dirs:
+        raise SystemExit(f"error: {run_dir}: no trial-k directories (a run made with --trials N)")
+    runs = []
+    for d in dirs:
+        path = d / "predictions.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"error: {path}: no such file")
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        runs.append([json.loads(line) for line in lines])
+    references = {p["claim_id"]: p.get("gold_label") for run in runs for p in run if p.get("gold_label")}
+    return runs, references
+
+
+def main(argv=None):
+    """python -m eval.trials RUN_DIR [--json]: PROClaim's Table 3 over the trials of a --trials run."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m eval.trials", description=main.__doc__)
+    parser.add_argument("run_dir")
+    parser.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    args = parser.parse_args(argv)
+    table = table3(*read_trials(args.run_dir))
+    print(json.dumps(table, indent=2) if args.json else table3_text(table))
+    return table
+
+
+if __name__ == "__main__":
+    main()

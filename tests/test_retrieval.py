@@ -89,8 +89,8 @@ def test_corpus_embeddings_are_cached_by_content_in_the_cache_directory(tmp_path
         assert len(embedded) == 1 and torch.equal(first.vectors, again.vectors)  # read from the cache
         assert again.passages[0] == {"id": "a", "text": "Bananas are yellow.", "url": "u", "date": "2020"}
         # The same passages handed over as a list (a dataset's corpus) share the cache: the key is their texts.
-        listed = retrieval.passage_index([{"id": 1, "text": "Bananas are yellow."}, {"id": 2, "text": "The sky is blue."}],
-                                         embedder, log_fn=lambda msg: None)
+        listed = retrieval.passage_index([{"id": 1, "text": "Bananas are yellow."},
+                                          {"id": 2, "text": "The sky is blue."}], embedder, log_fn=lambda msg: None)
         assert len(embedded) == 1 and torch.equal(listed.vectors, first.vectors) and listed.passages[0]["id"] == "1"
     finally:
         data.chmod(0o755)
@@ -105,7 +105,8 @@ def test_corpus_embeddings_are_cached_by_content_in_the_cache_directory(tmp_path
 
 def test_a_bad_passage_list_is_named_by_passage_and_field(embedder):
     for passages, message in [([], "has no passages"), ([{"id": 1}], "passage 0: field 'text'"),
-                              ([{"id": 1, "text": "x"}, {"id": "1", "text": "y"}], "passage 1: field 'id': '1' repeats"),
+                              ([{"id": 1, "text": "x"}, {"id": "1", "text": "y"}],
+                               "passage 1: field 'id': '1' repeats"),
                               ([{"id": None, "text": "x"}], "passage 0: field 'id'")]:
         with pytest.raises(retrieval.RetrievalError, match=message):
             retrieval.passage_index(passages, embedder, source="check-covid corpus")

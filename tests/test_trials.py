@@ -184,7 +184,7 @@ def test_an_override_must_be_named_after_a_shipped_prompt(tmp_path):
 
 # --- PROClaim's Table 3 (eval/trials.py) on hand-made runs ---------------------------------------------
 
-S, N, I = "Supported", "Not Supported", "Inconclusive"
+S, N, I = "Supported", "Not Supported", "Inconclusive"  # noqa: E741 (the panel's three words)
 GOLD = {1: "SUPPORT", 2: "REFUTE", 3: "REFUTE", 4: "SUPPORT"}
 AS_LABEL = {S: "SUPPORT", N: "REFUTE", I: "Inconclusive"}
 
@@ -253,4 +253,5 @@ def test_a_runs_efficiency_and_tokens_are_summed_over_claims():
     assert (eff["avg_rounds"], eff["avg_rounds_switched"], eff["avg_evidence"], eff["avg_evidence_pool"]) == \
         (3.5, 1.0, 20.0, 7.0)
     assert eff["tokens"] == {"in": 150, "out": 15, "total": 165, "per_claim": 82.5,
-                             "by_role": {"plaintiff": {"in": 80, "out": 8}}, "by_stage": {"panel": {"in": 150, "out": 15}}}
+                             "by_role": {"plaintiff": {"in": 80, "out": 8}},
+                             "by_stage": {"panel": {"in": 150, "out": 15}}}

@@ -19,7 +19,8 @@ from debate.methods.courtroom.case import (Hearing, SIDES, SIDE_NAMES, ask, coun
                                            field_text, format_pool, named_word, recent_messages, reply_fields, tuned)
 from debate.methods.courtroom.reflection import reflect_and_review
 
-HISTORY = 5  # messages of the proceedings an argument or testimony prompt quotes (the authors' code; the paper gives none)
+# Messages of the proceedings an argument or testimony prompt quotes (the authors' code; the paper gives none).
+HISTORY = 5
 
 
 def open_hearing(case, agents, speakers):

@@ -141,7 +141,8 @@ def decide(case, seats, ballots, opts, labels=AVERITEC):
     own = {rules.PANEL_SUPPORTED: labels.supported, rules.PANEL_NOT_SUPPORTED: labels.refuted,
            rules.PANEL_INCONCLUSIVE: labels.nei or rules.PANEL_INCONCLUSIVE}
     return {"verdict": label, "justification": chosen[1], "status": status, "label_probs": label_probs}, chosen[3], {
-        "votes": votes, "judge_labels": [own.get(v) for v in votes], "vote_probs": {seat: vote_probs[seats[seat]] for seat in seats}, "panel_verdict": winner,
+        "votes": votes, "judge_labels": [own.get(v) for v in votes],
+        "vote_probs": {seat: vote_probs[seats[seat]] for seat in seats}, "panel_verdict": winner,
         "decided_by": decided_by, "confidence": round(conf, 4),
         "confidence_parts": {k: round(v, 4) for k, v in parts.items()}}
 
