@@ -48,12 +48,18 @@ def read(out, name):
     return [json.loads(line) for line in (Path(out) / name).read_text().splitlines()]
 
 
-def check_labels(out, labels):
-    """Predictions, every prompt, every structured choice and the metrics speak only of `labels`."""
+# PROClaim's judges vote in the paper's own words, mapped onto the dataset's labels by rule (its "Supported" is
+# also an AVeriTeC label's spelling).
+PANEL = ("Supported", "Not Supported", "Inconclusive")
+
+
+def check_labels(out, labels, panel=False):
+    """Predictions, every prompt, every structured choice and the metrics speak only of `labels` (and, for the
+    courtroom's judges, PROClaim's panel vocabulary)."""
     [prediction] = read(out, records.PREDICTIONS)
     assert prediction["label"] in labels and set(prediction["label_probs"]) == set(labels)
     [transcript] = read(out, records.TRANSCRIPTS)
-    foreign = [label for label in LABELS if label not in labels]
+    foreign = [label for label in LABELS if label not in labels and not (panel and label in PANEL)]
     verdicts, replies = 0, []
     for turn in transcript["turns"]:
         # What the prompt files and the code wrote, without the earlier replies it quotes: a random model's
@@ -66,7 +72,7 @@ def check_labels(out, labels):
         verdict = (turn.get("probs") or {}).get("Verdict")
         if verdict:
             verdicts += 1
-            assert list(verdict) == list(labels)
+            assert list(verdict) == list(PANEL if panel and turn["role"].startswith("judge") else labels)
     assert verdicts >= 1
     metrics = json.loads((Path(out) / records.METRICS).read_text())
     assert metrics["labels"] == list(labels) and set(metrics["per_class_f1"]) == set(labels)
@@ -86,6 +92,22 @@ DATASETS = [  # (dataset, split, shared folder, evidence, labels)
 ]
 
 
+# Greedy: seats on one model share a vote; no witness; turns long enough for the critic's JSON keys.
+COURTROOM = ("--temperature", "0", "--no-witness", "--max-new-tokens", "200")
+
+
+@pytest.mark.parametrize("method", ["courtroom", "standard-mad", "single-call"])
+def test_proclaims_methods_on_its_binary_check_covid_claims_speak_its_labels(tiny, tmp_path, method):
+    data_dir = shared_dir("check-covid")
+    if not data_dir.is_dir():
+        missing(f"no shared check-covid data at {data_dir}")
+    out = tmp_path / "run"
+    run(tiny, out, method, "check-covid", "test-binary", data_dir, "--evidence", "golden", *COURTROOM)
+    check_labels(out, ("SUPPORT", "REFUTE"), panel=True)
+    [prediction] = read(out, records.PREDICTIONS)
+    assert prediction["corpus"] == "dataset corpus"  # P-RAG and negotiation search the abstracts, not the claim alone
+
+
 @pytest.mark.parametrize("dataset, split, folder, evidence, labels", DATASETS, ids=[f"{d[0]}-{d[1]}" for d in DATASETS])
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_on_every_dataset_speaks_its_labels(tiny, tmp_path, method, dataset, split, folder, evidence,
@@ -99,11 +121,11 @@ def test_every_method_on_every_dataset_speaks_its_labels(tiny, tmp_path, method,
     check_labels(out, labels)
 
 
-@pytest.mark.parametrize("method", ["debatecv", "rag-cot"])
+@pytest.mark.parametrize("method", ["debatecv", "rag-cot", "courtroom"])
 def test_a_users_jsonl_with_a_three_label_card_runs_end_to_end(tiny, tmp_path, user_data, method):
     out = tmp_path / "run"
-    run(tiny, out, method, "jsonl", "dev", user_data)
-    check_labels(out, ("Accurate", "Inaccurate", "Unclear"))
+    run(tiny, out, method, "jsonl", "dev", user_data, *COURTROOM if method == "courtroom" else ())
+    check_labels(out, ("Accurate", "Inaccurate", "Unclear"), panel=method == "courtroom")
     if method == "rag-cot":  # RAG-CoT's one prompt holds the evidence (DebateCV's is in the system prompts)
         [transcript] = read(out, records.TRANSCRIPTS)
         assert "[1] Two trials found no effect of tea on colds.\nSource: trial-report" in transcript["turns"][0]["prompt"]

@@ -29,12 +29,14 @@ def read(out, name):
     ("majority", {"votes", "vote_counts", "tie", "voter_seeds"}),
     ("cooperation", {"rounds", "stop_reason"}),
     ("courtroom", {"votes", "panel", "confidence", "confidence_parts", "premises", "negotiation", "hearings",
-                   "role_switch", "evidence"}),
+                   "role_switch", "evidence", "tokens", "total_rounds", "retrieved", "components"}),
+    ("standard-mad", {"votes", "confidence", "evidence", "tokens", "retrieved"}),
+    ("single-call", {"premises", "evidence", "tokens", "retrieved"}),
 ])
 def test_each_method_runs_end_to_end(tiny, tmp_path, method, fields):
     out = tmp_path / method
     # The courtroom's roles sample by default (the paper's temperatures); greedy here, so seats share votes.
-    greedy = ("--temperature", "0") if method == "courtroom" else ()
+    greedy = ("--temperature", "0") if method in ("courtroom", "standard-mad") else ()
     metrics = run_debate.main(argv(tiny, out, method, *greedy))
     preds = read(out, records.PREDICTIONS)
     assert sorted(p["claim_id"] for p in preds) == [0, 1, 2] and metrics["n"] == 3
@@ -43,7 +45,10 @@ def test_each_method_runs_end_to_end(tiny, tmp_path, method, fields):
     assert all(t["turns"] for t in read(out, records.TRANSCRIPTS))
     config = json.loads((out / records.CONFIG).read_text())
     assert config["method"] == method
-    if method != "courtroom":
+    if method in ("courtroom", "standard-mad", "single-call"):
+        # PROClaim's evaluation and Appendix P's cost, summed over the run.
+        assert metrics["proclaim"]["efficiency"]["tokens"]["total"] == sum(p["tokens"]["total"] for p in preds) > 0
+    else:
         # The DebateCV paper sampled every LLM at 0.7, top-p 1.0 (Appendix C): the baselines' default too.
         assert (config["temperature"], config["top_p"]) == (0.7, 1.0)
     if method == "courtroom":
@@ -101,7 +106,8 @@ def test_courtroom_resumes_after_a_crash_and_matches_an_uninterrupted_run(tiny, 
                              "--novelty-threshold", "0.3"))
 
 
-def test_courtroom_reads_a_corpus_and_names_a_bad_line(tiny, tmp_path, capsys):
+def test_courtroom_reads_a_corpus_and_names_a_bad_line(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "passages.jsonl"
     corpus.write_text(json.dumps({"id": "p1", "text": "Tomatoes are the most grown vegetable.", "url": "u"}) + "\n"
                       + json.dumps({"id": "p2", "text": "Oak trees can live for centuries."}) + "\n")
@@ -110,7 +116,8 @@ def test_courtroom_reads_a_corpus_and_names_a_bad_line(tiny, tmp_path, capsys):
     pred = read(out, records.PREDICTIONS)[0]
     assert {e["answer"] for e in pred["evidence"]} <= {"Tomatoes are the most grown vegetable.",
                                                       "Oak trees can live for centuries."}
-    assert list(tmp_path.glob("passages.jsonl.emb-*.pt"))  # embeddings cached beside the corpus
+    assert list((tmp_path / "cache" / "retrieval").glob("*.pt"))  # embeddings cached, not beside the corpus
+    assert pred["corpus"] == str(corpus)
     kept = (out / records.PREDICTIONS).read_text()
     corpus.write_text(corpus.read_text() + '{"id": "p3"}\n')
     with pytest.raises(SystemExit) as stop:
@@ -162,3 +169,13 @@ def test_embedded_gemma_smoke(tmp_path, method, extra):
     assert all(t["parse_status"] == "structured" for t in turns if "schema" in t)
     if "--refine" in extra:
         assert "justification_unrefined" in pred and any(t["role"] == "madr_refiner" for t in turns)
+
+
+def test_courtroom_trials_write_table_3(tiny, tmp_path):
+    out = tmp_path / "trials"
+    summary = run_debate.main(argv(tiny, out, "courtroom", "--limit", "2", "--max-rounds", "1", "--trials", "2",
+                                   "--switch-rounds", "1", "--no-witness"))
+    table = json.loads((out / records.METRICS).read_text())["table3"]
+    assert table == summary["table3"] and table["n_runs"] == 2 and table["claims"] == 2
+    assert {"runs", "majority_vote", "weighted_total", "oracle", "mean_over_runs", "efficiency"} <= set(table)
+    assert table["weighted_total"]["n"] == 4 and len(table["runs"][0]["kappa_gt"]) == 3

@@ -31,13 +31,20 @@ def test_reflection_score_weights():
     assert rules.reflection_score(0.5, None, 0.5) is None
 
 
-def test_plateau_needs_two_small_changes_running():
-    assert not rules.plateaued([0.5, 0.52])  # one change only
-    assert rules.plateaued([0.5, 0.52, 0.54])
-    assert not rules.plateaued([0.5, 0.6, 0.62])  # the first change is 0.1
-    assert not rules.plateaued([0.5, None, 0.5])  # an unreadable round breaks the run
-    assert rules.plateaued([0.1, 0.9, 0.5, 0.52, 0.5])
-    assert not rules.plateaued([0.5, 0.53, 0.56], delta=0.02)
+def test_plateau_compares_the_summed_total_round_to_round_as_appendix_j():
+    # Appendix J: round 1's S_total is 1.183 (the change from 0; a sum of two counsels, a mean could not
+    # reach it), round 2 changed it by 0.097 > 0.05 and the debate went on.
+    s1 = rules.reflection_score(0.6, 0.6, 0.6) + rules.reflection_score(0.6, 0.55, 0.6)  # 0.6 + 0.585
+    s2 = s1 + 0.097
+    assert not rules.plateaued([s1])  # round 1: nothing to compare with
+    assert not rules.plateaued([s1, s2])
+    assert rules.plateaued([s1, s2, s2 + 0.049])  # |delta| 0.049 < 0.05: stop after round 3
+    assert rules.plateaued([s1, s2, s2 - 0.049])  # the size of the change counts, not its sign
+    assert not rules.plateaued([s1, s2, s2 + 0.05])  # exactly 0.05 is not below it
+    # The same counsels' mean would have moved 0.0485 in round 2 and stopped a round early: the sum is what counts.
+    assert rules.plateaued([s1 / 2, s2 / 2])
+    assert not rules.plateaued([0.5, None, 0.5]) and not rules.plateaued([None, 0.5])  # unreadable: no comparison
+    assert not rules.plateaued([0.5, 0.53], delta=0.02)
 
 
 def test_novelty_exhaustion_needs_two_low_retrievals_running():

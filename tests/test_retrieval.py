@@ -71,22 +71,54 @@ def test_corpus_errors_name_file_line_and_field(tmp_path):
         retrieval.load_corpus(tmp_path / "missing.jsonl")
 
 
-def test_corpus_embeddings_are_cached_beside_it_and_redone_when_it_changes(tmp_path, embedder, monkeypatch):
-    corpus = write_corpus(tmp_path / "c.jsonl", [{"id": "a", "text": "Bananas are yellow.", "url": "u", "date": "2020"},
-                                                 {"id": "b", "text": "The sky is blue."}])
+def test_corpus_embeddings_are_cached_by_content_in_the_cache_directory(tmp_path, embedder, monkeypatch):
+    monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    corpus = write_corpus(data / "c.jsonl", [{"id": "a", "text": "Bananas are yellow.", "url": "u", "date": "2020"},
+                                             {"id": "b", "text": "The sky is blue."}])
+    data.chmod(0o555)  # a read-only data directory is never written to
     embedded = []
     real = retrieval.embed
     monkeypatch.setattr(retrieval, "embed", lambda e, texts, **kw: embedded.append(list(texts)) or real(e, texts))
-    first = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
-    assert retrieval.cache_path(corpus, embedder).is_file() and len(embedded) == 1
-    again = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
-    assert len(embedded) == 1 and torch.equal(first.vectors, again.vectors)  # read from the cache
-    assert again.passages[0] == {"id": "a", "text": "Bananas are yellow.", "url": "u", "date": "2020"}
+    try:
+        first = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
+        assert sorted(p.name for p in data.iterdir()) == ["c.jsonl"] and len(embedded) == 1
+        assert list((tmp_path / "cache" / "retrieval").glob("*.pt"))
+        again = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
+        assert len(embedded) == 1 and torch.equal(first.vectors, again.vectors)  # read from the cache
+        assert again.passages[0] == {"id": "a", "text": "Bananas are yellow.", "url": "u", "date": "2020"}
+        # The same passages handed over as a list (a dataset's corpus) share the cache: the key is their texts.
+        listed = retrieval.passage_index([{"id": 1, "text": "Bananas are yellow."},
+                                          {"id": 2, "text": "The sky is blue."}], embedder, log_fn=lambda msg: None)
+        assert len(embedded) == 1 and torch.equal(listed.vectors, first.vectors) and listed.passages[0]["id"] == "1"
+    finally:
+        data.chmod(0o755)
     write_corpus(corpus, [{"id": "a", "text": "Bananas are yellow."}, {"id": "c", "text": "Grass is green."}])
-    said = []
-    changed = retrieval.corpus_index(corpus, embedder, log_fn=said.append)
-    assert len(embedded) == 2 and "another version" in said[0]
-    assert not torch.equal(changed.vectors[1], first.vectors[1])
+    changed = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
+    assert len(embedded) == 2 and not torch.equal(changed.vectors[1], first.vectors[1])
+    # Another encoder (here: the same one read with a shorter window) is another cache entry.
+    retrieval.corpus_index(corpus, retrieval.Embedder(embedder.model, embedder.tokenizer, embedder.path, 128),
+                           log_fn=lambda msg: None)
+    assert len(embedded) == 3
+
+
+def test_a_bad_passage_list_is_named_by_passage_and_field(embedder):
+    for passages, message in [([], "has no passages"), ([{"id": 1}], "passage 0: field 'text'"),
+                              ([{"id": 1, "text": "x"}, {"id": "1", "text": "y"}],
+                               "passage 1: field 'id': '1' repeats"),
+                              ([{"id": None, "text": "x"}], "passage 0: field 'id'")]:
+        with pytest.raises(retrieval.RetrievalError, match=message):
+            retrieval.passage_index(passages, embedder, source="check-covid corpus")
+
+
+def test_evidence_of_both_shapes_becomes_passages():
+    claim = {"claim_id": 3, "evidence": [{"question": "Who?", "answer": "Me.", "url": "u"},
+                                         {"text": "An abstract sentence.", "url": "v"}, {"question": "", "answer": ""}]}
+    passages = retrieval.evidence_passages(claim)
+    assert [(p["id"], p["text"], p["url"]) for p in passages] == [("3-0", "Who? Me.", "u"),
+                                                                  ("3-1", "An abstract sentence.", "v")]
+    assert passages[0]["question"] == "Who?"  # a QA item keeps its fields
 
 
 def test_a_missing_encoder_directory_is_named(tmp_path):

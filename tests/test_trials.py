@@ -180,3 +180,78 @@ def test_an_override_must_be_named_after_a_shipped_prompt(tmp_path):
     (mine / "moderator_finale.txt").write_text("x\n")
     with pytest.raises(prompts.PromptError, match="moderator_finale.txt: no shipped prompt is called 'moderator_fin"):
         prompts.use_prompt_dir(mine)
+
+
+# --- PROClaim's Table 3 (eval/trials.py) on hand-made runs ---------------------------------------------
+
+S, N, I = "Supported", "Not Supported", "Inconclusive"  # noqa: E741 (the panel's three words)
+GOLD = {1: "SUPPORT", 2: "REFUTE", 3: "REFUTE", 4: "SUPPORT"}
+AS_LABEL = {S: "SUPPORT", N: "REFUTE", I: "Inconclusive"}
+
+
+def proclaim_run(labels, votes):
+    return [{"claim_id": cid, "label": label, "votes": v, "judge_labels": [AS_LABEL[x] for x in v]}
+            for cid, label, v in zip(GOLD, labels, votes)]
+
+
+MIXED = [[S, S, S], [N, N, I], [S, N, S], [N, N, N]]
+RUNS = [proclaim_run(["SUPPORT", "REFUTE", "SUPPORT", "REFUTE"], MIXED),
+        proclaim_run(["SUPPORT", "SUPPORT", "REFUTE", "REFUTE"], [[S, S, S]] * 4),
+        proclaim_run(["REFUTE", "REFUTE", "SUPPORT", "SUPPORT"], MIXED)]
+
+
+def test_cohen_kappa_and_the_panels_agreement_by_hand():
+    from eval import trials
+
+    assert trials.cohen_kappa("SSNN", "SNNN") == pytest.approx(0.5)  # p_o 3/4, p_e 1/2
+    assert trials.cohen_kappa("SS", "SS") == 1.0  # chance agreement 1: kappa 1, as the authors define it
+    stats = trials.panel_stats(MIXED)
+    # Pairs 1-2: p_o .75, p_e .5 -> .5; 1-3: p_o .75, p_e .375 -> .6; 2-3: p_o .5, p_e .3125 -> .2727...
+    assert stats["pairwise_kappa"] == pytest.approx({"1-2": 0.5, "1-3": 0.6, "2-3": 0.1875 / 0.6875})
+    assert stats["mean_kappa"] == pytest.approx((0.5 + 0.6 + 0.1875 / 0.6875) / 3)
+    assert stats["raw_agreement"] == pytest.approx((0.75 + 0.75 + 0.5) / 3)
+    assert (stats["unanimous"], stats["split"], stats["unanimity_rate"]) == (2, 2, 0.5)
+    assert trials.panel_stats([[S], [N]])["mean_kappa"] is None  # one judge: nothing to agree on
+    assert trials.majority_label(["A", "B"]) == "A" and trials.majority_label([None, "B", "A", "B"]) == "B"
+    assert trials.majority_label([None, None]) is None
+
+
+def test_table3_runs_majority_weighted_total_and_oracle_by_hand():
+    from eval import trials
+
+    table = trials.table3(RUNS, GOLD)
+    # Each run gets two of four right; each class's F1 is 1/2 in run 1.
+    assert [r["accuracy"] for r in table["runs"]] == [0.5, 0.5, 0.5]
+    assert table["runs"][0]["macro_f1"] == pytest.approx(0.5)
+    # kappa_GT of run 1's judges: j1 S R S R -> 0; j2 S R R R -> .5; j3 S I S R -> (.25 - .375) / .625.
+    assert table["runs"][0]["kappa_gt"] == pytest.approx({"judge_1": 0.0, "judge_2": 0.5, "judge_3": -0.2})
+    assert table["runs"][1]["mean_kappa"] == 1.0 and table["runs"][1]["unanimous"] == 4
+    # Majority over runs: claim 1 S S R -> S (right), 2 R S R -> R (right), 3 S R S -> S, 4 R R S -> R (wrong).
+    majority = table["majority_vote"]
+    assert (majority["accuracy"], majority["unanimous"]) == (0.5, 2)  # its panel statistics are run 1's
+    # Weighted total: the 12 records pooled, 6 right; 2 + 4 + 2 unanimous panels.
+    total = table["weighted_total"]
+    assert (total["n"], total["accuracy"], total["unanimous"], total["split"]) == (12, 0.5, 8, 4)
+    # Oracle: every claim has a run that got it right (1 from run 1, 2 from run 1, 3 from run 2, 4 from run 3).
+    oracle = table["oracle"]
+    assert (oracle["accuracy"], oracle["macro_f1"], oracle["unanimous"]) == (1.0, 1.0, 3)
+    assert table["mean_over_runs"]["accuracy"] == 0.5 and table["claims"] == 4
+    text = trials.table3_text(table)
+    assert "majority vote" in text and "oracle (best of 3)" in text
+
+
+def test_a_runs_efficiency_and_tokens_are_summed_over_claims():
+    from eval import trials
+
+    preds = [{"claim_id": 1, "rounds": 2, "rounds_switched": 2, "total_rounds": 4, "retrieved": 30, "evidence_pool": 9,
+              "retrieval_calls": 10, "tokens": {"in": 100, "out": 10, "by_role": {"plaintiff": {"in": 60, "out": 6}},
+                                                "by_stage": {"panel": {"in": 100, "out": 10}}}},
+             {"claim_id": 2, "rounds": 3, "rounds_switched": 0, "total_rounds": 3, "retrieved": 10, "evidence_pool": 5,
+              "retrieval_calls": 4, "tokens": {"in": 50, "out": 5, "by_role": {"plaintiff": {"in": 20, "out": 2}},
+                                               "by_stage": {"panel": {"in": 50, "out": 5}}}}]
+    eff = trials.efficiency(preds)
+    assert (eff["avg_rounds"], eff["avg_rounds_switched"], eff["avg_evidence"], eff["avg_evidence_pool"]) == \
+        (3.5, 1.0, 20.0, 7.0)
+    assert eff["tokens"] == {"in": 150, "out": 15, "total": 165, "per_claim": 82.5,
+                             "by_role": {"plaintiff": {"in": 80, "out": 8}},
+                             "by_stage": {"panel": {"in": 150, "out": 15}}}

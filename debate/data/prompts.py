@@ -26,7 +26,7 @@ NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final
          "courtroom_query", "courtroom_reflection", "courtroom_request", "courtroom_round", "courtroom_switch",
          "courtroom_testimony", "critic_consistency", "critic_meta", "critic_premises", "critic_round",
          "debate_turn", "debater_meta", "debater_rebuttal", "evidence_item", "evidence_kind_passages",
-         "evidence_kind_qa", "evidence_passage", "judge_case", "judge_meta",
+         "evidence_kind_qa", "evidence_passage", "judge_case", "judge_mad", "judge_meta",
          "madr_context", "madr_error_typology", "madr_free_feedback", "madr_free_meta", "madr_judge",
          "madr_judge_meta", "madr_no_verdict", "madr_refine", "madr_refiner_meta", "madr_revise",
          "madr_typology_feedback", "madr_typology_meta", "majority_ballot", "majority_vote", "moderator_final",

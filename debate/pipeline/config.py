@@ -24,12 +24,15 @@ from pathlib import Path
 
 FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
 DEMO_SPLIT = "demo"
-METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom")
-ROUNDS = {"courtroom": 10}  # default max_rounds per method; 3 for the others
-# Default temperature: the DebateCV paper's 0.7 for every LLM of its methods (Appendix C); the
-# courtroom keeps its own default.
+METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom", "standard-mad", "single-call")
+# PROClaim's system and its Table 4 baselines: they retrieve with the Courtroom group's corpus and encoder.
+COURTROOM_METHODS = ("courtroom", "standard-mad", "single-call")
+ROUNDS = {"courtroom": 10}  # default max_rounds per method; 3 for the others (Standard MAD's fixed 3 included)
+NO_PRAG_ROUNDS = 3  # PROClaim's ablation A3 (no P-RAG) runs 3 rounds (Table 6)
+# Default temperature: the DebateCV paper's 0.7 for every LLM of its methods (Appendix C). PROClaim's
+# methods sample each role at its own temperature (COURTROOM_TEMPERATURES); their run-wide value is unused.
 PAPER_TEMPERATURE = 0.7
-TEMPERATURE = {"courtroom": 0.0}
+TEMPERATURE = {m: 0.0 for m in COURTROOM_METHODS}
 MAX_JUDGES = 3
 # The courtroom roles' sampling temperatures in PROClaim (Appendix B.3): counsels and the expert witness
 # 0.5, the presiding court 0.2, the judges 0.3, the critic 0.3 (its model also mines the premises and
@@ -70,9 +73,10 @@ class Method:
 
 @dataclass(frozen=True)
 class Courtroom:
-    """PROClaim's numbers (the paper's, but `inconclusive`, see debate/methods/courtroom/rules.py); the courtroom
-    runs with this group."""
-    corpus: str = identity()  # JSONL passages; None: each claim's own evidence
+    """PROClaim's numbers, the paper's by default (see debate/methods/courtroom/rules.py and docs/FIDELITY.md);
+    the courtroom and its baselines (standard-mad, single-call) run with this group."""
+    corpus: str = identity()  # JSONL passages; None: the dataset's corpus, else each claim's own evidence
+    claim_evidence_only: bool = identity(False)  # ours: search each claim's own evidence, never a corpus
     embedder: str = identity()  # sentence encoder directory; None: the shipped all-MiniLM-L6-v2
     top_k: int = identity(3)
     novelty_threshold: float = identity(0.20)
@@ -83,7 +87,10 @@ class Courtroom:
     reflection_weights: tuple = identity((0.4, 0.3, 0.3))
     vote_weight: float = identity(0.8)
     quality_weight: float = identity(0.3)
-    role_switch: bool = identity(True)
+    role_switch: bool = identity(True)  # False: ablation A1 (Table 6)
+    single_judge: bool = identity(False)  # True: ablation A2, the first --judge-models path alone
+    prag: bool = identity(True)  # False: ablation A3, no P-RAG, no adaptive stopping, 3 rounds
+    reflection: bool = identity(True)  # False: ablation A4, no self-reflection (nor its uses)
     witness: bool = identity(True)
     switch_rounds: int = identity(2)  # rounds of the rerun after the role switch (Appendix K)
     seed_k: int = identity(5)  # passages retrieved with the claim itself for the seed pool (Appendix J's example)
@@ -92,19 +99,37 @@ class Courtroom:
     confidence_floor: float = identity(0.10)
     split_decision: str = identity("chief-justice")
     chief_justice: int = identity(1)  # the judge seat (1-based) that breaks a three-way split
-    inconclusive: str = identity("nee")  # ours: AVeriTeC has a Not Enough Evidence label; "supported" is the paper's
-    # Per role; None: the paper's (COURTROOM_TEMPERATURES), or the run's temperature when one was given.
+    # An Inconclusive panel: "nee" the dataset's not-enough-information label, or Supported (the paper's burden
+    # of refutation) on a dataset without one; "supported": always Supported, the paper's.
+    inconclusive: str = identity("nee")
+    # Per role group; None: the paper's (COURTROOM_TEMPERATURES), or the run's temperature when one was given.
     counsel_temperature: float = identity()
     court_temperature: float = identity()
     judge_temperature: float = identity()
     witness_temperature: float = identity()
     critic_temperature: float = identity()
+    # Per role within a group; None: the group's (heterogeneous agents).
+    plaintiff_temperature: float = identity()
+    defense_temperature: float = identity()
+    judge_temperatures: tuple = identity()  # one per judge seat
 
     @property
     def temperatures(self):
-        """{role: sampling temperature} of the courtroom's roles."""
+        """{role group: sampling temperature} of the courtroom's roles."""
         return {role: COURTROOM_TEMPERATURES[role] if getattr(self, f"{role}_temperature") is None
                 else getattr(self, f"{role}_temperature") for role in COURTROOM_TEMPERATURES}
+
+    def temperature_of(self, role):
+        """The sampling temperature of one role: plaintiff, defense, court, critic, witness or judge_<seat>."""
+        groups = self.temperatures
+        if role in ("plaintiff", "defense"):
+            own = getattr(self, f"{role}_temperature")
+            return groups["counsel"] if own is None else own
+        if role.startswith("judge_"):
+            seat = int(role.split("_")[1]) - 1
+            seats = self.judge_temperatures or ()
+            return seats[seat] if seat < len(seats) else groups["judge"]
+        return groups[role]
 
 
 @dataclass(frozen=True)
@@ -120,6 +145,9 @@ class Models:
     moderator_model: str = identity()
     defense_model: str = identity()  # None: debater_model
     judge_models: tuple = identity()  # None: moderator_model three times
+    court_model: str = identity()  # courtroom's presiding judge; None: moderator_model
+    critic_model: str = identity()  # courtroom's critic, argument miner, consistency analyzer; None: moderator_model
+    witness_model: str = identity()  # courtroom's expert witness; None: debater_model
     refine_model: str = identity()  # None: moderator_model
     moderator_adapter: str = identity()
     use_4bit: bool = identity(True)  # on CUDA only
@@ -129,7 +157,7 @@ class Models:
 @dataclass(frozen=True)
 class Generation:
     batch_size: int = 8  # claims verified together (ours)
-    temperature: float = identity()  # None: the method's (PAPER_TEMPERATURE, greedy for the courtroom)
+    temperature: float = identity()  # None: the method's (PAPER_TEMPERATURE; PROClaim's methods: per role)
     top_p: float = identity(1.0)
     seed: int = identity(0)
     trials: int = 1
@@ -215,13 +243,13 @@ def build(**settings):
                           f"{', '.join(GROUP_OF)}")
     s = dict(defaults(), **{k: _value(v) for k, v in settings.items()})
     temperature_given = s["temperature"] is not None  # the courtroom roles' temperatures follow it then
-    method, courtroom = s["method"], s["method"] == "courtroom"
+    method, courtroom = s["method"], s["method"] in COURTROOM_METHODS
     if method not in METHOD_NAMES:
         raise ConfigError(f"--method must be one of {', '.join(METHOD_NAMES)}, not {method!r}")
     if s["max_new_tokens"] is None:
         s["max_new_tokens"] = DEMO_TURN if s["split"] == DEMO_SPLIT else FULL_TURN
     if s["max_rounds"] is None:
-        s["max_rounds"] = ROUNDS.get(method, 3)
+        s["max_rounds"] = NO_PRAG_ROUNDS if method == "courtroom" and not s["prag"] else ROUNDS.get(method, 3)
     if s["temperature"] is None:
         s["temperature"] = TEMPERATURE.get(method, PAPER_TEMPERATURE)
     _check(s)
@@ -231,12 +259,23 @@ def build(**settings):
             raise ConfigError(f"--{role}-temperature must be >= 0")
         if courtroom and s[name] is None:
             s[name] = s["temperature"] if temperature_given else paper
+    for name in ("plaintiff_temperature", "defense_temperature"):
+        if s[name] is not None and s[name] < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")
+    if s["judge_temperatures"] is not None and any(t < 0 for t in s["judge_temperatures"]):
+        raise ConfigError("--judge-temperatures must be >= 0")
     _fill_data(s)
     if s["output_dir"] is None:
         suffix = "-madr" if s["refine"] == "madr" else ""
         dataset = "" if s["dataset"] == "averitec" else f"{s['dataset']}-"
         s["output_dir"] = f"runs/{dataset}{s['split']}-{s['evidence']}-{method}{suffix}"
     _fill_models(s)
+    if s["single_judge"]:
+        s["judge_models"] = s["judge_models"][:1]  # ablation A2: the panel is its first seat alone
+    judges = len(s["judge_models"])
+    if s["judge_temperatures"] is not None and len(s["judge_temperatures"]) > judges:
+        raise ConfigError(f"--judge-temperatures takes one temperature per judge seat ({judges}), "
+                          f"got {len(s['judge_temperatures'])}")
     return _from_flat(s)
 
 
@@ -274,6 +313,9 @@ def _fill_models(s):
     s["defense_model"] = s["defense_model"] or s["debater_model"]
     s["judge_models"] = s["judge_models"] or (s["moderator_model"],) * MAX_JUDGES
     s["refine_model"] = s["refine_model"] or s["moderator_model"]
+    s["court_model"] = s["court_model"] or s["moderator_model"]
+    s["critic_model"] = s["critic_model"] or s["moderator_model"]
+    s["witness_model"] = s["witness_model"] or s["debater_model"]
 
 
 POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials", "evidence_k")
@@ -318,5 +360,7 @@ def _check(s):
         raise ConfigError("--switch-rounds must be at least 1 and --seed-k at least 0")
     if not 0 <= s["redundancy_limit"] <= 1 or not 0 <= s["confidence_floor"] <= 1:
         raise ConfigError("--redundancy-limit and --confidence-floor must be in [0, 1]")
+    if s["single_judge"]:
+        judges = (judges or [None])[:1]
     if s["method"] == "courtroom" and not 1 <= s["chief_justice"] <= len(judges or [None] * MAX_JUDGES):
         raise ConfigError("--chief-justice must name one of the judge seats (1 to the number of --judge-models)")

@@ -1,17 +1,25 @@
-"""The run's claims: its dataset's split read, cut to --limit, and given the evidence of its condition.
+"""The run's claims: its dataset's split read, cut to --limit, and given the evidence of its condition; and the
+corpus the courtroom's retrieval searches.
 
 golden and none (and a dataset's own conditions, PolitiHop's ruling) come with the claims. retrieved comes,
 in this order, from --retrieved-file, the dataset's own retrieved file (AVeriTeC: HerO's), --corpus, or the
 dataset's own corpus (Check-COVID: its abstracts); from a corpus, each claim's --evidence-k passages nearest
 to it under the project's sentence encoder (debate.engine.retrieval). That step loads the encoder, so it runs
 (`retrieve`) only after every check of the run has passed.
+
+The courtroom (and PROClaim's baselines) search, besides a claim's own evidence, a corpus: --corpus, else the
+dataset's own (Check-COVID's abstracts), else the evidence of every claim of the split under the run's
+condition, pooled (AVeriTeC: the annotators' pairs of the whole split under golden, HerO's under retrieved,
+nothing under none), so P-RAG has more than the claim's own items to discover and never sees a condition's
+hidden evidence.
 """
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from debate.data import averitec, claims as records, datasets
 from debate.data.claims import DataError
 from debate.engine import retrieval
+from debate.pipeline.config import COURTROOM_METHODS
 
 
 @dataclass
@@ -21,40 +29,59 @@ class Inputs:
     dataset: object  # debate.data.datasets.Dataset
     corpus: object = None  # passages the retrieved evidence is still to come from (see `retrieve`), or None
     notes: tuple = ()  # what the reader left out and why (one line each)
+    passages: list = None  # the courtroom's corpus when it is not --corpus (see the module doc), or None
 
 
 def read(config):
     """The run's Inputs; every problem of the data raises DataError before any model loads."""
     d = config.data
     dataset = datasets.get(d.dataset)
-    claims = dataset.read(d.split, d.data_dir)
+    split = dataset.read(d.split, d.data_dir)
     labels = dataset.labels(d.split, d.data_dir)
-    if d.limit and d.sample_seed is not None and d.limit < len(claims):
-        # A seeded draw, kept in file order: the same claims for every method run with this seed.
-        chosen = sorted(random.Random(d.sample_seed).sample(range(len(claims)), d.limit))
-        claims = [claims[i] for i in chosen]
-    elif d.limit:
-        claims = claims[: d.limit]
+    claims = _limited(split, d)
     notes = tuple(note for c in claims for note in c.get("notes", ()))
     where = f"{dataset.name} {d.split}"
     if d.evidence == "golden" and claims and not any(c["gold_evidence"] for c in claims):
         raise DataError(f"--evidence golden: {where} has no annotated evidence; run it with --evidence "
                         f"{' or '.join(c for c in dataset.conditions if c != 'golden')}")
-    if d.evidence != "retrieved":
-        return Inputs(records.attach_evidence(claims, d.evidence), labels, dataset, notes=notes)
-    path = d.retrieved_file or (dataset.retrieved_file(d.split, d.data_dir) if dataset.retrieved_file else None)
-    if path is not None:
-        return Inputs(records.attach_evidence(claims, "retrieved", path), labels, dataset, notes=notes)
-    if config.courtroom.corpus:
-        corpus = retrieval.load_corpus(config.courtroom.corpus)
-    elif dataset.corpus is not None:
-        corpus = dataset.corpus(dataset.data_dir(d.data_dir))
-    elif d.split == averitec.DEMO_SPLIT:
-        return Inputs(records.attach_evidence(claims, "golden"), labels, dataset, notes=notes)  # config says so
+    inputs, path, corpus = None, None, None
+    if d.evidence == "retrieved":
+        path = d.retrieved_file or (dataset.retrieved_file(d.split, d.data_dir) if dataset.retrieved_file else None)
+        if path is None and config.courtroom.corpus:
+            corpus = retrieval.load_corpus(config.courtroom.corpus)
+        elif path is None and dataset.corpus is not None:
+            corpus = dataset.corpus(dataset.data_dir(d.data_dir))
+        elif path is None and d.split != averitec.DEMO_SPLIT:  # the demo set's retrieved is its golden (config)
+            raise DataError(f"--evidence retrieved: {where} has no retrieved evidence of its own; give "
+                            "--retrieved-file (evidence keyed by claim_id) or --corpus (JSONL passages to retrieve from)")
+    if corpus is not None:
+        inputs = Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, corpus=corpus, notes=notes)
     else:
-        raise DataError(f"--evidence retrieved: {where} has no retrieved evidence of its own; give --retrieved-file "
-                        "(evidence keyed by claim_id) or --corpus (JSONL passages to retrieve from)")
-    return Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, corpus=corpus, notes=notes)
+        inputs = Inputs(records.attach_evidence(claims, d.evidence, path), labels, dataset, notes=notes)
+    if config.method.method in COURTROOM_METHODS and not config.courtroom.corpus:
+        inputs.passages = (dataset.corpus(dataset.data_dir(d.data_dir)) if dataset.corpus is not None
+                           else pooled(records.attach_evidence(split, d.evidence, path) if corpus is None else []))
+    return inputs
+
+
+def _limited(claims, d):
+    """--limit's claims: the first N, or with --sample-seed N drawn at random, kept in file order."""
+    if d.limit and d.sample_seed is not None and d.limit < len(claims):
+        # A seeded draw: the same claims for every method run with this seed.
+        chosen = sorted(random.Random(d.sample_seed).sample(range(len(claims)), d.limit))
+        return [claims[i] for i in chosen]
+    return claims[: d.limit] if d.limit else claims
+
+
+def pooled(claims):
+    """Every claim's evidence as one corpus of passages, each text once (the first claim's copy kept)."""
+    passages, seen = [], set()
+    for c in claims:
+        for passage in retrieval.evidence_passages(c):
+            if passage["text"] not in seen:
+                seen.add(passage["text"])
+                passages.append(passage)
+    return passages
 
 
 def retrieve(inputs, config, log=print):
@@ -63,12 +90,12 @@ def retrieve(inputs, config, log=print):
         return inputs
     embedder = retrieval.load_embedder(config.courtroom.embedder)
     log(f"retrieving {config.data.evidence_k} passages per claim from {len(inputs.corpus)} with {embedder.path}")
-    index = retrieval.index_of(inputs.corpus, embedder)
+    index = retrieval.passage_index(inputs.corpus, embedder, log, source=f"{inputs.dataset.name}'s corpus")
     hits = retrieval.search(index, retrieval.embed(embedder, [c["claim"] for c in inputs.claims]),
                             config.data.evidence_k)
     claims = [dict(c, evidence=[_item(inputs.corpus[position]) for position, _ in found])
               for c, found in zip(inputs.claims, hits)]
-    return Inputs(claims, inputs.labels, inputs.dataset, notes=inputs.notes)
+    return replace(inputs, claims=claims, corpus=None)
 
 
 def _item(passage):

@@ -10,16 +10,16 @@ from dataclasses import fields, replace
 from importlib import metadata
 from pathlib import Path
 
-from debate.methods import baselines, debatecv, madr, turns
+from debate.methods import baselines, debatecv, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
 from debate.pipeline import evidence, progress, records, shards
-from debate.pipeline.config import ConfigError, Courtroom, to_dict
+from debate.pipeline.config import COURTROOM_METHODS, ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, metrics as label_scores, report
+from eval import averitec, metrics as label_scores, report, trials as trial_metrics
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -30,7 +30,8 @@ def _fixed(table):
 
 
 # The JSON answers each method asks for, checked against --max-new-tokens before any claim runs.
-SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS}
+SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS,
+           **proclaim_baselines.SCHEMAS}
 
 # name -> (function over a batch of claims, its roles -> model flag, its keyword options from the config)
 METHODS = {
@@ -39,9 +40,13 @@ METHODS = {
     "majority": (baselines.majority, _fixed(baselines.RAG_COT_MODELS), lambda c: {"voters": c.method.voters}),
     "cooperation": (baselines.cooperation, _fixed(baselines.COOPERATION_MODELS),
                     lambda c: {"max_rounds": c.generation.max_rounds}),
+    # The courtroom and PROClaim's Table 4 baselines also get their retrieval library (method_options).
     "courtroom": (courtroom.run_batch, lambda c: courtroom.model_of(len(c.models.judge_models)),
-                  lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom,
-                             "library": courtroom_case.library_from(c.courtroom)}),
+                  lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom}),
+    "standard-mad": (proclaim_baselines.standard_mad, _fixed(proclaim_baselines.STANDARD_MAD_MODELS),
+                     lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom}),
+    "single-call": (proclaim_baselines.single_call, _fixed(proclaim_baselines.SINGLE_CALL_MODELS),
+                    lambda c: {"options": c.courtroom}),
 }
 
 
@@ -53,12 +58,12 @@ TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot
 
 # Model flag of a role (as model_roles names it) -> the setting holding its path.
 FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defense": "defense_model",
-             "refine": "refine_model"}
+             "refine": "refine_model", "court": "court_model", "critic": "critic_model", "witness": "witness_model"}
 
 
 def _unused_options(config):
     """The method settings this run's method and refinement never read: they are left out of config.json."""
-    unused = [] if config.method.method == "courtroom" else [f.name for f in fields(Courtroom)]
+    unused = [] if config.method.method in COURTROOM_METHODS else [f.name for f in fields(Courtroom)]
     unused += [] if config.method.method == "majority" else ["voters"]
     unused += [] if config.method.refine == "madr" else ["madr_iterations"]
     return unused
@@ -75,6 +80,8 @@ def config_json(config, roles=None, precision=None):
     saved = to_dict(config)
     if roles is not None:
         used = {FLAG_ARGS.get(flag, "judge_models") for flag in roles.values()}
+        if used & {"court_model", "critic_model"}:
+            used.add("moderator_model")  # their default, and the model --moderator-adapter goes on
         for key in (*FLAG_ARGS.values(), "judge_models"):
             if key not in used:
                 saved.pop(key, None)
@@ -104,15 +111,13 @@ def config_json(config, roles=None, precision=None):
     return saved
 
 
-# Methods whose verdicts are the dataset's labels: they take its LabelSet as `labels`.
-TAKES_LABELS = ("debatecv", "rag-cot", "majority", "cooperation")
-
-
-def method_options(config, labels):
-    """The keyword options of the config's method: METHODS[method][2](config), and the dataset's labels."""
-    kwargs = METHODS[config.method.method][2](config)
-    if config.method.method in TAKES_LABELS:
-        kwargs["labels"] = labels
+def method_options(config, labels, passages=None, log=print):
+    """The keyword options of the config's method: METHODS[method][2](config), the dataset's labels (every
+    method's verdicts are among them), and for the courtroom's methods their retrieval library over --corpus or
+    `passages` (evidence.Inputs.passages); building it loads the encoder."""
+    kwargs = dict(METHODS[config.method.method][2](config), labels=labels)
+    if config.method.method in COURTROOM_METHODS:
+        kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log)
     return kwargs
 
 
@@ -134,9 +139,13 @@ def role_models(config, roles):
     """({role: model path}, {role: adapter}) of `roles` ({role: model flag}) under the config's models."""
     m = config.models
     paths = {"debater": m.debater_model, "moderator": m.moderator_model, "defense": m.defense_model,
-             "refine": m.refine_model, **{f"judge_{i + 1}": p for i, p in enumerate(m.judge_models)}}
+             "refine": m.refine_model, "court": m.court_model, "critic": m.critic_model, "witness": m.witness_model,
+             **{f"judge_{i + 1}": p for i, p in enumerate(m.judge_models)}}
     role_paths = {role: paths[flag] for role, flag in roles.items()}
-    adapters = {role: m.moderator_adapter for role, flag in roles.items() if flag == "moderator"}
+    # The adapter goes on the Moderator's roles, and on the courtroom's court and critic while they run on
+    # the Moderator's model (their default).
+    adapters = {role: m.moderator_adapter for role, flag in roles.items()
+                if flag == "moderator" or (flag in ("court", "critic") and paths[flag] == m.moderator_model)}
     return role_paths, adapters
 
 
@@ -166,7 +175,7 @@ def check_run(config, claims, encoder_needed=False):
     models.check_roles(role_paths, adapters)
     if config.data.dataset == "averitec" and any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
-    if config.method.method == "courtroom" or encoder_needed:
+    if config.method.method in COURTROOM_METHODS or encoder_needed:
         encoder = Path(config.courtroom.embedder or retrieval.default_embedder_path())
         if not (encoder / "config.json").is_file():
             raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
@@ -229,6 +238,12 @@ def _run_trials(config, inputs, prompt_info, world, log):
     if any(m is None for m in results):
         return None
     summary = trial_summary(results)
+    if config.method.method in COURTROOM_METHODS:
+        # PROClaim's Table 3 over the trials (eval/trials.py): each run, the vote over runs, the oracle.
+        references = {c["claim_id"]: c.get("label") for c in inputs.claims if c.get("label")}
+        runs = [records.read_predictions(top / f"trial-{k}") for k in range(1, trials + 1)]
+        summary["table3"] = trial_metrics.table3(runs, references)
+        log(trial_metrics.table3_text(summary["table3"]))
     records.write_json(top / records.METRICS, summary)
     log(report.trials_table(summary))
     return summary
@@ -274,14 +289,14 @@ def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     shards.check(out_dir, world.size, overwrite)  # before anything is written, on every rank alike
     if world.size == 1:
-        _verify(config, inputs.claims, inputs.labels, prompt_info, agents, log)
+        _verify(config, inputs.claims, inputs, prompt_info, agents, log)
         return finish(config, inputs.claims, log, inputs.labels)
     if overwrite and world.rank == 0:
         shards.clear(out_dir, keep=world.size)  # another count's shards are no part of this run
     shard = replace(config, output=replace(config.output, output_dir=str(shards.shard_dir(out_dir, world))))
     mine = shards.split(inputs.claims, world)
     log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(inputs.claims)} claims")
-    _verify(shard, mine, inputs.labels, prompt_info, agents, log)
+    _verify(shard, mine, inputs, prompt_info, agents, log)
     shards.barrier(world)
     if world.rank:
         return None
@@ -294,13 +309,12 @@ def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
     return finish(config, inputs.claims, log, inputs.labels)
 
 
-def _verify(config, claims, labels, prompt_info, agents, log):
+def _verify(config, claims, inputs, prompt_info, agents, log):
     """Verify the claims not yet done in the config's output directory, claim by claim into its files."""
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
-    roles = model_roles(config)
+    roles, labels = model_roles(config), inputs.labels
     saved = _saved_config(config, prompt_info, labels)
     done = records.check(out_dir, saved, overwrite=overwrite)
-    kwargs = method_options(config, labels)  # once per run; the courtroom loads its encoder here
     if not overwrite:
         records.recover(out_dir)  # every check has passed: what a killed --overwrite left can be settled
     else:
@@ -316,6 +330,7 @@ def _verify(config, claims, labels, prompt_info, agents, log):
         saved["models"] = models.model_info(agents)
         settings = settings_of(config)
         check_schemas(config, agents, settings, labels)
+        kwargs = method_options(config, labels, inputs.passages, log)  # the courtroom's encoder loads here
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
         hint = TURNS_AT_MOST.get(config.method.method) if config.method.refine == "none" else None
@@ -386,6 +401,9 @@ def finish(config, claims, log=print, labels=None):
         metrics = label_scores.score(predictions, references, labels)
     metrics["dataset"] = config.data.dataset
     metrics["evidence_condition"] = config.data.evidence
+    if config.method.method in COURTROOM_METHODS:
+        # The panel's agreement, Table 5's evidence and rounds, Appendix P's tokens (eval/trials.py).
+        metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references}))
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics))
     return metrics

@@ -1,6 +1,8 @@
 """What every stage of the courtroom shares: the case and hearing records, the retrieval library, one
-batched turn of a role (`ask`) and the texts the roles read (the evidence pool, recent messages, testimony)."""
+batched turn of a role (`ask`, which also counts each role's tokens per stage) and the texts the roles read
+(the evidence pool, recent messages, testimony)."""
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from debate.data.parsing import read_fields
@@ -15,7 +17,9 @@ SIDES = ("plaintiff", "defense")
 SIDE_NAMES = {"plaintiff": "Plaintiff Counsel", "defense": "Defense Counsel"}
 
 
-SHOWN = ("admitted", "discovered", "disputed", "unscored")  # pool statuses the counsels and the panel see
+# Pool statuses the counsels, the witness and the judges see: what the court admitted and what P-RAG
+# discovered. Disputed, dropped and unscored candidates stay out of the debate (the paper's section 2.3).
+SHOWN = ("admitted", "discovered")
 
 
 POOL_ORDER = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "dropped"))}
@@ -25,16 +29,29 @@ POOL_ORDER = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "d
 
 
 class Library:
-    """What the courtroom retrieves with: the encoder and, with --corpus, the shared corpus index."""
+    """What the courtroom retrieves with: the encoder and the corpus index shared by every claim."""
     embedder: object
     corpus: object = None  # retrieval.Index, or None: each claim searches its own evidence
+    source: str = "claim evidence"  # what the corpus is, for the record
 
 
-def library_from(options, log=print):
-    """The encoder and corpus index of `options` (a Courtroom config)."""
+def library_from(options, passages=None, log=print):
+    """The encoder and corpus index of `options` (a Courtroom config): the --corpus file, else `passages`
+    (the dataset's own corpus, a list of {id, text, url?, title?}), else none; --claim-evidence-only: none."""
     embedder = retrieval.load_embedder(options.embedder)
-    corpus = retrieval.corpus_index(options.corpus, embedder, log) if options.corpus else None
-    return Library(embedder, corpus)
+    if options.claim_evidence_only:
+        return Library(embedder)
+    if options.corpus:
+        return Library(embedder, retrieval.corpus_index(options.corpus, embedder, log), str(options.corpus))
+    if passages:
+        return Library(embedder, retrieval.passage_index(passages, embedder, log, source="the dataset's corpus"),
+                       "dataset corpus")
+    return Library(embedder)
+
+
+def index_for(library, claim):
+    """The index `claim` searches: the shared corpus, else its own evidence."""
+    return library.corpus or retrieval.index_of(retrieval.evidence_passages(claim), library.embedder)
 
 
 @dataclass
@@ -42,13 +59,13 @@ def library_from(options, log=print):
 
 class Hearing:
     counsels: dict  # side -> the RoleModel that argues it
-    convs: dict  # plaintiff, defense, critic, court -> engine.Conversation
-    pool: list  # evidence entries {"passage", "status", "weight", "round"}
-    vectors: object  # embeddings of the pool's passages, in pool order
-    seen: dict  # side -> how many pool entries that counsel has been shown
-    messages: list = field(default_factory=list)  # (speaker, text) in order, for the discovery queries
+    speakers: dict  # side -> the role whose model argues it (swapped in the rerun; its temperature goes with it)
+    convs: dict  # critic, court -> engine.Conversation (the counsels' turns are stateless, one-shot)
+    pool: list  # the current evidence pool: admitted exhibits, then what P-RAG discovered {"passage", "status", ...}
+    vectors: object  # embeddings of the pool's passages, in pool order: what novelty is measured against
+    messages: list = field(default_factory=list)  # (speaker, text) in order: the debate history
     rounds: list = field(default_factory=list)  # per round {"round", "plaintiff", "defense", "testimony", ...}
-    totals: list = field(default_factory=list)  # reflection total per round (mean of both counsels)
+    totals: list = field(default_factory=list)  # reflection total per round: the SUM of both counsels' (S_total)
     reflections: dict = field(default_factory=dict)  # side -> its last reflection
     reflection_log: list = field(default_factory=list)  # every reflection, for the judges
     novelty_means: list = field(default_factory=list)
@@ -69,26 +86,51 @@ class Case:
     premises: list = field(default_factory=list)
     stance_queries: dict = field(default_factory=dict)  # side -> its negotiation query
     disclosures: dict = field(default_factory=dict)  # side -> {"Disclose": [...], "Challenge": [...]}
-    pool: list = field(default_factory=list)  # negotiated evidence
-    vectors: object = None
+    pool: list = field(default_factory=list)  # every negotiated candidate, with its admissibility status
     hearings: list = field(default_factory=list)
     consistency: float = None  # 0-10
     consistency_fields: dict = field(default_factory=dict)
-
-
-TEMPERATURE_OF = {"plaintiff": "counsel", "defense": "counsel", "court": "court", "critic": "critic",
-                  "witness": "witness"}
+    tokens: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # (role, stage) -> [in, out]
+    retrieval_calls: int = 0
+    retrieved: int = 0  # passages returned by all retrieval calls (the authors' per-claim "evidence" count)
 
 
 def tuned(settings, opts, role):
     """`settings` at the temperature of `role` (a role name or judge seat); the engine keeps one setting."""
-    key = "judge" if role.startswith("judge_") else TEMPERATURE_OF[role]
-    return replace(settings, temperature=opts.temperatures[key])
+    return replace(settings, temperature=opts.temperature_of(role))
 
 
 def generator_of(agents, streams, seed, settings, opts):
     """The random stream of `seed`, or None when no role samples."""
-    return turns.stream(agents, streams, seed, replace(settings, temperature=max(opts.temperatures.values())))
+    hottest = max(opts.temperature_of(role) for role in agents)
+    return turns.stream(agents, streams, seed, replace(settings, temperature=hottest))
+
+
+STAGES = {"premises": "premises", "negotiation": "negotiation", "first": "primary_debate",
+          "switched": "role_switch_debate", "role-switch": "consistency", "panel": "panel", "debate": "debate",
+          "verdict": "verdict"}
+
+
+def stage_of(stage):
+    """The cost stage of a transcript stage ("first-3" -> "primary_debate")."""
+    return STAGES[str(stage).split("-")[0] if str(stage) != "role-switch" else "role-switch"]
+
+
+def token_report(case):
+    """Tokens in (the prompt an API would bill) and out, in total, per role and per stage (Appendix P)."""
+    def summed(key):
+        out = {}
+        for (role, stage), (n_in, n_out) in case.tokens.items():
+            name = role if key == 0 else stage
+            out.setdefault(name, {"in": 0, "out": 0})
+            out[name]["in"] += n_in
+            out[name]["out"] += n_out
+        return out
+
+    total_in = sum(v[0] for v in case.tokens.values())
+    total_out = sum(v[1] for v in case.tokens.values())
+    return {"in": total_in, "out": total_out, "total": total_in + total_out, "by_role": summed(0),
+            "by_stage": summed(1)}
 
 
 def reply_fields(reply, keys):
@@ -113,8 +155,12 @@ def ask(agent, items, settings, generator, one_shot=True, schema_name=None):
     A one-shot conversation (a single question) gives its cache back at once; a hearing's conversations
     keep theirs for their next turn. `schema_name`: the prompt whose JSON answer is asked for.
     """
+    before = [(i[3].prompt_tokens, i[3].completion_tokens) for i in items]
     replies = turns.speak(agent, [i[3] for i in items], [i[4] for i in items], settings, generator, schema_name)
-    for (case, stage, role, conv, prompt), reply in zip(items, replies):
+    for (case, stage, role, conv, prompt), reply, (n_in, n_out) in zip(items, replies, before):
+        spent = case.tokens[(role, stage_of(stage))]
+        spent[0] += conv.prompt_tokens - n_in
+        spent[1] += conv.completion_tokens - n_out
         case.said.append({"round": stage, "role": role, "prompt": prompt, "response": reply,
                           **turns.structured_note(conv)})
         if not any(c is conv for c in case.convs):  # identity: two conversations may hold equal text
@@ -126,30 +172,35 @@ def ask(agent, items, settings, generator, one_shot=True, schema_name=None):
 
 def passage_text(entry, index):
     p = entry["passage"]
-    status = "" if entry["status"] in ("admitted", "discovered") else f" (evidence {entry['status']})"
-    return render("courtroom_passage", index=index, text=p["text"], url=p.get("url") or "(no source given)",
-                  status=status)
+    return render("courtroom_passage", index=index, text=p["text"], url=p.get("url") or "(no source given)")
 
 
-def format_pool(pool, start=0):
-    """The counsels' view of pool entries from position `start` on, numbered by pool position."""
-    shown = [(i, e) for i, e in enumerate(pool) if i >= start and e["status"] in SHOWN]
-    return "\n".join(passage_text(e, i + 1) for i, e in shown) or "(none)"
+def format_pool(pool):
+    """The evidence pool as the counsels, the witness and the judges read it, numbered by pool position;
+    only what SHOWN lets through (the hearing's pool holds nothing else)."""
+    return "\n".join(passage_text(e, i + 1) for i, e in enumerate(pool) if e["status"] in SHOWN) or "(none)"
 
 
 def court_conversation(case):
     return engine.Conversation(system=render("court_meta", claim=case.claim["claim"]))
 
 
-def counsel_system(case, side):
-    return render("counsel_meta", side=SIDE_NAMES[side], stance=load_prompt(f"counsel_stance_{side}"),
-                  instruction=load_prompt(f"counsel_instruction_{side}"), claim=case.claim["claim"],
-                  evidence=format_pool(case.pool))
+def counsel_conversation(side):
+    """A fresh conversation of one counsel turn: each per-turn prompt carries all the counsel reads
+    (the paper's stateless per-turn prompts, H.3-H.4), so nothing of an earlier turn is carried over."""
+    return engine.Conversation(system=render("counsel_meta", side=SIDE_NAMES[side],
+                                             stance=load_prompt(f"counsel_stance_{side}")))
 
 
 def recent_messages(hearing, n=4):
-    """The last `n` messages of the proceedings (P-RAG's debate context)."""
+    """The last `n` messages of the proceedings (four: P-RAG's debate context, Appendix I)."""
     return "\n".join(f"{speaker}: {text}" for speaker, text in hearing.messages[-n:]) or "(nothing yet)"
+
+
+def own_arguments(hearing, side, n=2):
+    """A counsel's last `n` arguments (self-reflection reads its own two and the opponent's two, H.7)."""
+    said = [r[side].strip() for r in hearing.rounds if r.get(side)]
+    return "\n\n".join(said[-n:]) or "(none yet)"
 
 
 def testimony_text(t, round_no):

@@ -1,40 +1,67 @@
 """The hearing, round by round until a stopping rule holds (rules.stop_reason) or the round cap: discovery
 (P-RAG) until an early exit stops it (rules.prag_exit), the two counsels' arguments, expert witnesses, then
-reflection and review (reflection.py)."""
+reflection and review (reflection.py).
+
+As in the paper, every counsel turn is one stateless prompt (H.3, H.4, H.7, H.8, I): it carries the claim,
+the current evidence pool and the recent proceedings, and nothing of the counsel's earlier turns; its
+self-reflection reaches later rounds only through P-RAG's discovery request (and the scores the stopping
+rule, the confidence and the judges read).
+
+Ablations (Table 6): `opts.prag` off (A3) skips discovery and every stopping rule but the round cap;
+`opts.reflection` off (A4) skips self-reflection, so discovery asks with the gap alone and the plateau rule
+never fires."""
+import torch
+
 from debate.data.prompts import load_prompt, render
 from debate.engine import engine, retrieval
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (Hearing, SIDES, SIDE_NAMES, ask, counsel_system, court_conversation,
+from debate.methods.courtroom.case import (Hearing, SIDES, SIDE_NAMES, ask, counsel_conversation, court_conversation,
                                            field_text, format_pool, named_word, recent_messages, reply_fields, tuned)
 from debate.methods.courtroom.reflection import reflect_and_review
 
+# Messages of the proceedings an argument or testimony prompt quotes (the authors' code; the paper gives none).
+HISTORY = 5
 
-def open_hearing(case, counsels):
-    convs = {side: engine.Conversation(system=counsel_system(case, side)) for side in SIDES}
-    convs["critic"] = engine.Conversation(system=render("critic_meta", claim=case.claim["claim"],
-                                                        premises="; ".join(case.premises)))
-    convs["court"] = court_conversation(case)
-    # The negotiated pool is in the counsels' system prompts: they have seen all of it.
-    hearing = Hearing(counsels=counsels, convs=convs, pool=list(case.pool), vectors=case.vectors,
-                      seen={side: len(case.pool) for side in SIDES})
+
+def open_hearing(case, agents, speakers):
+    """A hearing from the originally admitted exhibits only: the rerun after the role switch starts again
+    from them (Appendix K), and disputed, dropped or unscored candidates never enter (section 2.3)."""
+    convs = {"critic": engine.Conversation(system=render("critic_meta", claim=case.claim["claim"],
+                                                         premises="; ".join(case.premises))),
+             "court": court_conversation(case)}
+    pool = [e for e in case.pool if e["status"] == "admitted"]
+    vectors = case.index.vectors[[e["position"] for e in pool]] if pool else case.index.vectors[:0]
+    hearing = Hearing(counsels={side: agents[role] for side, role in speakers.items()}, speakers=dict(speakers),
+                      convs=convs, pool=pool, vectors=vectors)
     case.hearings.append(hearing)
     return hearing
 
 
+def _counsel(active, side, settings, opts):
+    """The model arguing `side` in these hearings (all of one batch hold the same) and its settings: a
+    counsel keeps its own temperature when the role switch moves it to the other side."""
+    hearing = active[0][1]
+    return hearing.counsels[side], tuned(settings, opts, hearing.speakers[side])
+
+
 def _discover(agents, active, round_no, opts, library, settings, generator, tag):
     """P-RAG: each counsel's gap (plus its last discovery need) becomes a query, the court refines it,
-    and its novel top-k passages enter the pool; then the early exits are checked."""
+    and its novel top-k passages enter the pool; then the early exits are checked.
+
+    Novelty is measured against the current pool (the admitted exhibits and what P-RAG added), so a
+    candidate dropped at admissibility can be rediscovered."""
     active = [(c, h) for c, h in active if h.prag_stop is None]
     if not active:
         return
     stage = f"{tag}-{round_no}"
     requests = {}
     for side in SIDES:
-        items = [(c, stage, side, h.convs[side], render("counsel_gap", round=round_no, side=SIDE_NAMES[side],
-                                                        context=recent_messages(h))) for c, h in active]
-        counsel = active[0][1].counsels[side]
-        for (case, hearing), reply in zip(active, ask(counsel, items, tuned(settings, opts, side), generator,
-                                                       one_shot=False, schema_name="counsel_gap")):
+        items = [(c, stage, side, counsel_conversation(side),
+                  render("counsel_gap", round=round_no, side=SIDE_NAMES[side], context=recent_messages(h)))
+                 for c, h in active]
+        counsel, temperature = _counsel(active, side, settings, opts)
+        for (case, hearing), reply in zip(active, ask(counsel, items, temperature, generator,
+                                                       schema_name="counsel_gap")):
             gap = field_text(reply_fields(reply, ("Gap",)).get("Gap")) or reply.strip()
             need = field_text(hearing.reflections.get(side, {}).get("Discovery Need"))
             requests[(id(case), side)] = render("courtroom_request", gap=gap, need=need) if need else gap
@@ -55,10 +82,12 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
     vectors = iter(retrieval.embed(library.embedder, queries))  # one encoder call for the whole round
     queries = iter(queries)
     for case, hearing in active:
-        novelties, retrieved, relevance = [], [], []
+        novelties, relevance = [], []
         for side in SIDES:
             query = next(queries)
             hits = retrieval.search(case.index, next(vectors)[None], opts.top_k)[0]
+            case.retrieval_calls += 1
+            case.retrieved += len(hits)
             positions = [p for p, _ in hits]
             admitted, scores = retrieval.admit_novel(hearing.vectors, case.index.vectors[positions],
                                                      opts.novelty_threshold)
@@ -67,35 +96,35 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
                                      "status": "discovered", "weight": None, "round": round_no})
                 relevance.append(hits[k][1])
             if admitted:
-                hearing.vectors = case.index.vectors[[e["position"] for e in hearing.pool]]
+                hearing.vectors = torch.cat([hearing.vectors, case.index.vectors[[positions[k] for k in admitted]]])
             hearing.queries.append({"round": round_no, "side": side, "query": query, "admitted": len(admitted),
                                     "retrieved": len(positions), "novelty": [round(s, 4) for s in scores]})
             novelties += scores
-            retrieved += scores
         hearing.novelty_means.append(sum(novelties) / len(novelties) if novelties else None)
         mean_relevance = sum(relevance) / len(relevance) if relevance else 0.0
         previous = hearing.relevance[-1] if hearing.relevance else None
         hearing.relevance.append(mean_relevance)
-        hearing.prag_stop = rules.prag_exit(retrieved, mean_relevance, previous, round_no, opts.redundancy_limit,
+        hearing.prag_stop = rules.prag_exit(novelties, mean_relevance, previous, round_no, opts.redundancy_limit,
                                             opts.relevance_gain)
         if hearing.prag_stop:
             hearing.queries[-1]["prag_stop"] = hearing.prag_stop
 
 
-def _argue(active, round_no, opts, settings, generator, tag):
+def _counsel_prompt(case, hearing, side, round_no):
+    """The per-turn argument prompt: everything the counsel reads this turn (H.3, H.4)."""
+    return render("counsel_argument", round=round_no, claim=case.claim["claim"], side=SIDE_NAMES[side],
+                  instruction=load_prompt(f"counsel_instruction_{side}"), evidence=format_pool(hearing.pool),
+                  history=recent_messages(hearing, HISTORY))
+
+
+def argue(active, round_no, opts, settings, generator, tag):
     for case, hearing in active:
         hearing.rounds.append({"round": round_no, "testimony": []})
-    for side in SIDES:
-        items = []
-        for case, hearing in active:
-            prompt = render("counsel_argument", round=round_no,
-                            new_evidence=format_pool(hearing.pool, hearing.seen[side]),
-                            history=recent_messages(hearing))
-            hearing.seen[side] = len(hearing.pool)
-            items.append((case, f"{tag}-{round_no}", side, hearing.convs[side], prompt))
-        counsel = active[0][1].counsels[side]
-        for (case, hearing), reply in zip(active, ask(counsel, items, tuned(settings, opts, side), generator,
-                                                       one_shot=False)):
+    for side in SIDES:  # the defense reads the plaintiff's argument of this round in its history
+        items = [(case, f"{tag}-{round_no}", side, counsel_conversation(side),
+                  _counsel_prompt(case, hearing, side, round_no)) for case, hearing in active]
+        counsel, temperature = _counsel(active, side, settings, opts)
+        for (case, hearing), reply in zip(active, ask(counsel, items, temperature, generator)):
             hearing.rounds[-1][side] = reply
             hearing.messages.append((SIDE_NAMES[side], reply))
 
@@ -105,11 +134,11 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
     stage = f"{tag}-{round_no}"
     requests = []  # (case, hearing, side, expert type, reasoning)
     for side in SIDES:
-        items = [(c, stage, side, h.convs[side], render("counsel_expert", history=recent_messages(h)))
+        items = [(c, stage, side, counsel_conversation(side), render("counsel_expert", history=recent_messages(h)))
                  for c, h in active]
-        counsel = active[0][1].counsels[side]
-        for (case, hearing), reply in zip(active, ask(counsel, items, tuned(settings, opts, side), generator,
-                                                       one_shot=False, schema_name="counsel_expert")):
+        counsel, temperature = _counsel(active, side, settings, opts)
+        for (case, hearing), reply in zip(active, ask(counsel, items, temperature, generator,
+                                                       schema_name="counsel_expert")):
             fields = reply_fields(reply, ("Expert Type", "Reasoning"))
             expert = field_text(fields.get("Expert Type"))
             if expert and expert.lower().strip(".") != "none":
@@ -128,7 +157,7 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
             granted.append(request)
     items = [(c, stage, "witness", engine.Conversation(system=load_prompt("witness_meta")),
               render("witness_testimony", claim=c.claim["claim"], expert_type=expert, expertise=expert,
-                     evidence=format_pool(h.pool), history=recent_messages(h)))
+                     evidence=format_pool(h.pool), history=recent_messages(h, HISTORY)))
              for c, h, side, expert, _ in granted]
     for (case, hearing, side, expert, _), reply in zip(granted, ask(agents["witness"], items,
                                                                      tuned(settings, opts, "witness"), generator)):
@@ -136,22 +165,31 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
         hearing.messages.append((f"Expert witness ({expert})", reply.strip()))
 
 
-def hold_hearings(agents, cases, counsels, opts, max_rounds, library, settings, generator, tag):
-    active = [(case, open_hearing(case, counsels)) for case in cases]
+def _stop_reason(opts, round_no, max_rounds, said, hearing):
+    """Why the hearing ends after this round, or None. Without P-RAG (A3) only the round cap ends it (no
+    adaptive convergence); without self-reflection (A4) there is no reflection plateau."""
+    if not opts.prag:
+        return "max_rounds" if round_no >= max_rounds else None
+    return rules.stop_reason(round_no, max_rounds, said["critic"], said["court"],
+                             hearing.totals if opts.reflection else [], hearing.novelty_means,
+                             opts.plateau_delta, opts.novelty_stop)
+
+
+def hold_hearings(agents, cases, speakers, opts, max_rounds, library, settings, generator, tag):
+    """Hold one hearing per case, `speakers` {side: the role whose model argues it}, batched round by round."""
+    active = [(case, open_hearing(case, agents, speakers)) for case in cases]
     for round_no in range(1, max_rounds + 1):
         if not active:
             break
-        _discover(agents, active, round_no, opts, library, settings, generator, tag)
-        _argue(active, round_no, opts, settings, generator, tag)
+        if opts.prag:
+            _discover(agents, active, round_no, opts, library, settings, generator, tag)
+        argue(active, round_no, opts, settings, generator, tag)
         if opts.witness:
             _call_witnesses(agents, active, round_no, opts, settings, generator, tag)
         decisions = reflect_and_review(active, round_no, opts, agents, settings, generator, tag)
         still = []
         for case, hearing in active:
-            said = decisions[id(hearing)]
-            hearing.stop_reason = rules.stop_reason(
-                round_no, max_rounds, said["critic"], said["court"], hearing.totals, hearing.novelty_means,
-                opts.plateau_delta, opts.novelty_stop)
+            hearing.stop_reason = _stop_reason(opts, round_no, max_rounds, decisions[id(hearing)], hearing)
             if hearing.stop_reason is None:
                 still.append((case, hearing))
             else:

@@ -4,14 +4,14 @@ Seed retrieval with the claim itself, shared retrieval per premise, and a suppor
 query (the argument miner writes them) for each counsel's pool; each counsel then sees the shared pool and
 both sides' pools and names what it discloses and what it challenges (negotiation injection); the court
 rates every candidate's relevance and credibility; weight = product, admitted / disputed / dropped by the
-two thresholds (rules.admissibility)."""
+two thresholds (rules.admissibility). Only the admitted items go on to the hearing (hearing.open_hearing)."""
 import re
 
 from debate.data.parsing import number_in
 from debate.data.prompts import render
 from debate.engine import engine, retrieval
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (Case, POOL_ORDER, SIDES, SIDE_NAMES, ask, counsel_system,
+from debate.methods.courtroom.case import (Case, POOL_ORDER, SIDES, SIDE_NAMES, ask, counsel_conversation,
                                            court_conversation, field_text, generator_of, passage_text, reply_fields,
                                            tuned)
 
@@ -81,7 +81,7 @@ def _disclose(agents, cases, pools, opts, settings, generator):
             numbers = {p: k + 1 for k, p in enumerate(found["all"])}
             prompt = render("counsel_disclosure", shared=listing(case, found["shared"], numbers),
                             own=listing(case, found[side], numbers), other=listing(case, found[other], numbers))
-            items.append((case, "negotiation", side, engine.Conversation(system=counsel_system(case, side)), prompt))
+            items.append((case, "negotiation", side, counsel_conversation(side), prompt))
         for case, reply in zip(cases, ask(agents[side], items, tuned(settings, opts, side), generator,
                                            schema_name="counsel_disclosure")):
             fields = reply_fields(reply, ("Disclose", "Challenge"))
@@ -101,6 +101,8 @@ def negotiate(agents, cases, opts, library, settings, generator):
         row = 0
         for pool, queries, k in groups:
             for hits in retrieval.search(case.index, vectors[row:row + len(queries)], k):
+                case.retrieval_calls += 1
+                case.retrieved += len(hits)
                 for position, _ in hits:
                     if position not in found[pool]:
                         found[pool].append(position)
@@ -125,6 +127,5 @@ def negotiate(agents, cases, opts, library, settings, generator):
             opts.admit_threshold, opts.dispute_threshold)
         case.pool.append(entry)
     for case in cases:
-        # Admitted first, strongest first; the counsels and the panel read the pool in this order.
+        # Admitted first, strongest first (section 2.3): the hearing's pool keeps this order.
         case.pool.sort(key=lambda e: (POOL_ORDER[e["status"]], -(e["weight"] or 0)))
-        case.vectors = case.index.vectors[[e["position"] for e in case.pool]]

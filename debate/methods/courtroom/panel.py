@@ -1,6 +1,7 @@
 """The judges' panel: the case file every judge reads, their votes (each distinct model asked once under
-greedy decoding), and the verdict, confidence and label probabilities under the label rule (rules.vote)."""
-from debate.data.labels import REFUTED, SUPPORTED
+greedy decoding), and the verdict, confidence and label probabilities under the label rule (rules.vote)
+on the dataset's labels."""
+from debate.data.labels import AVERITEC
 from debate.data.parsing import number_in, read_fields
 from debate.data.prompts import load_prompt, render
 from debate.engine import engine
@@ -11,14 +12,15 @@ from debate.methods.courtroom.case import (SHOWN, SIDES, SIDE_NAMES, ask, field_
 
 
 def _seats(agents, opts):
-    """Judge seat -> the seat whose vote it shares: under greedy decoding one model votes once."""
+    """Judge seat -> the seat whose vote it shares: seats of one model that all decode greedily vote once."""
     seats = sorted((r for r in agents if r.startswith("judge_")), key=lambda r: int(r.split("_")[1]))
-    first = {}
+    first, shared = {}, {}
     for seat in seats:
-        key = (agents[seat].path, agents[seat].adapter)
-        first.setdefault(key, seat)
-    greedy = opts.temperatures["judge"] <= 0
-    return {s: (first[(agents[s].path, agents[s].adapter)] if greedy else s) for s in seats}
+        if opts.temperature_of(seat) > 0:
+            shared[seat] = seat  # a sampling seat draws its own vote
+            continue
+        shared[seat] = first.setdefault((agents[seat].path, agents[seat].adapter), seat)
+    return shared
 
 
 def _number(value):
@@ -66,16 +68,23 @@ JUDGE_KEYS = ("Claim Summary", "Evidence Strength", "Argument Validity", "Scient
 
 
 def judge_cases(agents, cases, opts, settings, streams, switch_note):
-    seats = _seats(agents, opts)
-    ballots = {}  # (case id, seat) -> (fields, status, reply)
+    """Every seat's ballot on every case file: (seats, ballots), see `ballots_of`."""
     prompts = [_case_file(case, switch_note) for case in cases]  # every judge reads the same case file
+    return ballots_of(agents, cases, prompts, opts, settings, streams, "judge_case")
+
+
+def ballots_of(agents, cases, prompts, opts, settings, streams, schema_name):
+    """(seat -> the seat whose vote it shares, {(case id, seat): (fields, status, reply, verdict probs)}) of
+    the judge seats among `agents` on `prompts` (one per case)."""
+    seats = _seats(agents, opts)
+    ballots = {}
     for k, seat in enumerate(sorted(set(seats.values()))):
         items = [(case, "panel", seat, engine.Conversation(system=load_prompt("judge_meta")), prompt)
                  for case, prompt in zip(cases, prompts)]
         # Each seat samples from its own stream, so seats on one model can disagree when sampling.
         judge = tuned(settings, opts, seat)
         generator = turns.stream(agents, streams, settings.seed + 1 + k, judge)
-        for item, reply in zip(items, ask(agents[seat], items, judge, generator, schema_name="judge_case")):
+        for item, reply in zip(items, ask(agents[seat], items, judge, generator, schema_name=schema_name)):
             fields, status = read_fields(reply, JUDGE_KEYS)
             structured = item[3].structured
             probs = structured["probs"].get("Verdict") if structured else None
@@ -93,7 +102,7 @@ def panel_note(agents, seats):
     return {"judges": paths, "distinct_models": distinct, "note": note}
 
 
-def decide(case, seats, ballots, opts):
+def decide(case, seats, ballots, opts, labels=AVERITEC):
     votes, qualities, reasons = [], [], []
     for seat, source in seats.items():
         fields, status, reply, _ = ballots[(id(case), source)]
@@ -104,12 +113,13 @@ def decide(case, seats, ballots, opts):
         if all(s is not None for s in scores):
             qualities.append(10 * sum(scores) / 3)
         reasons.append((label, field_text(fields.get("Justification")), status, reply))
-    winner, count, label = rules.vote(votes, opts.split_decision, opts.chief_justice - 1, opts.inconclusive)
+    winner, count, label = rules.vote(votes, opts.split_decision, opts.chief_justice - 1, opts.inconclusive, labels)
     readable = sum(v is not None for v in votes)
     decided_by = (None if label is None else "majority" if count > readable / 2
                   else "chief_justice" if winner is not None else "rule")
     first_hearing = case.hearings[0]
-    side = {SUPPORTED: "plaintiff", REFUTED: "defense"}.get(label)  # the side the verdict went to
+    side = {labels.supported: "plaintiff", labels.refuted: "defense"}.get(label)  # the side the verdict went to
+    # Without self-reflection (A4) there is no reflection adjustment: no total, delta 0.
     winner_total = first_hearing.reflections.get(side, {}).get("total") if side else None
     conf, parts = rules.confidence(count / len(votes) if votes else 0.0,
                                    sum(qualities) / len(qualities) if qualities else None,
@@ -125,14 +135,20 @@ def decide(case, seats, ballots, opts):
     label_probs = turns.outcome_probs(
         [vote_probs[s] for s in sources],
         lambda said: rules.vote([dict(zip(sources, said))[seats[seat]] for seat in seats], opts.split_decision,
-                                opts.chief_justice - 1, opts.inconclusive)[2])
+                                opts.chief_justice - 1, opts.inconclusive, labels)[2], labels.labels)
+    # Each judge's own vote on the dataset's labels, for its agreement with the gold label (the paper's
+    # kappa_GT, Appendix D): an Inconclusive vote stays a class of its own where the dataset has no such label.
+    own = {rules.PANEL_SUPPORTED: labels.supported, rules.PANEL_NOT_SUPPORTED: labels.refuted,
+           rules.PANEL_INCONCLUSIVE: labels.nei or rules.PANEL_INCONCLUSIVE}
     return {"verdict": label, "justification": chosen[1], "status": status, "label_probs": label_probs}, chosen[3], {
-        "votes": votes, "vote_probs": {seat: vote_probs[seats[seat]] for seat in seats}, "panel_verdict": winner,
+        "votes": votes, "judge_labels": [own.get(v) for v in votes],
+        "vote_probs": {seat: vote_probs[seats[seat]] for seat in seats}, "panel_verdict": winner,
         "decided_by": decided_by, "confidence": round(conf, 4),
         "confidence_parts": {k: round(v, 4) for k, v in parts.items()}}
 
 
 def panel_evidence(pool):
-    """The pool the panel read, as question-answer evidence for the AVeriTeC score."""
+    """The pool the panel read (admitted and discovered), as question-answer evidence for the AVeriTeC score
+    (a passage's text stands as the answer to an empty question)."""
     return [{"question": e["passage"].get("question", ""), "answer": e["passage"].get("answer", e["passage"]["text"]),
              "url": e["passage"].get("url", "")} for e in pool if e["status"] in SHOWN]

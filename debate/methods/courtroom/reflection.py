@@ -1,10 +1,15 @@
 """The end of a hearing round: each counsel's self-reflection (logic, novelty, rebuttal, discovery need),
-the critic's evaluation of both sides and whether the case is resolved, and the court's wait-or-close."""
+the critic's evaluation of both sides and whether the case is resolved, and the court's wait-or-close.
+
+The round's reflection total S is the SUM of both counsels' totals, as the authors' orchestrator computes
+it (Appendix J reports a change of 1.183, beyond any mean in [0, 1]); rules.plateaued compares it round
+to round. Ablation A4 (`opts.reflection` off) skips the self-reflection; A3 (`opts.prag` off) has no
+adaptive stopping, so the court is not asked whether to close."""
 from debate.data.parsing import number_in, yes_no
 from debate.data.prompts import render
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (SIDES, SIDE_NAMES, ask, field_text, named_word, reply_fields, round_record,
-                                           tuned)
+from debate.methods.courtroom.case import (SIDES, SIDE_NAMES, ask, counsel_conversation, field_text, named_word,
+                                           own_arguments, reply_fields, round_record, tuned)
 
 
 def _side_scores(fields, side):
@@ -22,16 +27,19 @@ def _items(value):
     return [value.strip()] if isinstance(value, str) and value.strip() else []
 
 
-def reflect_and_review(active, round_no, opts, agents, settings, generator, tag):
-    """Self-reflection of both counsels, the critic's review and the court's wait-or-close; returns the
-    per-hearing (critic resolved, court ready) decisions."""
-    stage = f"{tag}-{round_no}"
+def _reflect(active, round_no, opts, settings, generator, stage):
+    """Each counsel audits its own last two arguments against the opponent's last two (H.7), in a fresh
+    conversation; the round's total is the sum of both sides' totals (None if either is unreadable)."""
     for side in SIDES:
-        items = [(c, stage, side, h.convs[side], render("counsel_reflection", round=round_no, side=SIDE_NAMES[side]))
+        other = SIDES[1 - SIDES.index(side)]
+        items = [(c, stage, side, counsel_conversation(side),
+                  render("counsel_reflection", round=round_no, side=SIDE_NAMES[side], claim=c.claim["claim"],
+                         own=own_arguments(h, side), opponent=SIDE_NAMES[other], challenges=own_arguments(h, other)))
                  for c, h in active]
-        counsel = active[0][1].counsels[side]
-        for (case, hearing), reply in zip(active, ask(counsel, items, tuned(settings, opts, side), generator,
-                                                       one_shot=False, schema_name="counsel_reflection")):
+        hearing = active[0][1]  # a counsel keeps its own temperature across the role switch
+        counsel, temperature = hearing.counsels[side], tuned(settings, opts, hearing.speakers[side])
+        for (case, hearing), reply in zip(active, ask(counsel, items, temperature, generator,
+                                                       schema_name="counsel_reflection")):
             fields = reply_fields(reply, ("Logic", "Novelty", "Rebuttal", "Flaws Identified", "Discovery Need",
                                      "Refined Stance"))
             parts = [number_in(fields.get(k), 1) for k in ("Logic", "Novelty", "Rebuttal")]
@@ -40,8 +48,16 @@ def reflect_and_review(active, round_no, opts, agents, settings, generator, tag)
                                          "total": rules.reflection_score(*parts, weights=opts.reflection_weights)}
             hearing.reflection_log.append(dict(hearing.reflections[side], round=round_no, side=side))
     for case, hearing in active:
-        totals = [hearing.reflections[s]["total"] for s in SIDES if hearing.reflections[s]["total"] is not None]
-        hearing.totals.append(sum(totals) / len(totals) if totals else None)
+        totals = [hearing.reflections[s]["total"] for s in SIDES]
+        hearing.totals.append(None if None in totals else sum(totals))
+
+
+def reflect_and_review(active, round_no, opts, agents, settings, generator, tag):
+    """Self-reflection of both counsels, the critic's review and the court's wait-or-close; returns the
+    per-hearing (critic resolved, court ready) decisions."""
+    stage = f"{tag}-{round_no}"
+    if opts.reflection:
+        _reflect(active, round_no, opts, settings, generator, stage)
     decisions = {}
     items = [(c, stage, "critic", h.convs["critic"], render("critic_round", round=round_no, record=round_record(h)))
              for c, h in active]
@@ -59,6 +75,10 @@ def reflect_and_review(active, round_no, opts, agents, settings, generator, tag)
             "queries": _items(fields.get("Suggested Queries")),
             "resolved": yes_no(fields.get("Resolved"))}
         decisions[id(hearing)] = {"critic": yes_no(fields.get("Resolved")) is True}
+    if not opts.prag:  # no adaptive convergence (A3): nothing would act on the court's answer
+        for case, hearing in active:
+            decisions[id(hearing)]["court"] = False
+        return decisions
     items = [(c, stage, "court", h.convs["court"], render("court_ready", round=round_no, record=round_record(h)))
              for c, h in active]
     for (case, hearing), reply in zip(active, ask(agents["court"], items, tuned(settings, opts, "court"),

@@ -10,7 +10,8 @@ def switch_needed(agents, opts):
     if not opts.role_switch:
         return False, "off"
     a, b = agents["plaintiff"], agents["defense"]
-    if a.path == b.path and a.adapter == b.adapter and opts.temperatures["counsel"] <= 0:
+    greedy = opts.temperature_of("plaintiff") <= 0 and opts.temperature_of("defense") <= 0
+    if a.path == b.path and a.adapter == b.adapter and greedy:
         return False, ("skipped: both counsels run on one model under greedy decoding, "
                        "so the rerun would repeat the first hearing")
     return True, "rerun"

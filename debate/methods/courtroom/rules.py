@@ -1,22 +1,24 @@
 """The courtroom's (PROClaim's) arithmetic, apart from any model: admissibility, reflection scores, the
-stopping rules, P-RAG's early exits, the judges' vote, its mapping onto the AVeriTeC labels and the
+stopping rules, P-RAG's early exits, the judges' vote, its mapping onto a dataset's labels and the
 confidence formula.
 
-Label rule (the panel votes Supported / Not Supported / Inconclusive):
-- a strict majority of the readable votes decides: Supported -> Supported, Not Supported -> Refuted,
-  Inconclusive -> Not Enough Evidence (ours, the default) or Supported (the paper's burden of
-  refutation, `inconclusive="supported"`): PROClaim's data had two labels, AVeriTeC has four;
+Label rule (the panel votes Supported / Not Supported / Inconclusive; `labels` is the dataset's LabelSet):
+- a strict majority of the readable votes decides: Supported -> labels.supported, Not Supported ->
+  labels.refuted (H.9's note), Inconclusive -> labels.nei where the dataset has one (`inconclusive="nee"`,
+  the default), else labels.supported: the paper's burden of refutation (Appendix C), which
+  `inconclusive="supported"` applies on any dataset;
 - no strict majority (a three-way split): the Chief Justice's vote decides, as in the paper
   (`split="chief-justice"`, the first judge's seat unless told otherwise). With `split="conflicting"`,
   or when the Chief Justice's vote is unreadable: if some judges found the claim supported and others
-  not supported, the evidence pulls both ways -> Conflicting Evidence/Cherrypicking; otherwise (a tie
-  with Inconclusive) -> Not Enough Evidence;
+  not supported, the evidence pulls both ways -> labels.mixed (AVeriTeC's Conflicting
+  Evidence/Cherrypicking); otherwise, or on a dataset without such a label, it is decided as an
+  Inconclusive panel;
 - no readable vote: no verdict.
 """
 import re
 from collections import Counter
 
-from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.data.labels import AVERITEC
 
 PANEL_SUPPORTED, PANEL_NOT_SUPPORTED, PANEL_INCONCLUSIVE = "Supported", "Not Supported", "Inconclusive"
 PANEL_LABELS = (PANEL_SUPPORTED, PANEL_NOT_SUPPORTED, PANEL_INCONCLUSIVE)
@@ -26,8 +28,12 @@ _PANEL_ALIASES = {
     "refute": PANEL_NOT_SUPPORTED, "false": PANEL_NOT_SUPPORTED,
     "inconclusive": PANEL_INCONCLUSIVE, "notenoughevidence": PANEL_INCONCLUSIVE, "undetermined": PANEL_INCONCLUSIVE,
 }
-TO_AVERITEC = {PANEL_SUPPORTED: SUPPORTED, PANEL_NOT_SUPPORTED: REFUTED, PANEL_INCONCLUSIVE: NEE}
-INCONCLUSIVE_AS = {"nee": NEE, "supported": SUPPORTED}  # --inconclusive: ours (default), the paper's
+
+
+def verdict_labels(labels=AVERITEC, inconclusive="nee"):
+    """{panel label: the dataset's label} under the --inconclusive rule (see the module doc)."""
+    undecided = labels.nei if inconclusive == "nee" and labels.nei else labels.supported
+    return {PANEL_SUPPORTED: labels.supported, PANEL_NOT_SUPPORTED: labels.refuted, PANEL_INCONCLUSIVE: undecided}
 
 
 def panel_label(value):
@@ -57,14 +63,15 @@ def reflection_score(logic, novelty, rebuttal, weights=(0.4, 0.3, 0.3)):
 
 
 def plateaued(totals, delta=0.05):
-    """True when the last two round-to-round changes of the reflection total are both below `delta`.
+    """True when the reflection total changed by less than `delta` from the previous round to this one:
+    |S_t - S_(t-1)| < delta, from round 2 on (Appendix O's Delta S; Appendix J stops at round 2 on it).
 
-    `totals` is the round's total (mean of both counsels) per round; a round without one breaks the run.
+    `totals` is S per round, the SUM of both counsels' totals (in [0, 2]); a round without one (an
+    unreadable reflection) is compared with nothing.
     """
-    if len(totals) < 3 or any(t is None for t in totals[-3:]):
+    if len(totals) < 2 or totals[-1] is None or totals[-2] is None:
         return False
-    a, b, c = totals[-3:]
-    return abs(b - a) < delta and abs(c - b) < delta
+    return abs(totals[-1] - totals[-2]) < delta
 
 
 def novelty_exhausted(means, floor=0.10):
@@ -107,10 +114,10 @@ def prag_exit(retrieved_novelty, relevance, previous_relevance, round_no, redund
     return None
 
 
-def vote(votes, split="chief-justice", chief=0, inconclusive="nee"):
-    """(panel label or None, its vote count, AVeriTeC label or None) for the judges' PANEL_LABELS/None
+def vote(votes, split="chief-justice", chief=0, inconclusive="nee", labels=AVERITEC):
+    """(panel label or None, its vote count, the dataset's label or None) for the judges' PANEL_LABELS/None
     in seat order; `chief` is the Chief Justice's seat index; see the module doc for the rules."""
-    mapping = dict(TO_AVERITEC, **{PANEL_INCONCLUSIVE: INCONCLUSIVE_AS[inconclusive]})
+    mapping = verdict_labels(labels, inconclusive)
     counts = Counter(v for v in votes if v is not None)
     if not counts:
         return None, 0, None
@@ -121,9 +128,9 @@ def vote(votes, split="chief-justice", chief=0, inconclusive="nee"):
     head = votes[chief] if split == "chief-justice" and chief < len(votes) else None
     if head is not None:
         return head, counts[head], mapping[head]
-    if counts[PANEL_SUPPORTED] and counts[PANEL_NOT_SUPPORTED]:
-        return None, top, CEC
-    return None, top, NEE
+    if counts[PANEL_SUPPORTED] and counts[PANEL_NOT_SUPPORTED] and labels.mixed:
+        return None, top, labels.mixed
+    return None, top, mapping[PANEL_INCONCLUSIVE]
 
 
 def role_switch_delta(consistency):
