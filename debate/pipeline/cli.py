@@ -88,7 +88,7 @@ def run_parser(description=None):
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
     d.add_argument("--sample-seed", type=int, metavar="SEED",
                    help="with --limit N: N claims drawn at random with this seed, in file order, instead of the "
-                   "first N (ours; for a quick estimate on a split whose file is sorted)")
+                   "first N (ours; for a quick estimate on a split whose file is sorted; default: none, the first N)")
 
     m = p.add_argument_group("method")
     m.add_argument("--method", choices=METHOD_NAMES, help="the verification system")
