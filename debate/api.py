@@ -37,7 +37,7 @@ def verify(claims, config):
     agents = runner.load_agents(config, roles)
     settings = runner.settings_of(config)
     runner.check_schemas(config, agents, settings)
-    kwargs = runner.METHODS[config.method.method][2](config)
+    kwargs = runner.method_entry(config)[2](config)
     done = {}
     runner.verify_claims(config, agents, claims, settings, turns.Streams(turns.device_of(agents)), kwargs,
                          lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
