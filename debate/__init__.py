@@ -1,4 +1,5 @@
-"""debatecv: debate-driven claim verification on local models. From Python: `build`, `run`, `verify` (debate.api).
+"""debatecv: debate-driven claim verification on local models. From Python: `build`, `run`, `verify`, `geval`
+(debate.api).
 
 Four wings, each a package whose docstring says what it owns: pipeline (config, CLI, runner, records) ->
 methods (DebateCV, baselines, MADR, the courtroom) -> engine (models, KV cache, generation); data (claims,
@@ -6,7 +7,7 @@ labels, prompts, schemas, parsing) sits below all three. Imports only go that wa
 
 The names are looked up on first use, so `import debate.data.claims` (or the CLIs' --help) never imports torch.
 """
-API = ("RunConfig", "build", "load", "save", "run", "verify")
+API = ("RunConfig", "build", "load", "save", "run", "verify", "geval")
 
 
 def __getattr__(name):

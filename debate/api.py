@@ -1,12 +1,15 @@
 """The toolkit from Python: a notebook or another pipeline calls these instead of building CLI flags.
 
-    from debate import build, run, verify
+    from debate import build, run, verify, geval
     config = build(split="demo", method="rag-cot", limit=2)   # the flags' names and defaults, checked
     metrics = run(config)                                      # = run_debate.py: the same output directory
     predictions = verify([{"claim": "...", "evidence": [...]}], config)   # in memory, no directory
+    result = geval(["runs/a", "runs/b"], judge_model="M")     # = python -m eval.geval: faithfulness per run
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
+import os
+
 from debate.data import claims as data, prompts
 from debate.engine import models
 from debate.pipeline import runner
@@ -42,6 +45,22 @@ def verify(claims, config):
     runner.verify_claims(config, agents, claims, settings, turns.Streams(turns.device_of(agents)), kwargs,
                          lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
     return [done[c["claim_id"]] for c in claims]
+
+
+def geval(run_dirs, judge_model=None, protocols="all", human=None, names=None, batch_size=8, use_4bit=True,
+          log=print):
+    """G-Eval faithfulness of the explanations (justifications) of `run_dirs` (one path or several, one row
+    each) as `python -m eval.geval` scores them, judged by `judge_model` (default: the embedded model) under
+    `protocols` ("all" or some of sentence, sentence-typology, document, document-typology); `human`: a JSONL
+    file of people's scores for Kendall's tau-c. Returns the result: per row and protocol the mean and its 95%
+    bootstrap interval, and every explanation's score; eval.geval.table(result) is the paper's Table 2 layout.
+    """
+    from eval import geval as scorer
+
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else list(run_dirs)
+    protocols = scorer.PROTOCOLS if protocols == "all" else [protocols] if isinstance(protocols, str) else protocols
+    return scorer.evaluate([str(d) for d in run_dirs], judge_model, list(protocols), human, names, batch_size,
+                           use_4bit, log=log)
 
 
 def _claim(claim, index):

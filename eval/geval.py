@@ -5,7 +5,9 @@
 Each run directory is one method, one row of the table: any run whose predictions carry justifications
 (an explanation run of --task explain, a verification run with or without --refine madr). For each
 explanation and protocol (debate.methods.geval: sentence or document level, with or without the error
-typology) the judge model rates the explanation as a whole, or each of its sentences, from 1 to 5. The
+typology) the judge model rates the explanation as a whole, or each of its sentences, from 1 to 5, against
+the evidence it was written from (the record's own when it has some, as the courtroom's, else its claim's
+under the run's evidence condition). The
 sentences are nltk's Punkt sentences with its English model, as the METEOR tokenizer splits them
 (eval.meteor). A rating's score is G-Eval's: the sum over s = 1..5 of s x p(s), p(s) the judge's
 probability of answering s (renormalised over the five); a sentence-level score is the mean over the
@@ -334,7 +336,9 @@ def evaluate(run_dirs, judge_model=None, protocols=PROTOCOLS, human=None, names=
                 chunk = todo[start:start + step]
                 units, owners = [], []
                 for k, (p, protocol) in enumerate(chunk):
-                    evidence = format_evidence(run["claims"][str(p["claim_id"])]["evidence"])
+                    # The evidence it was written from: the record's own (the courtroom's), else the claim's.
+                    claim = run["claims"][str(p["claim_id"])]
+                    evidence = format_evidence(p["evidence"] if "evidence" in p else claim["evidence"])
                     for text in units_of(protocol, p.get("justification")):
                         units.append((protocol, evidence, text))
                         owners.append(k)

@@ -270,3 +270,22 @@ def test_explain_with_madr_then_geval_under_all_four_protocols(tmp_path, capsys)
     rated = [u for line in lines for u in line["units"]]
     assert rated and all(u["status"] == "structured" and sum(u["probs"].values()) == pytest.approx(1, abs=1e-4)
                          for u in rated)
+
+
+def test_the_api_scores_like_the_command_line(judge, tmp_path):
+    import debate
+
+    run = run_dir(tmp_path / "zs", EXPLANATIONS)
+    result = debate.geval(run, judge_model="judge-m", protocols="document", log=lambda *a: None)
+    assert result["protocols"] == ["document"]
+    assert result["methods"][0]["scores"]["document"]["mean"] == pytest.approx((4.8 + 3.0) / 2)
+
+
+def test_a_record_with_its_own_evidence_is_judged_against_it(judge, tmp_path):
+    calls, loaded = judge
+    run = run_dir(tmp_path / "court", {0: "The report says so."})
+    pooled = {"claim_id": 0, "justification": "The report says so.",
+              "evidence": [{"question": "What did the pool find?", "answer": "A pooled passage.", "url": ""}]}
+    (tmp_path / "court" / "predictions.jsonl").write_text(json.dumps(pooled) + "\n")
+    geval.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=10)
+    assert "A pooled passage." in calls[0].prompts[0] and "7-2 vote" not in calls[0].prompts[0]

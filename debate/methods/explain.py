@@ -86,7 +86,7 @@ def _single_turn(agents, claims, settings, streams, prompt_name, on_finish, keep
     records = []
     for claim, conv, prompt, reply in zip(claims, convs, prompts, replies):
         text, status = read_answer(reply, EXPLANATION)
-        status = "structured" if conv.structured is not None else status
+        status = "structured" if conv.structured is not None and text else status
         said = [{"round": "explain", "role": "explainer", "prompt": prompt, "response": reply, "parse_status": status,
                  **turns.structured_note(conv)}]
         extra = {}
