@@ -49,6 +49,8 @@ def test_zero_shot_asks_for_the_gold_labels_explanation_and_records_it_as_the_ju
     # Claim, label, evidence, in that order (the request of the paper's Tables 7-9), then the task.
     assert prompt.index("Claim number 0.") < prompt.index("half-true") < prompt.index("Ruling sentence 0.")
     assert calls[0].systems == ["", ""] and calls[0].schemas[0].name == "explain_zero_shot"
+    # The answer's key is named, with no example value: the embedded model copied an example's "..." verbatim.
+    assert '"Explanation"' in prompt and "..." not in prompt
     pred = records[0]["prediction"]
     assert pred["justification"] == "Because of ruling sentence 0." and pred["parse_status"] == "field"
     assert pred["label"] == pred["gold_label"] == "half-true"  # the given label, never predicted

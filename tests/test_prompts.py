@@ -256,4 +256,4 @@ def test_madr_debaters_tasks_follow_figure_1_and_the_free_one_is_told_not_to_go_
 def test_madr_refiner_changes_only_what_the_feedback_asks():
     text = render("madr_refine", typology_feedback="<F1>", free_feedback="<F2>")
     assert "make no change beyond what the feedback asks for" in text
-    assert text.index("<F1>") < text.index("<F2>") < text.index('{"Refined Justification"')
+    assert text.index("<F1>") < text.index("<F2>") < text.index('"Refined Justification"')
