@@ -4,8 +4,9 @@
     python bench/bench_explain.py --limit 0 --model GEN --judge-model JUDGE  # the whole test split, your models
 
 Each method runs as `run_debate.py --task explain --method NAME` with the data flags of --data (default
-`--dataset politihop --split test`: PolitiHop's claims, their rulings' sentences as evidence, their gold
-labels), in its own resumable run directory OUT/<method>; then `eval.geval` rates every explanation under
+`--dataset politihop --split test --evidence ruling`: PolitiHop's claims, each one's whole PolitiFact ruling
+as evidence, as the paper's explanations had, and their gold labels; add `--data-dir DIR` inside it when the
+data is elsewhere), in its own resumable run directory OUT/<method>; then `eval.geval` rates every explanation under
 the four protocols with --judge-model (default: the embedded Gemma 3 270M, which also generates by
 default: a 270M judge's ratings say little about faithfulness; they show the pipeline runs). A rerun
 resumes both the runs and the ratings.
@@ -67,7 +68,7 @@ def cost_table(rows):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="--dataset politihop --split test",
+    p.add_argument("--data", default="--dataset politihop --split test --evidence ruling",
                    help="run_debate.py's data flags, quoted (default: %(default)s)")
     p.add_argument("--limit", type=int, default=8, help="claims (0: all; default: %(default)s)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
