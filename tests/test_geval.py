@@ -7,7 +7,7 @@ import re
 import pytest
 
 import run_debate
-from debate.engine import engine, models
+from debate.engine import models
 from debate.methods import geval as judging
 from debate.data.prompts import load_prompt
 from eval import geval
@@ -161,8 +161,8 @@ def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, t
     # The judge read the claim's evidence, as the run's config says (the demo split's golden evidence).
     assert "7-2 vote" in calls[0].prompts[0]
     table = geval.table(result)
-    assert table.splitlines()[0] == ("| method | n | sentence, no typology | sentence, typology | document, no typology "
-                                     "| document, typology |")
+    assert table.splitlines()[0] == ("| method | n | sentence, no typology | sentence, typology | "
+                                     "document, no typology | document, typology |")
     assert table.splitlines()[2].startswith("| zero-shot | 3 | 2.62 [") and "| 3.90 [" in table
 
 
