@@ -53,7 +53,7 @@ def test_zero_shot_asks_for_the_gold_labels_explanation_and_records_it_as_the_ju
     assert '"Explanation"' in prompt and "..." not in prompt
     pred = records[0]["prediction"]
     assert pred["justification"] == "Because of ruling sentence 0." and pred["parse_status"] == "field"
-    assert pred["label"] == pred["gold_label"] == "half-true"  # the given label, never predicted
+    assert pred["gold_label"] == "half-true" and "label" not in pred  # given, never predicted: no verdict
     assert records[0]["transcript"]["turns"][0]["role"] == "explainer"
 
 

@@ -244,12 +244,15 @@ def test_madr_as_an_explanation_method_refines_the_zero_shot_explanation_of_the_
                            on_finish=finished.append, temperature=0.0)
     assert [r["prediction"]["claim_id"] for r in finished] == [0, 1] and finished == records
     pred = records[0]["prediction"]
-    assert pred["label"] == REFUTED == pred["gold_label"]  # given, never predicted
+    assert pred["gold_label"] == REFUTED and "label" not in pred  # given, never predicted
     assert pred["justification_unrefined"] == "EXPLANATION-0."
     assert pred["justification"] == "The evidence says the bridge was built in 1990."
     assert [t["role"] for t in records[0]["transcript"]["turns"]] == ["explainer", *DEBATE, "madr_judge",
                                                                       "madr_refiner"]
-    # The explainer was asked for the gold label's explanation; the debaters' recalled turn is its answer.
+    # The explainer was asked for the gold label's explanation; the debaters' recalled turn is its answer, and
+    # the judge reads the gold label too (not "no verdict": an explanation record has no label of its own).
     assert calls[0].model == "explainer" and REFUTED in calls[0].prompts[0] and "A0." in calls[0].prompts[0]
+    judged = next(c for c in calls if c.model == "madr_judge")
+    assert REFUTED in judged.systems[0] and load_prompt("madr_no_verdict") not in judged.systems[0]
     assert calls[0].generator is not None  # the explainer samples at the run's temperature ...
     assert all(c.generator is None for c in calls[1:])  # ... MADR's roles at --madr-temperature (greedy here)

@@ -12,9 +12,10 @@ why the claim has that label out. MADR's paper (Kim et al. 2024) compares four w
   `max_iterations` revisions ("max_iterations"); a feedback whose count cannot be read goes on.
 - madr: debate.methods.madr.explain.
 
-The label is the dataset's own text (true / false / half-true for PolitiHop) and is never changed. A
-record's `justification` is the explanation, so every tool that reads justifications reads it; the
-refining methods keep the zero-shot one as `justification_unrefined`. Every method runs over a batch of
+The label is the dataset's own text (true / false / half-true for PolitiHop), given, never predicted: a
+record's `gold_label` is the label it explains and it has no `label`. Its `justification` is the
+explanation, so every tool that reads justifications reads it; the refining methods keep the zero-shot one
+as `justification_unrefined`. Every method runs over a batch of
 claims, each role's turn one batched call, and hands each finished record to `on_finish`.
 """
 import json
@@ -68,11 +69,12 @@ def error_count(reply, structured=None):
 
 
 def record(claim, explanation, status, said, convs, **extra):
-    """A claim's explanation as the run writes it: its prediction line (the explanation as `justification`,
-    the given label as `label`) and its transcript line."""
+    """A claim's explanation as the run writes it: its prediction line and its transcript line. The explanation
+    is the `justification`; the label it explains is `gold_label`. There is no `label`: no verdict was asked
+    for, so no tool counts the record right or wrong."""
     return {
-        "prediction": {"claim_id": claim["claim_id"], "label": claim["label"], "justification": explanation,
-                       "parse_status": status, **extra, **turns.token_counts(convs), "gold_label": claim["label"]},
+        "prediction": {"claim_id": claim["claim_id"], "justification": explanation, "parse_status": status,
+                       **extra, **turns.token_counts(convs), "gold_label": claim["label"]},
         "transcript": {"claim_id": claim["claim_id"], "claim": claim["claim"], "turns": said},
     }
 

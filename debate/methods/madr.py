@@ -165,9 +165,10 @@ def _refine_all(agents, reviews, settings, generator):
             conv.drop_cache()
 
 
-def refine(agents, records, claims, settings, max_iterations, streams=None, on_finish=None):
+def refine(agents, records, claims, settings, max_iterations, streams=None, on_finish=None, gold=False):
     """Refine the justification of each of `records` (a method's output for `claims`, matched by claim_id)
-    for its label; returns new records in the same order (each also handed to `on_finish`). See the module doc.
+    for its label (with `gold`, its claim's gold label: an explanation's); returns new records in the same
+    order (each also handed to `on_finish`). See the module doc.
 
     Each refined prediction gets `justification_unrefined` (the original), the refined `justification`,
     `madr` = {revisions, judge_calls, stop_reason, refine_status} and the MADR conversations' tokens added
@@ -181,8 +182,9 @@ def refine(agents, records, claims, settings, max_iterations, streams=None, on_f
     for index, record in enumerate(records):
         prediction = record["prediction"]
         if (prediction.get("justification") or "").strip():
-            label = prediction.get("label") or load_prompt("madr_no_verdict")
-            reviews[index] = start_review(by_id[prediction["claim_id"]], label, prediction["justification"])
+            claim = by_id[prediction["claim_id"]]
+            label = claim["label"] if gold else prediction.get("label") or load_prompt("madr_no_verdict")
+            reviews[index] = start_review(claim, label, prediction["justification"])
     chosen = list(reviews.values())
     if chosen:
         _debate(agents, chosen, settings, max_iterations, generator)
@@ -215,4 +217,4 @@ def explain(agents, claims, settings, max_iterations=3, streams=None, on_finish=
     `settings`, then MADR at `temperature` (None: the same settings)."""
     first = explanations.zero_shot(agents, claims, settings, streams=streams)
     debating = settings if temperature is None else replace(settings, temperature=temperature)
-    return refine(agents, first, claims, debating, max_iterations, streams, on_finish)
+    return refine(agents, first, claims, debating, max_iterations, streams, on_finish, gold=True)
