@@ -1,4 +1,4 @@
-"""debatecv: debate-driven claim verification on local models. From Python: `build`, `run`, `Verifier`, `view`
+"""debatecv: debate-driven claim verification on local models. From Python: `build`, `run`, `Verifier`, `view`, `geval`
 (debate.api).
 
 Four wings, each a package whose docstring says what it owns: pipeline (config, CLI, runner, records) ->
@@ -7,7 +7,7 @@ labels, prompts, schemas, parsing) sits below all three. Imports only go that wa
 
 The names are looked up on first use, so `import debate.data.claims` (or the CLIs' --help) never imports torch.
 """
-API = ("RunConfig", "Verifier", "build", "load", "save", "run", "verify", "view")
+API = ("RunConfig", "Verifier", "build", "load", "save", "run", "verify", "view", "geval")
 
 
 def __getattr__(name):

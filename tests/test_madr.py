@@ -1,10 +1,12 @@
-"""MADR control flow with scripted agents: who sees what, when the debate stops, what the record gets."""
+"""MADR control flow with scripted agents: Algorithm 1's iterations, who sees what, when the debate stops,
+what the record gets, and MADR as an explanation method (--task explain --method madr)."""
 import json
+import re
 
 import pytest
 
 from debate.engine import engine
-from debate.methods import madr
+from debate.methods import explain, madr, turns
 from debate.data.labels import REFUTED
 from debate.data.prompts import load_prompt
 from tests import scripted as engine_script
@@ -29,12 +31,15 @@ def judge(agreement):
 REFINED = json.dumps({"Refined Justification": "The evidence says the bridge was built in 1990."})
 
 
-def claim_of_system(system):
-    return int(system.split("Claim number ")[1][0])
-
-
 def claim_of(conv):
-    return claim_of_system(conv.system)
+    """The claim a conversation is about: named in its system text or in its first messages."""
+    text = conv.system + " ".join(m["content"] for m in conv.messages)
+    return int(re.search(r"Claim number (\d)", text).group(1))
+
+
+def generated_turn(conv):
+    """1 + the replies the model has generated in `conv` (recalled turns do not count)."""
+    return 1 + sum(m["role"] == "assistant" for m in conv.messages) - len(conv.generated)
 
 
 @pytest.fixture
@@ -42,13 +47,13 @@ def scripted(monkeypatch):
     """Replace the engine: replies come from `script(role, claim_id, turn)`; every call is logged."""
     state = {"script": None}
     calls = engine_script.install(monkeypatch, lambda model, conv, prompt: state["script"](
-        model, claim_of(conv), 1 + sum(m["role"] == "assistant" for m in conv.messages)))
-    agents = engine_script.agents(madr.MODEL_OF)
+        model, claim_of(conv), generated_turn(conv)))
+    agents = engine_script.agents({**madr.MODEL_OF, "explainer": "moderator"})
     return agents, calls, state
 
 
 def script(agree_at=None, judge_reply=None, refiner=REFINED):
-    """Debaters say "<ROLE>-<claim>-<turn>"; the judge agrees at the turn `agree_at(claim)` (never if None)."""
+    """Debaters say "<ROLE>-<claim>-<turn>"; the judge agrees at its call `agree_at(claim)` (never if None)."""
     def reply(role, cid, turn):
         if role == "madr_judge":
             if judge_reply:
@@ -56,6 +61,8 @@ def script(agree_at=None, judge_reply=None, refiner=REFINED):
             return judge("Yes" if agree_at and turn == agree_at(cid) else "No")
         if role == "madr_refiner":
             return refiner
+        if role == "explainer":
+            return json.dumps({"Explanation": f"EXPLANATION-{cid}."})
         return f"{role.upper()}-{cid}-{turn}"
     return reply
 
@@ -64,79 +71,103 @@ def refine(agents, records, claims=CLAIMS, iterations=3):
     return madr.refine(agents, records, claims, engine.Settings(), iterations)
 
 
-def test_stops_on_agreement_and_records_the_iteration(scripted):
+DEBATE = ["madr_typology", "madr_free"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_n_iterations_mean_n_revisions_with_the_judge_asked_before_each(scripted, n):
+    agents, calls, state = scripted
+    state["script"] = script()  # the judge never agrees
+    pred = refine(agents, [record_of(CLAIMS[0])], iterations=n)[0]["prediction"]
+    # Algorithm 1: the first feedback, then N times (judge, both debaters revise), never a judge after the last.
+    assert [c.model for c in calls] == DEBATE + (["madr_judge"] + DEBATE) * n + ["madr_refiner"]
+    assert pred["madr"] == {"revisions": n, "judge_calls": n, "stop_reason": "max_iterations", "refine_status": "field"}
+
+
+def test_agreement_before_a_revision_stops_the_debate_there(scripted):
     agents, calls, state = scripted
     state["script"] = script(agree_at=lambda cid: 2)
     pred = refine(agents, [record_of(CLAIMS[0])])[0]["prediction"]
-    assert pred["madr"] == {"iterations": 2, "stop_reason": "agreement", "refine_status": "field"}
-    assert [c.model for c in calls] == ["madr_typology", "madr_free", "madr_judge"] * 2 + ["madr_refiner"]
+    assert pred["madr"] == {"revisions": 1, "judge_calls": 2, "stop_reason": "agreement", "refine_status": "field"}
+    assert [c.model for c in calls] == DEBATE + ["madr_judge"] + DEBATE + ["madr_judge", "madr_refiner"]
 
 
-def test_stops_at_the_cap_when_the_judge_never_agrees(scripted):
+def test_agreement_on_the_first_feedback_refines_with_no_revision(scripted):
     agents, calls, state = scripted
-    state["script"] = script()
-    pred = refine(agents, [record_of(CLAIMS[0])], iterations=3)[0]["prediction"]
-    assert pred["madr"]["iterations"] == 3 and pred["madr"]["stop_reason"] == "max_iterations"
-    assert sum(c.model == "madr_judge" for c in calls) == 3
+    state["script"] = script(agree_at=lambda cid: 1)
+    pred = refine(agents, [record_of(CLAIMS[0])])[0]["prediction"]
+    assert pred["madr"] == {"revisions": 0, "judge_calls": 1, "stop_reason": "agreement", "refine_status": "field"}
+    assert [c.model for c in calls] == DEBATE + ["madr_judge", "madr_refiner"]
 
 
 def test_unreadable_judge_reply_continues_and_template_copy_is_not_agreement(scripted):
     agents, calls, state = scripted
-    # turn 1: garbled; turn 2: the template copied verbatim ("Yes or No"); turn 3: a clear Yes.
+    # call 1: garbled; call 2: the template copied verbatim ("Yes or No"); call 3: a clear Yes.
     state["script"] = script(judge_reply=lambda cid, turn: {1: "I am unsure.", 2: judge("Yes or No")}.get(
         turn, judge("Yes")))
     record = refine(agents, [record_of(CLAIMS[0])], iterations=5)[0]
-    assert record["prediction"]["madr"]["iterations"] == 3
+    assert record["prediction"]["madr"]["revisions"] == 2 and record["prediction"]["madr"]["judge_calls"] == 3
     assert record["prediction"]["madr"]["stop_reason"] == "agreement"
     judged = [t for t in record["transcript"]["turns"] if t["role"] == "madr_judge"]
     assert [t["agreement"] for t in judged] == [None, None, True]
     assert judged[0]["parse_status"] == "unparsed" and judged[2]["parse_status"] == "json"
 
 
-def test_from_iteration_two_each_debater_reads_the_others_previous_feedback(scripted):
+def test_each_revision_reads_the_others_previous_feedback(scripted):
     agents, calls, state = scripted
     state["script"] = script()
-    turns = refine(agents, [record_of(CLAIMS[1])], iterations=3)[0]["transcript"]["turns"]
+    turns = refine(agents, [record_of(CLAIMS[1])], iterations=2)[0]["transcript"]["turns"]
     said = {(t["round"], t["role"]): t for t in turns}
-    first = said[("madr-1", "madr_typology")]["prompt"], said[("madr-1", "madr_free")]["prompt"]
+    first = said[("madr-0", "madr_typology")]["prompt"], said[("madr-0", "madr_free")]["prompt"]
     assert "MADR_" not in first[0] + first[1]
-    assert said[("madr-1", "madr_typology")]["response"] == "MADR_TYPOLOGY-1-1"
-    for i in (2, 3):
-        assert f"MADR_FREE-1-{i - 1}" in said[(f"madr-{i}", "madr_typology")]["prompt"]
-        assert f"MADR_TYPOLOGY-1-{i - 1}" in said[(f"madr-{i}", "madr_free")]["prompt"]
-        # Not the feedback the other gave in this same iteration.
-        assert f"MADR_TYPOLOGY-1-{i}" not in said[(f"madr-{i}", "madr_free")]["prompt"]
-    # The judge and the refiner read both debaters' latest feedback.
-    assert "MADR_TYPOLOGY-1-3" in said[("madr-3", "madr_judge")]["prompt"]
-    assert "MADR_FREE-1-3" in said[("madr-3", "madr_judge")]["prompt"]
+    assert said[("madr-0", "madr_typology")]["response"] == "MADR_TYPOLOGY-1-1"
+    for i in (1, 2):  # revision i is each debater's turn i + 1, against the other's turn i
+        assert f"MADR_FREE-1-{i}" in said[(f"madr-{i}", "madr_typology")]["prompt"]
+        assert f"MADR_TYPOLOGY-1-{i}" in said[(f"madr-{i}", "madr_free")]["prompt"]
+        assert f"MADR_TYPOLOGY-1-{i + 1}" not in said[(f"madr-{i}", "madr_free")]["prompt"]
+        # The judge before revision i reads the feedback of the iteration before.
+        judged = said[(f"madr-{i}", "madr_judge")]["prompt"]
+        assert f"MADR_TYPOLOGY-1-{i}" in judged and f"MADR_FREE-1-{i}" in judged
     refine_prompt = said[("madr-refine", "madr_refiner")]["prompt"]
     assert "MADR_TYPOLOGY-1-3" in refine_prompt and "MADR_FREE-1-3" in refine_prompt
+    assert [t["round"] for t in turns[1:]] == ["madr-0"] * 2 + ["madr-1"] * 3 + ["madr-2"] * 3 + ["madr-refine"]
 
 
-def test_both_debaters_see_the_typology_but_only_debater_one_goes_by_it(scripted, monkeypatch):
+def test_the_explanation_is_the_debaters_own_earlier_turn(scripted, monkeypatch):
     agents, calls, state = scripted
-    state["script"] = script()
-    systems = {}
+    state["script"] = script(agree_at=lambda cid: 1)
+    kept = {}
     original = madr.start_review
 
-    def keep(claim, prediction):
-        review = original(claim, prediction)
-        systems.update({role: conv for role, conv in review.convs.items()})
+    def keep(claim, label, justification):
+        review = original(claim, label, justification)
+        kept.update(review.convs)
         return review
 
     monkeypatch.setattr(madr, "start_review", keep)
-    turns = refine(agents, [record_of(CLAIMS[0])], iterations=2)[0]["transcript"]["turns"]
+    refine(agents, [record_of(CLAIMS[0])])
     typology = load_prompt("madr_error_typology")
-    # The paper's Figure 1 and Tables 8-9: both conversations open with the typology; the free debater
-    # finds errors without going by it and uses it only to name them.
-    assert typology in systems["madr_typology"].system and typology in systems["madr_free"].system
-    assert "without going by the error types" in systems["madr_free"].system
-    assert "without going by" not in systems["madr_typology"].system
-    # Every debater sees the claim, the evidence, the verdict and the justification under review.
     for role in madr.DEBATERS:
-        assert "Claim number 0." in systems[role].system and "A0." in systems[role].system
-        assert REFUTED in systems[role].system and "built in 1990 by the mayor" in systems[role].system
-    assert [t["round"] for t in turns[1:]] == ["madr-1"] * 3 + ["madr-2"] * 3 + ["madr-refine"]
+        conv = kept[role]
+        # Tables 8-9: asked for the error types, answered with them; asked for the explanation (claim, label,
+        # evidence), answered with the explanation under review; then the debater's task.
+        assert conv.system == ""
+        roles = [m["role"] for m in conv.messages]
+        assert roles[:5] == ["user", "assistant", "user", "assistant", "user"]
+        assert conv.messages[1]["content"] == typology
+        request = conv.messages[2]["content"]
+        assert "Claim number 0." in request and REFUTED in request and "A0." in request
+        assert conv.messages[3]["content"] == explain.answer_text("The bridge was built in 1990 by the mayor.")
+        assert conv.generated[:2] == [None, None]  # recalled: tokenised from their text when the model reads them
+        assert conv.messages[4]["content"] == load_prompt(madr.FIRST_REQUEST[role])
+    # Only the free debater is told to find errors before going by the types (Figure 1).
+    assert "without going by the error types" in kept["madr_free"].messages[4]["content"]
+    assert "without going by" not in kept["madr_typology"].messages[4]["content"]
+    # The refiner's own earlier turn is the explanation too; the judge reads everything up front.
+    refiner = kept["madr_refiner"]
+    assert [m["role"] for m in refiner.messages[:2]] == ["user", "assistant"] and "Claim number 0." in \
+        refiner.messages[0]["content"] and "1990 by the mayor" in refiner.messages[1]["content"]
+    assert "1990 by the mayor" in kept["madr_judge"].system and "A0." in kept["madr_judge"].system
 
 
 def test_refined_justification_replaces_the_original_and_keeps_the_label(scripted):
@@ -176,25 +207,52 @@ def test_empty_justification_is_left_alone(scripted):
     empty, no_label = refine(agents, records)
     pred = empty["prediction"]
     assert pred["justification"] == "" and pred["justification_unrefined"] == ""
-    assert pred["madr"] == {"iterations": 0, "stop_reason": "no_justification", "refine_status": None}
+    assert pred["madr"] == {"revisions": 0, "judge_calls": 0, "stop_reason": "no_justification",
+                            "refine_status": None}
     assert pred["prompt_tokens"] == 100 and len(empty["transcript"]["turns"]) == 1
     # A justification without a readable verdict is still checked against the evidence.
     assert no_label["prediction"]["madr"]["stop_reason"] == "agreement"
     assert no_label["prediction"]["label"] is None
-    assert all([claim_of_system(s) for s in c.systems] == [1] for c in calls)
+    judged = next(c for c in calls if c.model == "madr_judge")
+    assert load_prompt("madr_no_verdict") in judged.systems[0]  # the label the explanation is read for
+    assert all(len(c.prompts) == 1 for c in calls)  # only claim 1 ever reached the model
 
 
 def test_batched_calls_drop_claims_that_agreed(scripted):
     agents, calls, state = scripted
-    # Claim i agrees at iteration i + 1; records come in another order than the claims.
+    # Claim i agrees at judge call i + 1; records come in another order than the claims.
     state["script"] = script(agree_at=lambda cid: cid + 1)
     records = refine(agents, [record_of(CLAIMS[i]) for i in (2, 0, 1)], iterations=3)
     assert [r["prediction"]["claim_id"] for r in records] == [2, 0, 1]
-    assert [r["prediction"]["madr"]["iterations"] for r in records] == [3, 1, 2]
+    assert [r["prediction"]["madr"]["revisions"] for r in records] == [2, 0, 1]
     rows = [(c.model, len(c.prompts)) for c in calls]
-    assert rows == [(role, n) for n in (3, 2, 1) for role in ("madr_typology", "madr_free", "madr_judge")] + [
-        ("madr_refiner", 3)]
+    assert rows == [("madr_typology", 3), ("madr_free", 3), ("madr_judge", 3), ("madr_typology", 2),
+                    ("madr_free", 2), ("madr_judge", 2), ("madr_typology", 1), ("madr_free", 1), ("madr_judge", 1),
+                    ("madr_refiner", 3)]
     # The conversations really belong to the right claims.
     for r in records:
         cid = r["prediction"]["claim_id"]
         assert all(f"-{cid}-" in t["response"] for t in r["transcript"]["turns"] if t["role"] in madr.DEBATERS)
+
+
+def test_madr_as_an_explanation_method_refines_the_zero_shot_explanation_of_the_gold_label(scripted):
+    agents, calls, state = scripted
+    state["script"] = script(agree_at=lambda cid: 1)
+    finished = []
+    settings = engine.Settings(temperature=0.7)
+    records = madr.explain(agents, CLAIMS[:2], settings, max_iterations=2, streams=turns.Streams(),
+                           on_finish=finished.append, temperature=0.0)
+    assert [r["prediction"]["claim_id"] for r in finished] == [0, 1] and finished == records
+    pred = records[0]["prediction"]
+    assert pred["gold_label"] == REFUTED and "label" not in pred  # given, never predicted
+    assert pred["justification_unrefined"] == "EXPLANATION-0."
+    assert pred["justification"] == "The evidence says the bridge was built in 1990."
+    assert [t["role"] for t in records[0]["transcript"]["turns"]] == ["explainer", *DEBATE, "madr_judge",
+                                                                      "madr_refiner"]
+    # The explainer was asked for the gold label's explanation; the debaters' recalled turn is its answer, and
+    # the judge reads the gold label too (not "no verdict": an explanation record has no label of its own).
+    assert calls[0].model == "explainer" and REFUTED in calls[0].prompts[0] and "A0." in calls[0].prompts[0]
+    judged = next(c for c in calls if c.model == "madr_judge")
+    assert REFUTED in judged.systems[0] and load_prompt("madr_no_verdict") not in judged.systems[0]
+    assert calls[0].generator is not None  # the explainer samples at the run's temperature ...
+    assert all(c.generator is None for c in calls[1:])  # ... MADR's roles at --madr-temperature (greedy here)

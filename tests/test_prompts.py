@@ -35,15 +35,21 @@ PLACEHOLDERS = {
     "madr_error_typology": set(),
     "madr_context": {"claim", "evidence", "verdict", "justification"},
     "madr_no_verdict": set(),
-    "madr_typology_meta": {"typology", "context"},
-    "madr_free_meta": {"typology", "context"},
+    "madr_typology_question": set(),
     "madr_judge_meta": {"context"},
-    "madr_refiner_meta": {"context"},
     "madr_typology_feedback": set(),
     "madr_free_feedback": set(),
     "madr_revise": {"other_feedback"},
     "madr_judge": {"typology_feedback", "free_feedback"},
     "madr_refine": {"typology_feedback", "free_feedback"},
+    "explain_zero_shot": {"claim", "label", "evidence"},
+    "explain_cot": {"claim", "label", "evidence"},
+    "self_refine_feedback": set(),
+    "self_refine_revise": set(),
+    "geval_document": {"typology", "typology_step", "evidence", "explanation"},
+    "geval_sentence": {"typology", "typology_step", "evidence", "sentence"},
+    "geval_typology": {"typology"},
+    "geval_typology_step": set(),
     "counsel_meta": {"side", "stance"},
     "counsel_stance_plaintiff": set(),
     "counsel_stance_defense": set(),
@@ -242,12 +248,11 @@ def test_majority_vote_prompt_follows_fact_audit():
     assert "contradict each other" in text and text.index("<ANSWERS>") < text.index("Claim: <C>")
 
 
-def test_madr_debaters_both_see_the_typology_and_the_free_one_is_told_not_to_go_by_it():
-    typology = load_prompt("madr_error_typology")
-    for name in ("madr_typology_meta", "madr_free_meta"):
-        text = render(name, typology=typology, context="<CTX>")
-        assert text.index("Intrinsic entity-related") < text.index("<CTX>")  # typology first, as in Tables 8-9
-    assert "without going by the error types" in render("madr_free_meta", typology="<T>", context="<CTX>")
+def test_madr_debaters_tasks_follow_figure_1_and_the_free_one_is_told_not_to_go_by_the_types():
+    # Both conversations have the typology as an earlier answer (tests/test_madr.py); the tasks refer to it.
+    assert "types of error" in load_prompt("madr_typology_question")
+    assert "without going by the error types" in load_prompt("madr_free_feedback")
+    assert "read the error types through" in load_prompt("madr_typology_feedback")
     for name in ("madr_typology_feedback", "madr_free_feedback"):
         text = load_prompt(name)
         assert "exact sentence" in text and "not a revised explanation" in text
@@ -259,7 +264,7 @@ def test_madr_debaters_both_see_the_typology_and_the_free_one_is_told_not_to_go_
 def test_madr_refiner_changes_only_what_the_feedback_asks():
     text = render("madr_refine", typology_feedback="<F1>", free_feedback="<F2>")
     assert "make no change beyond what the feedback asks for" in text
-    assert text.index("<F1>") < text.index("<F2>") < text.index('{"Refined Justification"')
+    assert text.index("<F1>") < text.index("<F2>") < text.index('"Refined Justification"')
 
 
 def test_averitec_label_fields_render_the_papers_label_wording():

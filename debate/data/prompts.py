@@ -27,11 +27,14 @@ NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final
          "courtroom_testimony", "critic_consistency", "critic_meta", "critic_premises", "critic_round",
          "debate_turn", "debater_meta", "debater_rebuttal", "evidence_item", "evidence_kind_passages",
          "evidence_kind_qa", "evidence_passage", "judge_case", "judge_mad", "judge_meta",
-         "madr_context", "madr_error_typology", "madr_free_feedback", "madr_free_meta", "madr_judge",
-         "madr_judge_meta", "madr_no_verdict", "madr_refine", "madr_refiner_meta", "madr_revise",
-         "madr_typology_feedback", "madr_typology_meta", "majority_ballot", "majority_vote", "moderator_final",
+         "madr_context", "madr_error_typology", "madr_free_feedback", "madr_judge",
+         "madr_judge_meta", "madr_no_verdict", "madr_refine", "madr_revise",
+         "madr_typology_feedback", "madr_typology_question", "majority_ballot", "majority_vote", "moderator_final",
          "moderator_meta", "moderator_round", "negative_opening", "no_evidence", "ragcot", "verdict_answer",
-         "verdict_labels", "witness_meta", "witness_testimony")
+         "verdict_labels", "witness_meta", "witness_testimony") + (
+    # the explanation task and its faithfulness judge (debate/methods/explain.py, debate/methods/geval.py)
+    "explain_cot", "explain_zero_shot", "geval_document", "geval_sentence", "geval_typology", "geval_typology_step",
+    "self_refine_feedback", "self_refine_revise")
 
 
 class PromptError(ValueError):

@@ -63,6 +63,8 @@ def context_ids(tokenizer, conv):
         before, sep, text = text.partition(_SENTINEL.format(i))
         if not sep:
             raise ValueError("the chat template dropped an assistant message; cannot build the context")
+        if conv.generated[k] is None:  # a recalled turn (engine.Conversation.recall): its text, tokenised once
+            conv.generated[k] = encode_text(tokenizer, m["content"])
         ids += _encode_piece(tokenizer, conv, k, before) + conv.generated[k]
         k += 1
     return ids + _encode_piece(tokenizer, conv, k, text)

@@ -42,7 +42,7 @@ class Conversation:
 
     system: str
     messages: list = field(default_factory=list)  # [{"role": "user"|"assistant", "content": str}]
-    generated: list = field(default_factory=list)  # token ids of each assistant message, verbatim
+    generated: list = field(default_factory=list)  # token ids of each assistant message, verbatim (None: recalled)
     cached_ids: list = field(default_factory=list)  # the tokens whose keys/values the slot holds
     slot: kv_store.Slot = None  # where those keys/values live (debate.engine.kv_store)
     prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
@@ -58,6 +58,12 @@ class Conversation:
 
     def drop_cache(self):
         self.slot, self.cached_ids = None, []
+
+    def recall(self, prompt, reply):
+        """Add an exchange this conversation did not generate, with `reply` as the agent's own earlier turn
+        (an explanation written elsewhere, a fixed answer); its ids are the reply's text tokenised, on first need."""
+        self.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+        self.generated.append(None)
 
 
 def _dtype_bytes(model):

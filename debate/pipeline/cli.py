@@ -10,6 +10,7 @@ from debate.data import datasets
 # The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
 from debate.pipeline.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
                                 PAPER_TEMPERATURE, ROUNDS, TEMPERATURE, ConfigError)
+from debate.pipeline.config import EXPLAIN_METHODS, TASKS
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -91,7 +92,10 @@ def run_parser(description=None):
                    "first N (ours; for a quick estimate on a split whose file is sorted; default: none, the first N)")
 
     m = p.add_argument_group("method")
-    m.add_argument("--method", choices=METHOD_NAMES, help="the verification system")
+    m.add_argument("--task", choices=TASKS, help="verify: a verdict and its justification per claim; explain: the "
+                   "explanation of each claim's gold label (the MADR paper's task), scored by python -m eval.geval")
+    m.add_argument("--method", choices=METHOD_NAMES + EXPLAIN_METHODS,
+                   help=f"the verification system; under --task explain one of {', '.join(EXPLAIN_METHODS)}")
     m.add_argument("--refine", choices=("none", "madr"),
                    help="madr: refine every final justification by MADR's debate (any method)")
     m.add_argument("--voters", type=int, help="majority: independent RAG-CoT agents (the DebateCV "
@@ -165,9 +169,14 @@ def run_parser(description=None):
     c.add_argument("--judge-temperatures", type=float, nargs="+", metavar="T",
                    help="one temperature per judge seat, in --judge-models order (default: --judge-temperature)")
 
-    r = p.add_argument_group("MADR refinement")
-    r.add_argument("--madr-iterations", type=int, help="rounds of mutual feedback revision at most "
-                   "(ours: the MADR paper fixes a cap but does not give it)")
+    r = p.add_argument_group("refinement (MADR, Self-Refine)")
+    r.add_argument("--madr-iterations", type=int, help="revisions of the debaters' feedback at most, the judge asked "
+                   "before each (Algorithm 1's N; ours: the MADR paper fixes a cap but does not give it)")
+    r.add_argument("--madr-temperature", type=float, help="sampling temperature of MADR's debaters, judge and "
+                   "refiner, whatever the run's --temperature (ours, greedy: the MADR paper does not give one)")
+    r.add_argument("--self-refine-iterations", type=int, help="--task explain --method self-refine: revisions at "
+                   "most, each after a feedback that counts errors (ours; the MADR paper gives no cap, Self-Refine's "
+                   "own paper ran up to four)")
 
     o = p.add_argument_group("models")
     o.add_argument("--model", help="HF directory or .gguf file for every agent not named below "
@@ -175,7 +184,8 @@ def run_parser(description=None):
     o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom's plaintiff counsel "
                    "(and, unless named, its defense counsel and witness) (default: --model)")
     o.add_argument("--moderator-model", help="DebateCV Moderator, RAG-CoT, majority and single-call verifiers, "
-                   "cooperation's assistant, courtroom's presiding judge and critic unless named (default: --model)")
+                   "cooperation's assistant, courtroom's presiding judge and critic unless named, --task explain's "
+                   "explainer (default: --model)")
     o.add_argument("--defense-model", help="courtroom: the defense counsel (default: --debater-model)")
     o.add_argument("--judge-models", nargs="+", metavar="PATH",
                    help=f"courtroom: the judges' panel, up to {MAX_JUDGES} paths (default: --moderator-model, "
@@ -184,7 +194,8 @@ def run_parser(description=None):
     o.add_argument("--critic-model", help="courtroom: the critic, argument miner and consistency analyzer "
                    "(default: --moderator-model)")
     o.add_argument("--witness-model", help="courtroom: the expert witness (default: --debater-model)")
-    o.add_argument("--refine-model", help="MADR's debaters, judge and refiner (default: --moderator-model)")
+    o.add_argument("--refine-model", help="MADR's debaters, judge and refiner, Self-Refine's agent "
+                   "(default: --moderator-model)")
     o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
                    "(default: none, the base model)")
     o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
@@ -201,7 +212,7 @@ def run_parser(description=None):
                    help=f"sampling temperature; 0 = greedy (default {PAPER_TEMPERATURE}, the DebateCV paper's, "
                    "for DebateCV and its baselines). The courtroom's roles sample at PROClaim's own temperatures "
                    "(--counsel-temperature and the rest); given, it sets every one of them. single-call's verifier "
-                   "is greedy by default (ours)")
+                   "and --task explain are greedy by default (ours)")
     g.add_argument("--top-p", type=float, help="nucleus sampling (default 1.0, the DebateCV paper's)")
     g.add_argument("--seed", type=int, help="random seed of the first trial (default 0, ours)")
     g.add_argument("--trials", type=int,
@@ -231,7 +242,8 @@ def run_parser(description=None):
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "
-                     "runs/<dataset>-<split>-... for a dataset other than AVeriTeC")
+                     "runs/<dataset>-<split>-... for a dataset other than AVeriTeC, ...-explain-<method> under "
+                     "--task explain")
     out.add_argument("--overwrite", action="store_true",
                      help="start over instead of resuming; the earlier run is deleted only once the new one has "
                      "written its first claim")

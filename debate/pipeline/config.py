@@ -29,6 +29,10 @@ METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom", "
 COURTROOM_METHODS = ("courtroom", "standard-mad", "single-call")
 ROUNDS = {"courtroom": 10}  # default max_rounds per method; 3 for the others (Standard MAD's fixed 3 included)
 NO_PRAG_ROUNDS = 3  # PROClaim's ablation A3 (no P-RAG) runs 3 rounds (Table 6)
+# --task explain: write the explanation of each claim's gold label (the MADR paper's task and its baselines).
+TASKS = ("verify", "explain")
+EXPLAIN_METHODS = ("zero-shot", "cot", "self-refine", "madr")
+EXPLAIN_TEMPERATURE = 0.0  # ours: greedy, so Self-Refine and MADR start from the Zero-shot explanation itself
 # Default temperature: the DebateCV paper's 0.7 for every LLM of its methods (Appendix C). PROClaim's
 # methods sample each role at its own temperature (COURTROOM_TEMPERATURES); their run-wide value is unused.
 PAPER_TEMPERATURE = 0.7
@@ -65,10 +69,11 @@ class Data:
 
 @dataclass(frozen=True)
 class Method:
-    method: str = identity("debatecv")  # one of METHOD_NAMES
+    method: str = identity("debatecv")  # one of METHOD_NAMES (EXPLAIN_METHODS under --task explain)
     refine: str = identity("none")  # none | madr
     voters: int = identity(3)  # majority: independent RAG-CoT agents (the DebateCV paper's three)
     prompts: str = None  # a directory of prompt files replacing the shipped ones; its files' hash is the identity
+    task: str = identity("verify")  # verify: a verdict per claim; explain: the explanation of its gold label
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,9 @@ class Courtroom:
 
 @dataclass(frozen=True)
 class Madr:
-    madr_iterations: int = identity(3)  # ours: the MADR paper fixes a cap but does not give it
+    madr_iterations: int = identity(3)  # revisions at most (Algorithm 1's N); ours: the paper does not give it
+    madr_temperature: float = identity(0.0)  # MADR's four roles, whatever the run's; ours: the paper does not say
+    self_refine_iterations: int = identity(4)  # --task explain --method self-refine: revisions at most; ours
 
 
 @dataclass(frozen=True)
@@ -171,7 +178,7 @@ class Generation:
 
 @dataclass(frozen=True)
 class Output:
-    output_dir: str = None  # None: runs/<split>-<evidence>-<method>[-madr]
+    output_dir: str = None  # None: runs/<split>-<evidence>-<method>[-madr], runs/<split>-<evidence>-explain-<method>
     overwrite: bool = False
 
 
@@ -244,14 +251,23 @@ def build(**settings):
     s = dict(defaults(), **{k: _value(v) for k, v in settings.items()})
     temperature_given = s["temperature"] is not None  # the courtroom roles' temperatures follow it then
     method, courtroom = s["method"], s["method"] in COURTROOM_METHODS
-    if method not in METHOD_NAMES:
-        raise ConfigError(f"--method must be one of {', '.join(METHOD_NAMES)}, not {method!r}")
+    explaining = s["task"] == "explain"
+    if s["task"] not in TASKS:
+        raise ConfigError(f"--task must be one of {', '.join(TASKS)}, not {s['task']!r}")
+    if explaining and method not in EXPLAIN_METHODS:
+        raise ConfigError(f"--task explain takes --method {', '.join(EXPLAIN_METHODS)}, not {method!r}")
+    if explaining and s["refine"] != "none":
+        raise ConfigError("--refine refines a verification method's justification; under --task explain, "
+                          "MADR is --method madr")
+    if not explaining and method not in METHOD_NAMES:
+        raise ConfigError(f"--method must be one of {', '.join(METHOD_NAMES)}, not {method!r}"
+                          + (" (it is a method of --task explain)" if method in EXPLAIN_METHODS else ""))
     if s["max_new_tokens"] is None:
         s["max_new_tokens"] = DEMO_TURN if s["split"] == DEMO_SPLIT else FULL_TURN
     if s["max_rounds"] is None:
         s["max_rounds"] = NO_PRAG_ROUNDS if method == "courtroom" and not s["prag"] else ROUNDS.get(method, 3)
     if s["temperature"] is None:
-        s["temperature"] = TEMPERATURE.get(method, PAPER_TEMPERATURE)
+        s["temperature"] = EXPLAIN_TEMPERATURE if explaining else TEMPERATURE.get(method, PAPER_TEMPERATURE)
     _check(s)
     for role, paper in COURTROOM_TEMPERATURES.items():
         name = f"{role}_temperature"
@@ -268,7 +284,8 @@ def build(**settings):
     if s["output_dir"] is None:
         suffix = "-madr" if s["refine"] == "madr" else ""
         dataset = "" if s["dataset"] == "averitec" else f"{s['dataset']}-"
-        s["output_dir"] = f"runs/{dataset}{s['split']}-{s['evidence']}-{method}{suffix}"
+        task = "explain-" if explaining else ""
+        s["output_dir"] = f"runs/{dataset}{s['split']}-{s['evidence']}-{task}{method}{suffix}"
     _fill_models(s)
     if s["single_judge"]:
         s["judge_models"] = s["judge_models"][:1]  # ablation A2: the panel is its first seat alone
@@ -318,7 +335,8 @@ def _fill_models(s):
     s["witness_model"] = s["witness_model"] or s["debater_model"]
 
 
-POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials", "evidence_k")
+POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials", "evidence_k",
+            "self_refine_iterations")
 FRACTIONS = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
              "gpu_memory_fraction")
 
@@ -341,6 +359,8 @@ def _check(s):
         raise ConfigError("--limit must be at least 1")
     if s["temperature"] < 0 or not 0 < s["top_p"] <= 1:
         raise ConfigError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if s["madr_temperature"] < 0:
+        raise ConfigError("--madr-temperature must be >= 0")
     if s["method"] == "majority" and s["temperature"] == 0:
         raise ConfigError("--method majority needs sampling (--temperature > 0): greedy voters would all give the "
                           "same answer")

@@ -10,7 +10,7 @@ from dataclasses import fields, replace
 from importlib import metadata
 from pathlib import Path
 
-from debate.methods import baselines, debatecv, madr, proclaim_baselines, turns
+from debate.methods import baselines, debatecv, explain, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
@@ -19,7 +19,7 @@ from debate.pipeline.config import COURTROOM_METHODS, ConfigError, Courtroom, to
 from debate.data.prompts import PromptError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, metrics as label_scores, report, trials as trial_metrics
+from eval import averitec, geval, metrics as label_scores, report, trials as trial_metrics
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -50,10 +50,30 @@ METHODS = {
 }
 
 
+# --task explain: name -> (function over a batch of claims, its roles -> model flag, its keyword options)
+EXPLAIN_METHODS = {
+    "zero-shot": (explain.zero_shot, _fixed(explain.EXPLAINER), lambda c: {}),
+    "cot": (explain.cot, _fixed(explain.EXPLAINER), lambda c: {}),
+    "self-refine": (explain.self_refine, _fixed(explain.SELF_REFINE_MODELS),
+                    lambda c: {"max_iterations": c.madr.self_refine_iterations}),
+    "madr": (madr.explain, _fixed(madr.EXPLAIN_MODELS),
+             lambda c: {"max_iterations": c.madr.madr_iterations, "temperature": c.madr.madr_temperature}),
+}
+EXPLAIN_SCHEMAS = {**explain.SCHEMAS, "madr": explain.SCHEMAS["zero-shot"] + madr.SCHEMAS}
+
+
+def method_entry(config):
+    """(function, roles, options) of the config's method, from its task's table."""
+    return (EXPLAIN_METHODS if config.method.task == "explain" else METHODS)[config.method.method]
+
+
 # The most turns one claim can take, per method, for the time left before a batch has finished (an
 # upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
 TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
                  "majority": lambda c: c.method.voters, "cooperation": lambda c: 2 * c.generation.max_rounds + 1}
+EXPLAIN_TURNS_AT_MOST = {"zero-shot": lambda c: 1, "cot": lambda c: 1,
+                         "self-refine": lambda c: 1 + 2 * c.madr.self_refine_iterations,
+                         "madr": lambda c: 1 + 2 + 3 * c.madr.madr_iterations + 1}
 
 
 # Model flag of a role (as model_roles names it) -> the setting holding its path.
@@ -65,7 +85,10 @@ def _unused_options(config):
     """The method settings this run's method and refinement never read: they are left out of config.json."""
     unused = [] if config.method.method in COURTROOM_METHODS else [f.name for f in fields(Courtroom)]
     unused += [] if config.method.method == "majority" else ["voters"]
-    unused += [] if config.method.refine == "madr" else ["madr_iterations"]
+    madr_runs = config.method.refine == "madr" or (config.method.task, config.method.method) == ("explain", "madr")
+    unused += [] if madr_runs else ["madr_iterations", "madr_temperature"]
+    unused += [] if (config.method.task, config.method.method) == ("explain", "self-refine") else [
+        "self_refine_iterations"]
     return unused
 
 
@@ -112,11 +135,11 @@ def config_json(config, roles=None, precision=None):
 
 
 def method_options(config, labels, passages=None, log=print):
-    """The keyword options of the config's method: METHODS[method][2](config), the dataset's labels (every
-    method's verdicts are among them), and for the courtroom's methods their retrieval library over --corpus or
-    `passages` (evidence.Inputs.passages); building it loads the encoder."""
-    kwargs = dict(METHODS[config.method.method][2](config), labels=labels)
-    if config.method.method in COURTROOM_METHODS:
+    """The keyword options of the config's method: its table's (method_entry), the dataset's labels (every
+    method's verdicts, or the label an explanation explains, are among them), and for the courtroom's methods
+    their retrieval library over --corpus or `passages` (evidence.Inputs.passages); building it loads the encoder."""
+    kwargs = dict(method_entry(config)[2](config), labels=labels)
+    if config.method.task == "verify" and config.method.method in COURTROOM_METHODS:
         kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log)
     return kwargs
 
@@ -129,7 +152,7 @@ def load_claims(config, log=print):
 
 def model_roles(config):
     """{role: model flag} of the chosen method, plus MADR's roles when refining."""
-    roles = METHODS[config.method.method][1](config)
+    roles = method_entry(config)[1](config)
     if config.method.refine == "madr":
         roles.update(madr.MODEL_OF)
     return roles
@@ -165,7 +188,8 @@ def settings_of(config):
 
 def check_run(config, claims, encoder_needed=False):
     """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet,
-    the encoder directory (the courtroom's, or retrieving evidence from a corpus: `encoder_needed`) and corpus.
+    the encoder directory (the courtroom's, or retrieving evidence from a corpus: `encoder_needed`) and corpus, gold
+    labels to explain.
 
     Runs before the output directory is touched and before any weight is loaded, so a typo costs
     seconds and never an earlier run. Raises the toolkit's own errors (main_guard prints them).
@@ -173,7 +197,12 @@ def check_run(config, claims, encoder_needed=False):
     prompts.check_files()
     role_paths, adapters = role_models(config, model_roles(config))
     models.check_roles(role_paths, adapters)
-    if config.data.dataset == "averitec" and any(c.get("label") for c in claims):
+    if config.method.task == "explain":
+        unlabelled = [c["claim_id"] for c in claims if not c.get("label")]
+        if unlabelled:
+            raise data.DataError(f"--task explain explains each claim's gold label: claim {unlabelled[0]!r} of "
+                                 f"--split {config.data.split} has none ({len(unlabelled)} of {len(claims)} claims)")
+    elif config.data.dataset == "averitec" and any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
     if config.method.method in COURTROOM_METHODS or encoder_needed:
         encoder = Path(config.courtroom.embedder or retrieval.default_embedder_path())
@@ -333,7 +362,8 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
         kwargs = method_options(config, labels, inputs.passages, log)  # the courtroom's encoder loads here
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
-        hint = TURNS_AT_MOST.get(config.method.method) if config.method.refine == "none" else None
+        hint = (EXPLAIN_TURNS_AT_MOST if config.method.task == "explain" else TURNS_AT_MOST).get(
+            config.method.method) if config.method.refine == "none" else None
         bar = progress.ClaimBar(total=len(claims), done=len(claims) - len(todo), desc=config.method.method,
                                 turns_hint=hint and hint(config))
         start = time.time()
@@ -349,7 +379,8 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
 
 def check_schemas(config, agents, settings, labels):
     """Refuse a --max-new-tokens too short for the JSON answers the method (and MADR) ask for."""
-    names = SCHEMAS[config.method.method] + (madr.SCHEMAS if config.method.refine == "madr" else ())
+    table = EXPLAIN_SCHEMAS if config.method.task == "explain" else SCHEMAS
+    names = table[config.method.method] + (madr.SCHEMAS if config.method.refine == "madr" else ())
     turns.check_schemas(agents, names, settings, labels)
 
 
@@ -360,14 +391,14 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     Continuous (the default): --batch-size claims in progress at once, each claim's turns joining the next
     model call of its model (debate/engine/scheduler.py). Otherwise claims go in fixed batches that move from turn
     to turn together. Under greedy decoding both give the same records."""
-    method = METHODS[config.method.method][0]
+    method = method_entry(config)[0]
 
     def verify(batch):
         if config.method.refine == "madr":
             # A claim is written once its justification is refined, so a crash redoes its batch.
             done_batch = method(agents, batch, settings, streams=streams, **kwargs)
-            for record in madr.refine(agents, done_batch, batch, settings, config.madr.madr_iterations, streams):
-                write(record)
+            madr.refine(agents, done_batch, batch, replace(settings, temperature=config.madr.madr_temperature),
+                        config.madr.madr_iterations, streams, on_finish=write)
         else:
             method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
 
@@ -382,11 +413,18 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
 def finish(config, claims, log=print, labels=None):
     """Score the run directory's predictions against the claims' gold labels and write the reports: AVeriTeC's
     scorer (labels, evidence score, justification METEOR) and submission.json on AVeriTeC, the label metrics
-    (eval.metrics) under the dataset's `labels` elsewhere."""
+    (eval.metrics) under the dataset's `labels` elsewhere; an explanation run's explanations are summed up
+    (their faithfulness is eval.geval's to score)."""
     out = Path(config.output.output_dir)
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
+    if config.method.task == "explain":
+        metrics = geval.explanation_stats(predictions)
+        records.write_json(out / records.METRICS, metrics)
+        log(geval.stats_line(metrics))
+        log(f"faithfulness: python -m eval.geval {out} --judge-model MODEL --protocol all")
+        return metrics
     averitec_run = config.data.dataset == "averitec"
     if averitec_run:
         submission = records.submission(predictions, claims)
