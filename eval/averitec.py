@@ -14,9 +14,9 @@ import json
 import math
 import sys
 from collections import Counter
-from pathlib import Path
 
 from debate.data import jsonl
+from debate.data.inputs import read_text
 from debate.data.labels import CEC, LABELS, NEE, canonical_label
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -39,7 +39,7 @@ def level_key(level):
 def read_records(path):
     """(location, record) pairs from a JSON list or a JSONL file; location is "entry i" / "line n"."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{path}: cannot read: {err}") from None
     if text.lstrip().startswith("["):

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from debate.data import jsonl
+from debate.data.inputs import DataError, check_unique_ids, read_text
 from debate.data.labels import LABELS, canonical_label
 
 DEMO_SPLIT = "demo"
@@ -26,10 +27,6 @@ DEMO_FILE = Path(__file__).resolve().parent / "demo" / "claims.json"
 DEFAULT_DATA_DIR = "data/averitec"
 CONDITIONS = ("golden", "retrieved", "none")
 NO_ANSWER = "No answer could be found."
-
-
-class DataError(ValueError):
-    """A split or evidence file that cannot be used as it is."""
 
 
 def json_problem(error):
@@ -68,7 +65,9 @@ def load_split(split, data_dir=None):
     if not isinstance(entries, list):
         raise DataError(f"{path}: top level: expected a JSON list of claims, got {_kind(entries)}")
     labelled = not split.startswith("test")
-    return [_claim_record(path, i, entry, labelled) for i, entry in enumerate(entries)]
+    claims = [_claim_record(path, i, entry, labelled) for i, entry in enumerate(entries)]
+    check_unique_ids(path, [(f"entry {i} (claim_id {c['claim_id']})", c["claim_id"]) for i, c in enumerate(claims)])
+    return claims
 
 
 def attach_evidence(claims, condition, retrieved_file=None):
@@ -103,7 +102,7 @@ def load_retrieved(path):
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such retrieved-evidence file")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if text.lstrip().startswith("["):
         rows = _read_json(path, text)
         if not isinstance(rows, list):
@@ -204,7 +203,7 @@ def _gold_evidence(path, where, questions):
 
 def _read_json(path, text=None):
     try:
-        return json.loads(path.read_text(encoding="utf-8") if text is None else text)
+        return json.loads(read_text(path) if text is None else text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e)})") from None
     except UnicodeDecodeError as e:

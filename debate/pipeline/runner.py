@@ -108,6 +108,9 @@ def load_claims(config):
     d = config.data
     data_dir = None if d.split == data.DEMO_SPLIT else data.resolve_data_dir(d.data_dir)
     claims = data.load_split(d.split, data_dir)
+    if not claims:  # whatever the dataset: nothing to verify is one line, not a traceback at the end
+        raise data.DataError(f"--split {d.split}{f' (in {data_dir})' if data_dir else ''}: the split holds no "
+                             "claims; nothing to verify")
     retrieved = d.retrieved_file or data.retrieved_path(d.split, data_dir)
     claims = data.attach_evidence(claims, d.evidence, retrieved)
     return claims[: d.limit] if d.limit else claims
