@@ -7,17 +7,28 @@
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
+import signal
+
 from debate.data import claims as data, prompts
 from debate.engine import models
-from debate.pipeline import runner
+from debate.pipeline import runner, stops
 from debate.methods import turns
 from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
 def run(config, log=print):
     """Verify the config's claims into its output directory exactly as run_debate.py does (resuming what
-    is done); return the metrics (None for a split without gold labels)."""
-    return runner.run(build(**to_dict(config)), log=log)
+    is done); return the metrics (None for a split without gold labels).
+
+    As in the CLI, one process writes a directory at a time (another holding it: debate.pipeline.lock.Busy),
+    and Ctrl-C cuts no record: the "stopped: ..." line goes to `log` and KeyboardInterrupt propagates.
+    SIGTERM is left to the host program."""
+    with stops.handled(signal.SIGINT):
+        try:
+            return runner.run(build(**to_dict(config)), log=log)
+        except KeyboardInterrupt as err:
+            log(stops.stopped_line(err))
+            raise
 
 
 def verify(claims, config):

@@ -1,10 +1,10 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
+import contextlib
 import json
 import platform
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import fields, replace
 from importlib import metadata
@@ -14,7 +14,7 @@ from debate.methods import baselines, debatecv, madr, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
-from debate.pipeline import progress, records, shards
+from debate.pipeline import lock, progress, records, shards, stops
 from debate.pipeline.config import ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
 from debate.engine.retrieval import RetrievalError
@@ -189,11 +189,34 @@ def run(config, log=print):
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     claims = load_claims(config)
     check_run(config, claims)
-    shards.start(world)
+    # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
+    # top directory it merges into; every rank holds the shard it writes (_run_one).
+    with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
+        shards.start(world)
+        try:
+            return _run_trials(config, claims, prompt_info, world, log)
+        except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
+            stops.note(err, kept(config, claims, world))
+            raise
+        finally:
+            shards.stop(world)
+
+
+def kept(config, claims, world=shards.World()):
+    """What a run that ends early keeps, in words: "3 of 8 claims written to DIR" for the directory it was
+    writing (the last trial begun, this rank's shard)."""
+    out = Path(config.output.output_dir)
+    if config.generation.trials > 1:
+        begun = [k for k in range(1, config.generation.trials + 1) if (out / f"trial-{k}").is_dir()]
+        out = out / f"trial-{begun[-1] if begun else 1}"
+    if world.size > 1:
+        out, claims = shards.shard_dir(out, world), shards.split(claims, world)
+    wanted = {c["claim_id"] for c in claims}
     try:
-        return _run_trials(config, claims, prompt_info, world, log)
-    finally:
-        shards.stop(world)
+        done = {p["claim_id"] for p in records.read_jsonl(out / records.PREDICTIONS, repair=False)} & wanted
+    except (records.RunConflict, OSError):
+        done = set()
+    return f"{len(done)} of {len(claims)} claims written to {out}"
 
 
 def _run_trials(config, claims, prompt_info, world, log):
@@ -264,15 +287,17 @@ def _run_one(config, claims, prompt_info, agents, log, world=shards.World()):
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     shards.check(out_dir, world.size, overwrite)  # before anything is written, on every rank alike
     if world.size == 1:
-        _verify(config, claims, prompt_info, agents, log)
-        return finish(config, claims, log)
+        with lock.hold(out_dir):  # a trial's directory; the run's own is held already (reentrant)
+            _verify(config, claims, prompt_info, agents, log)
+            return finish(config, claims, log)
     if overwrite and world.rank == 0:
         shards.clear(out_dir, keep=world.size)  # another count's shards are no part of this run
     shard = replace(config, output=replace(config.output, output_dir=str(shards.shard_dir(out_dir, world))))
     mine = shards.split(claims, world)
     log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(claims)} claims")
-    _verify(shard, mine, prompt_info, agents, log)
-    shards.barrier(world)
+    with lock.hold(shard.output.output_dir):
+        _verify(shard, mine, prompt_info, agents, log)
+        shards.barrier(world)
     if world.rank:
         return None
     shards.merge(out_dir, world.size)
@@ -315,7 +340,8 @@ def _verify(config, claims, prompt_info, agents, log):
         # The earlier run (--overwrite) is moved aside here, and deleted once the first claim is written.
         with records.RunDir(out_dir, saved, overwrite=overwrite) as out, bar:
             def write(record):
-                out.write(record)
+                with stops.deferred():  # a record is written whole or not at all, Ctrl-C or not
+                    out.write(record)
                 bar.claim_done(len(record["transcript"].get("turns", ())))
 
             verify_claims(config, agents, todo, settings, streams, kwargs, write)
@@ -373,24 +399,17 @@ def finish(config, claims, log=print):
     return metrics
 
 
-def _terminated(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def main_guard(fn):
     """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there.
 
-    SIGTERM (`timeout`, a batch scheduler) becomes SystemExit, so a run stopped before its first claim
-    still puts its directory back as it was (records.RunDir) instead of dying mid-way.
+    Ctrl-C and SIGTERM (`timeout`, a batch scheduler) stop the run cleanly: one "stopped: ..." line, exit
+    130 / 143; a full disk is one line and exit 1 (debate/pipeline/stops.py). Either way what is done stays,
+    and a run stopped before its first claim puts its directory back as it was (records.RunDir).
     """
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
-    try:
-        return fn()
-    except (ConfigError, data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
-            WordNetMissingError, RetrievalError, SchemaBudgetError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    with stops.handled(signal.SIGINT, signal.SIGTERM), stops.one_line():
+        try:
+            return fn()
+        except (ConfigError, data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
+                WordNetMissingError, RetrievalError, SchemaBudgetError, lock.LockError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2)
