@@ -201,7 +201,8 @@ def test_an_empty_split_is_one_line_before_anything_is_written(tmp_path, capsys)
     with pytest.raises(SystemExit) as stop:
         run_debate.main(["--split", "dev", "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "run")])
     assert stop.value.code == 2
-    assert capsys.readouterr().err == f"error: --split dev (in {tmp_path}): the split holds no claims; nothing to verify\n"
+    err = capsys.readouterr().err
+    assert err == f"error: --split dev (in {tmp_path}): the split holds no claims; nothing to verify\n"
     assert not (tmp_path / "run").exists()
 
 

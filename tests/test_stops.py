@@ -236,6 +236,30 @@ def test_ctrl_c_while_a_record_is_written_keeps_it_whole_and_leaves_no_thread(ti
     same_run(out, whole)
 
 
+def test_the_api_takes_the_same_lock_and_a_stop_logs_the_line_and_raises(tiny, tmp_path, monkeypatch):
+    from debate import build, run
+
+    out = tmp_path / "api"
+    config = build(split="demo", model=tiny, limit=CLAIMS, max_new_tokens=16, max_rounds=1, temperature=0,
+                   batch_size=1, structured=False, output_dir=str(out))
+    with held_elsewhere(out) as holder:
+        with pytest.raises(lock.Busy, match=f"pid {holder.pid} "):
+            run(config, log=lambda *a: None)
+    write, said = records.Writer.write, []
+
+    def interrupted(self, record):
+        write(self, record)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(records.Writer, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(config, log=said.append)
+    assert said[-1] == f"stopped: 1 of {CLAIMS} claims written to {out}; the same command resumes"
+    assert len(lines(out / records.PREDICTIONS)) == len(lines(out / records.TRANSCRIPTS)) == 1
+    assert not (out / lock.LOCK).exists()
+
+
 def test_a_deferred_section_holds_the_first_signal_and_not_the_second():
     with stops.handled(signal.SIGTERM):
         with pytest.raises(stops.Stopped) as stopped:
