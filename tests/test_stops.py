@@ -223,11 +223,13 @@ def test_ctrl_c_while_a_record_is_written_keeps_it_whole_and_leaves_no_thread(ti
             time.sleep(0.2)  # the main thread has its chance to act on it mid-write
 
     monkeypatch.setattr(records.Writer, "write", interrupted)
+    # In fixed batches, also with --overwrite: the same command would start over, so the line says what resumes.
+    flags = ["--continuous"] if continuous else ["--no-continuous", "--overwrite"]
     with pytest.raises(SystemExit) as stopped:
-        run_debate.main(argv(tiny, out, "--continuous" if continuous else "--no-continuous"))
+        run_debate.main(argv(tiny, out, *flags))
     assert stopped.value.code == 130
-    assert capsys.readouterr().err.strip().splitlines()[-1] == \
-        f"stopped: 1 of {CLAIMS} claims written to {out}; the same command resumes"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"stopped: 1 of {CLAIMS} claims written to {out}; " + (
+        "the same command resumes" if continuous else "the same command without --overwrite resumes")
     assert len(lines(out / records.PREDICTIONS)) == len(lines(out / records.TRANSCRIPTS)) == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("claim-")]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was

@@ -196,7 +196,9 @@ def run(config, log=print):
         try:
             return _run_trials(config, claims, prompt_info, world, log)
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
-            stops.note(err, kept(config, claims, world))
+            # The same command with --overwrite would start over; without it, it resumes what is kept.
+            stops.note(err, kept(config, claims, world), resume="the same command without --overwrite resumes"
+                       if config.output.overwrite else stops.RESUME)
             raise
         finally:
             shards.stop(world)
