@@ -13,18 +13,29 @@
 """
 import gc
 import os
+import signal
 
-from debate.data import claims as data, datasets, prompts
+from debate.data import datasets, prompts
 from debate.engine import models
+from debate.data.inputs import DataError
 from debate.methods import turns
-from debate.pipeline import runner
+from debate.pipeline import runner, stops
 from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
 def run(config, log=print):
     """Verify the config's claims into its output directory exactly as run_debate.py does (resuming what
-    is done); return the metrics (None for a split without gold labels)."""
-    return runner.run(build(**to_dict(config)), log=log)
+    is done); return the metrics (None for a split without gold labels).
+
+    As in the CLI, one process writes a directory at a time (another holding it: debate.pipeline.lock.Busy),
+    and Ctrl-C cuts no record: the "stopped: ..." line goes to `log` and KeyboardInterrupt propagates.
+    SIGTERM is left to the host program."""
+    with stops.handled(signal.SIGINT):
+        try:
+            return runner.run(build(**to_dict(config)), log=log)
+        except KeyboardInterrupt as err:
+            log(stops.stopped_line(err))
+            raise
 
 
 class Verifier:
@@ -93,17 +104,17 @@ def _claim(claim, index, labels):
     if isinstance(claim, str):
         claim = {"claim": claim}
     if not isinstance(claim, dict) or not isinstance(claim.get("claim"), str):
-        raise data.DataError(f"claim {index}: a string or a dict with a 'claim' string, not {claim!r:.80}")
+        raise DataError(f"claim {index}: a string or a dict with a 'claim' string, not {claim!r:.80}")
     items = []
     for k, item in enumerate(claim.get("evidence") or []):
         qa = isinstance(item, dict) and all(isinstance(item.get(key), str) for key in ("question", "answer"))
         if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
-            raise data.DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
+            raise DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
                                  "or with a 'text' string")
         items.append(dict(item, url=item.get("url", "")))
     label = claim.get("label")
     if label is not None and labels.canonical(label) is None:
-        raise data.DataError(f"claim {index}: label {label!r} is not one of {', '.join(labels.labels)}")
+        raise DataError(f"claim {index}: label {label!r} is not one of {', '.join(labels.labels)}")
     shape = "qa" if items and all("question" in e for e in items) else "passages" if items else "qa"
     return dict(claim, claim_id=claim.get("claim_id", index), evidence=items, evidence_shape=shape,
                 label=labels.canonical(label) if label is not None else None)

@@ -12,9 +12,9 @@ Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--j
 """
 import json
 import sys
-from pathlib import Path
 
 from debate.data import jsonl
+from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LABELS, canonical_label
 from eval import metrics
 
@@ -38,7 +38,7 @@ def level_key(level):
 def read_records(path):
     """(location, record) pairs from a JSON list or a JSONL file; location is "entry i" / "line n"."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{path}: cannot read: {err}") from None
     if text.lstrip().startswith("["):

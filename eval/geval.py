@@ -251,7 +251,7 @@ def _claims_of(run_dir):
     """{claim_id as text: claim} of a run, read as its config.json says (all of the split, any --limit aside)."""
     from dataclasses import replace
 
-    from debate.data.claims import DataError
+    from debate.data.inputs import DataError
     from debate.pipeline import config as run_config, runner
     from debate.pipeline.config import ConfigError
 

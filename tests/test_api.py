@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import run_debate
+from debate.data.inputs import DataError
 from debate.pipeline import config, records
 from debate.engine import models
 from debate.data.labels import LABELS
@@ -73,8 +74,7 @@ def test_run_writes_what_the_cli_writes_and_verify_gives_one_record_per_claim(ti
 
 
 def test_verify_names_a_bad_claim():
-    from debate.data import claims as data
     from debate import verify
 
-    with pytest.raises(data.DataError, match="claim 1: evidence 0: a dict with 'question' and 'answer'"):
+    with pytest.raises(DataError, match="claim 1: evidence 0: a dict with 'question' and 'answer'"):
         verify(["fine", {"claim": "x", "evidence": [{"answer": "no question"}]}], config.build(model="m"))

@@ -1,12 +1,14 @@
 """Data loading and evidence conditions: hand-made AVeriTeC-shaped files, bad files, and the real dev split."""
 import collections
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from debate.data.averitec import NO_ANSWER, load_split, resolve_data_dir, retrieved_path
-from debate.data.claims import DataError, attach_evidence, load_retrieved
+from debate.data.claims import attach_evidence, load_retrieved
+from debate.data.inputs import DataError
 from debate.data.labels import CEC, LABELS, NEE, REFUTED, SUPPORTED
 from tests.tiny_models import averitec_dir, missing
 
@@ -139,6 +141,70 @@ def test_resolve_data_dir_order(monkeypatch, tmp_path):
     monkeypatch.setenv("DEBATECV_DATA", str(tmp_path))
     assert resolve_data_dir(None) == tmp_path
     assert resolve_data_dir("elsewhere") == Path("elsewhere")
+
+
+# --- what every reader of a user's file must take: ids, byte-order marks, an empty split ---------------
+
+def test_a_claim_id_given_twice_is_refused_naming_both_entries(tmp_path):
+    write_split(tmp_path, [entry(claim_id=5), entry(claim_id=6), entry(claim_id="5")])
+    with pytest.raises(DataError) as err:
+        load_split("dev", tmp_path)
+    assert str(err.value) == (f"{tmp_path / 'dev.json'}: entry 2 (claim_id 5): field 'claim_id': '5' is already the "
+                              "id of entry 0 (claim_id 5); every claim needs its own id (resume and the scorer key "
+                              "on it)")
+    # An entry without an id is named by its position: an explicit id equal to another's position is taken too.
+    write_split(tmp_path, [entry(), entry(claim_id=0)])
+    with pytest.raises(DataError, match=r"entry 1 \(claim_id 0\): .* already the id of entry 0 \(claim_id 0\)"):
+        load_split("dev", tmp_path)
+
+
+def with_bom(path, text):
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))  # what spreadsheet and Windows tools write
+    return path
+
+
+def test_every_reader_of_a_users_file_takes_a_utf8_byte_order_mark(tmp_path):
+    from debate.data import prompts
+    from debate.engine import retrieval
+    from eval import averitec
+    from tests import syndec_task
+    from train import syndec
+
+    with_bom(tmp_path / "dev.json", json.dumps([entry(claim="Ça alors."), entry()]))
+    claims = load_split("dev", tmp_path)
+    assert [c["claim"] for c in claims] == ["Ça alors.", "The sky is green."]
+    rows = [{"claim_id": i, "evidence": [{"question": "q", "answer": "a", "url": ""}]} for i in range(2)]
+    for name, text in (("r.jsonl", "".join(json.dumps(r) + "\n" for r in rows)), ("r.json", json.dumps(rows))):
+        assert attach_evidence(claims, "retrieved", with_bom(tmp_path / name, text))[1]["evidence"][0]["answer"] == "a"
+    corpus = with_bom(tmp_path / "corpus.jsonl", json.dumps({"id": "p1", "text": "A passage."}) + "\n")
+    assert retrieval.load_corpus(corpus)[0]["id"] == "p1"
+    mine = tmp_path / "prompts"
+    mine.mkdir()
+    shipped = (prompts.PROMPT_DIR / "moderator_round.txt").read_text(encoding="utf-8")
+    with_bom(mine / "moderator_round.txt", shipped)
+    try:
+        # The same text as the shipped file: the same hash (the run's identity), and no U+FEFF reaches the model.
+        digest = prompts.use_prompt_dir(mine)["files"]["moderator_round"]
+        assert digest == hashlib.sha256(shipped.rstrip("\n").encode()).hexdigest()
+        assert prompts.raw_prompt("moderator_round") == shipped.rstrip("\n")
+    finally:
+        prompts.use_prompt_dir(None)
+    records = syndec_task.records(2)
+    assert syndec.load(with_bom(tmp_path / "s.jsonl", "".join(json.dumps(r) + "\n" for r in records))) == records
+    predictions = with_bom(tmp_path / "p.json", json.dumps([{"claim_id": 0, "pred_label": "Refuted"}]))
+    assert averitec.read_records(predictions)[0][1]["pred_label"] == "Refuted"
+
+
+def test_an_empty_split_is_one_line_before_anything_is_written(tmp_path, capsys):
+    import run_debate
+
+    write_split(tmp_path, [])
+    with pytest.raises(SystemExit) as stop:
+        run_debate.main(["--split", "dev", "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "run")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --split dev of averitec (in {tmp_path}): the split holds no claims; nothing to verify\n"
+    assert not (tmp_path / "run").exists()
 
 
 # --- evidence conditions ----------------------------------------------------------------------

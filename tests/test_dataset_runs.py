@@ -143,7 +143,7 @@ def test_a_users_jsonl_with_a_three_label_card_runs_end_to_end(tiny, tmp_path, u
 
 def test_the_verifier_loads_once_and_verifies_batch_after_batch(tiny, user_data, monkeypatch):
     from debate import Verifier, build
-    from debate.data.claims import DataError
+    from debate.data.inputs import DataError
     from debate.engine import models
 
     loads = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from debate.data import checkcovid, datasets, politihop, userdata
-from debate.data.claims import DataError
+from debate.data.inputs import DataError
 from debate.data.labels import AVERITEC, LABELS, LabelSet
 from debate.data.parsing import parse_moderator
 from debate.data.prompts import render, verdict_criteria

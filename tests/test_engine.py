@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate.engine import chat, engine, generator, kv_store, reference, schema
+from debate.engine import chat, engine, generator, kv_store, ram, reference, schema
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama
 
 
@@ -77,6 +77,61 @@ def test_a_memory_budget_too_small_for_the_batch_splits_it_and_changes_no_token(
     assert "memory budget" in caplog.text
     assert [c.generated for c in split] == [c.generated for c in whole]
     assert [c.prompt_tokens for c in split] == [c.prompt_tokens for c in whole]
+
+
+def test_on_a_cpu_the_budget_comes_from_the_ram_available_and_a_split_changes_no_token(tiny, monkeypatch, caplog):
+    """No out-of-memory error to catch on a CPU (the kernel kills the process): the split before the batch is all
+    there is, sized from the RAM the process may still take."""
+    model, tok = tiny
+    kwargs = dict(turns=2, max_new_tokens=6, systems=SYSTEMS[:4])
+    whole = debate_like(model, tok, True, 4, **kwargs)
+    settings = engine.Settings(max_new_tokens=6)
+    targets = [[1] * 200] * 4
+    two_rows = engine.batch_bytes(model, targets[:2], [0, 0], settings)
+    # What the kernel says is left: room (at the default 0.9, with the CPU's margin) for two rows, not four.
+    left = int(two_rows / (0.9 * engine.CPU_MARGIN)) + 2
+    monkeypatch.setattr(ram, "available", lambda: left)
+    assert two_rows <= engine.memory_budget(model, settings) < 2 * two_rows
+    assert engine.plan_batches(model, targets, [0] * 4, settings) == [[0, 1], [2, 3]]
+    monkeypatch.setattr(ram, "available", lambda: 1)  # nothing left: one conversation at a time
+    batches, run = [], generator.run
+    monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
+        model, tok, convs, *a))
+    with caplog.at_level("INFO", logger="debate.engine.engine"):
+        split = debate_like(model, tok, True, 4, **kwargs)
+    assert batches == [1] * 8
+    assert "memory budget 0.00 GB of RAM: 4 conversations run as 4 batches (of 1, 1, 1, 1)" in caplog.text
+    assert [c.generated for c in split] == [c.generated for c in whole]
+    assert [c.prompt_tokens for c in split] == [c.prompt_tokens for c in whole]
+    # --gpu-memory-fraction 0 turns the budget off on a CPU too.
+    assert engine.memory_budget(model, engine.Settings(gpu_memory_fraction=0)) is None
+
+
+def test_the_ram_available_is_the_least_of_the_kernels_estimate_and_every_cgroup_limit_above(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemFree:  1000 kB\nMemAvailable:    8000000 kB\n")
+    gib = 1 << 30
+
+    def cgroup(path, **files):
+        path.mkdir(parents=True, exist_ok=True)
+        for name, value in files.items():
+            (path / name.replace("_", ".", 1)).write_text(f"{value}\n")
+
+    # cgroup v2: a job limited to 4 GiB using 3 GiB, of which 0.5 GiB is file cache the kernel can drop.
+    v2 = tmp_path / "v2"
+    cgroup(v2 / "job" / "step", memory_max="max", memory_current=gib, memory_stat="anon 1\ninactive_file 0")
+    cgroup(v2 / "job", memory_max=4 * gib, memory_current=3 * gib, memory_stat=f"inactive_file {gib // 2}")
+    (tmp_path / "self-v2").write_text("0::/job/step\n")
+    assert ram.available(meminfo, tmp_path / "self-v2", v2) == 4 * gib - (3 * gib - gib // 2)
+    # cgroup v1 (its own memory hierarchy), no limit set: the kernel's MemAvailable stands.
+    v1 = tmp_path / "v1"
+    cgroup(v1 / "memory" / "task", memory_limit_in_bytes=9223372036854771712, memory_usage_in_bytes=gib)
+    (tmp_path / "self-v1").write_text("5:cpu,cpuacct:/task\n4:memory:/task\n")
+    assert ram.available(meminfo, tmp_path / "self-v1", v1) == 8000000 * 1024
+    # A limit tighter than MemAvailable wins.
+    cgroup(v1 / "memory", memory_limit_in_bytes=2 * gib, memory_usage_in_bytes=gib)
+    assert ram.available(meminfo, tmp_path / "self-v1", v1) == gib
+    assert ram.available() is None or ram.available() > 0  # this machine's own answer
 
 
 def test_an_out_of_memory_error_splits_the_batch_and_retries_it_with_the_same_tokens(tiny, monkeypatch, caplog):

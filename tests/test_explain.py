@@ -171,7 +171,7 @@ def test_the_run_settings_of_the_explanation_task():
 
 def test_an_explanation_run_refuses_claims_without_a_gold_label_before_any_model_loads(monkeypatch):
     built = run_config.build(task="explain", method="zero-shot", split="demo", model="m")
-    from debate.data.claims import DataError
+    from debate.data.inputs import DataError
 
     monkeypatch.setattr(runner.models, "check_roles", lambda *a, **k: None)
     claims = [dict(CLAIMS[0]), dict(CLAIMS[1], label=None)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from debate.engine import engine, schema
 from debate.data import jsonl
-from debate.pipeline import records
+from debate.pipeline import records, stops
 from debate.engine.models import adapter_scope
 from debate.data.parsing import parse_moderator
 from debate.data.prompts import render
@@ -71,7 +71,8 @@ def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
                 rows.append({"claim_id": record["claim_id"], "corrected_justification": justification,
                              "status": status, "response": reply})
                 done[record["claim_id"]] = rows[-1]
-            jsonl.append_durably(f, rows)  # a batch is durable before the next one runs
+            with stops.deferred():  # a batch is durable before the next one runs, and never cut by Ctrl-C
+                jsonl.append_durably(f, rows)
             if on_batch:
                 on_batch(len(batch))
     return done

@@ -10,6 +10,7 @@ so all processes take the same number of steps) and the gradients are averaged b
 micro-batch of each step; with one process nothing changes.
 """
 import contextlib
+import errno
 import math
 import os
 import shutil
@@ -21,9 +22,11 @@ import torch
 from tqdm import tqdm
 
 from debate.data import jsonl
+from debate.pipeline import stops
 from train import lora
 
 CHECKPOINTS = "checkpoints"
+DISK_NEARLY_FULL = 1 << 20  # bytes free below which a failed checkpoint write is taken for a full disk
 STATE = "trainer_state.pt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -92,12 +95,21 @@ def _save_checkpoint(model, optimizer, scheduler, step, out_dir, loaded, cfg, fi
     final = root / f"step-{step:06d}"
     tmp = root / f"tmp-step-{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    lora.save_adapter(model, tmp, loaded)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "config": asdict(cfg), "data": fingerprint}, tmp / STATE)
+    try:
+        tmp.mkdir(parents=True)
+        lora.save_adapter(model, tmp, loaded)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    "config": asdict(cfg), "data": fingerprint}, tmp / STATE)
+    except Exception as err:
+        # torch.save and safetensors report a full disk as their own errors, without errno: a disk with
+        # (almost) nothing free when the save failed is one, said as such (debate/pipeline/stops.py).
+        full = not isinstance(err, OSError) and shutil.disk_usage(root).free < DISK_NEARLY_FULL
+        shutil.rmtree(tmp, ignore_errors=True)  # the checkpoints before stay; the half-written one frees its room
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from err
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)  # a checkpoint exists complete or not at all
     for old in sorted(p for p in root.glob("step-*") if (p / STATE).exists())[:-cfg.keep_checkpoints]:
@@ -127,6 +139,23 @@ def _keep_metrics_until(path, step):
     """Drop log lines of steps after `step`: they belong to the run that died and will be redone."""
     if path.exists():
         jsonl.write(path, [row for row in jsonl.read(path) if row["step"] <= step])
+
+
+@contextlib.contextmanager
+def _stops_after_a_step(desc, out, total):
+    """The training loop's frame: a first signal waits for the step's end (train() then checkpoints and stops),
+    and whatever ends the loop early says which checkpoint is kept (debate/pipeline/stops.py)."""
+    try:
+        with stops.deferred(f"{desc}: stopping once the step in progress is done and checkpointed"):
+            yield
+    except BaseException as err:
+        ckpt = latest_checkpoint(out)
+        if ckpt is None:
+            stops.note(err, f"{desc}: no checkpoint yet in {out}", resume="the same command starts it again")
+        else:
+            stops.note(err, f"{desc} checkpoint of step {int(ckpt.name.split('-')[1])} of {total} in {ckpt}",
+                       resume="the same command with --resume continues from it")
+        raise
 
 
 def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelerator, *, resume=False,
@@ -174,46 +203,54 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
     t0, seen_tokens, last = time.time(), 0, {}
     end = total if stop_after is None else min(total, start + stop_after)
     order_epoch, order = None, []
-    for step in range(start, end):
-        epoch, k = divmod(step, per_epoch)
-        if epoch != order_epoch:
-            order_epoch, order = epoch, micro_batches(len(examples), epoch, cfg, rank, world)
-        group = order[k * cfg.grad_accum:(k + 1) * cfg.grad_accum]
-        sums, tokens, targets, t_step = {}, 0, 0, time.time()
-        for i, indices in enumerate(group):
-            batch = make_batch([examples[j] for j in indices])
-            sync = i == len(group) - 1
-            with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), autocast(accelerator.device):
-                loss, metrics, n = step_loss(model, batch)
-            accelerator.backward(loss / len(group))
-            tokens += int(batch["attention_mask"].sum())  # every token through the model
-            targets += n
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value / len(group)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+    # Ctrl-C or SIGTERM while a step runs ends the run once that step is done and checkpointed (a second signal
+    # stops at once; the last checkpoint is then where --resume starts).
+    with bar, _stops_after_a_step(desc, out, total):  # the bar closes first: a stop's line starts a line of its own
+        for step in range(start, end):
+            epoch, k = divmod(step, per_epoch)
+            if epoch != order_epoch:
+                order_epoch, order = epoch, micro_batches(len(examples), epoch, cfg, rank, world)
+            group = order[k * cfg.grad_accum:(k + 1) * cfg.grad_accum]
+            sums, tokens, targets, t_step = {}, 0, 0, time.time()
+            for i, indices in enumerate(group):
+                batch = make_batch([examples[j] for j in indices])
+                sync = i == len(group) - 1
+                with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), autocast(accelerator.device):
+                    loss, metrics, n = step_loss(model, batch)
+                accelerator.backward(loss / len(group))
+                tokens += int(batch["attention_mask"].sum())  # every token through the model
+                targets += n
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value / len(group)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
 
-        reduced = accelerator.reduce(
-            torch.tensor([*sums.values(), float(tokens), float(targets)], device=accelerator.device), reduction="sum")
-        values = (reduced / world).tolist()
-        tokens, targets = int(reduced[-2].item()), int(reduced[-1].item())
-        seen_tokens += tokens
-        last = {"step": step + 1, "epoch": round(epoch + (k + 1) / per_epoch, 4), "lr": lr,
-                **{key: round(v, 6) for key, v in zip(sums, values)}, "grad_norm": round(float(grad_norm), 4),
-                "tokens": tokens, "target_tokens": targets, "tokens_per_s": round(tokens / max(time.time() - t_step, 1e-9), 1)}
-        if log:
-            log.write(last)
-            log_file.flush()
-        bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
-        bar.update(1)
-        if (step + 1) % cfg.save_every == 0 or step + 1 == total:
-            if accelerator.is_main_process:
-                _save_checkpoint(inner, optimizer, scheduler, step + 1, out, loaded, cfg, fingerprint)
-            accelerator.wait_for_everyone()
-    bar.close()
+            # Whether any process was asked to stop rides along with the step's sums: all stop after the same step.
+            reduced = accelerator.reduce(
+                torch.tensor([*sums.values(), float(tokens), float(targets), float(stops.pending() is not None)],
+                             device=accelerator.device), reduction="sum")
+            values = (reduced / world).tolist()
+            tokens, targets = int(reduced[-3].item()), int(reduced[-2].item())
+            stopping = bool(reduced[-1].item())
+            seen_tokens += tokens
+            last = {"step": step + 1, "epoch": round(epoch + (k + 1) / per_epoch, 4), "lr": lr,
+                    **{key: round(v, 6) for key, v in zip(sums, values)}, "grad_norm": round(float(grad_norm), 4),
+                    "tokens": tokens, "target_tokens": targets,
+                    "tokens_per_s": round(tokens / max(time.time() - t_step, 1e-9), 1)}
+            if log:
+                log.write(last)
+                log_file.flush()
+            bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
+            bar.update(1)
+            if (step + 1) % cfg.save_every == 0 or step + 1 == total or stopping:
+                if accelerator.is_main_process:
+                    _save_checkpoint(inner, optimizer, scheduler, step + 1, out, loaded, cfg, fingerprint)
+                accelerator.wait_for_everyone()
+            if stopping:  # the step is done and saved: a resume from it is the uninterrupted run's next step
+                stops.stop_now()
     if log_file:
         log_file.close()
     elapsed = time.time() - t0

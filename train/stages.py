@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate.pipeline import config, evidence, records, runner
+from debate.pipeline import config, evidence, lock, records, runner, stops
 from debate.engine import engine, models
 from debate.data import prompts
 from train import corrector, examples, lora, loop, losses, syndec
@@ -79,12 +79,15 @@ def replacing(stage, out, overwrite):
                 os.replace(target, aside / target.name)
     try:
         yield
-    except BaseException:
+    except BaseException as err:
         for target in targets:
             _remove(target)
         for kept in aside.iterdir():
             os.replace(kept, Path(out) / kept.name)
         aside.rmdir()
+        # What the redo had saved went with it: the line a stop prints must not promise a --resume from it.
+        stops.note(err, f"the {stage} stage's earlier output, back in {out}", replace=True,
+                   resume="the same command starts the stage over")
         raise
     else:
         shutil.rmtree(aside)
@@ -126,9 +129,16 @@ def correct(args, log=print):
         agent = models.load_roles({"corrector": args.corrector_model}, use_4bit=args.use_4bit)["corrector"]
         settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, seed=args.seed, structured=args.structured)
-        with tqdm(total=len(wrong), initial=len(corrector.read_done(p["corrections"])), desc="correct",
-                  unit="claim", dynamic_ncols=True) as bar:
-            corrections = corrector.correct(agent, rows, p["corrections"], settings, args.batch_size, bar.update)
+        try:
+            with tqdm(total=len(wrong), initial=len(corrector.read_done(p["corrections"])), desc="correct",
+                      unit="claim", dynamic_ncols=True) as bar:
+                corrections = corrector.correct(agent, rows, p["corrections"], settings, args.batch_size,
+                                                bar.update)
+        except BaseException as err:
+            with contextlib.suppress(records.RunConflict, OSError):
+                written = len(records.read_jsonl(p["corrections"], repair=False))
+                stops.note(err, f"{written} of {len(wrong)} corrections written to {p['corrections']}")
+            raise
     else:
         corrections = {}
     merged = corrector.merge(rows, corrections)
@@ -329,15 +339,25 @@ def run(args, log=print):
     if not todo:
         return
     check(args, todo)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    config_path = Path(args.out) / "train_config.json"
-    ran = []
-    try:
-        for stage in todo:
-            with replacing(stage, args.out, args.overwrite):
-                {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](args, log=log)
-            ran.append(stage)
-    finally:
-        if ran:
-            before = json.loads(config_path.read_text()) if config_path.exists() else {}
-            records.write_json(config_path, train_config(args, ran, before))
+    # One writer per OUT (debate/pipeline/lock.py), refused before any weight loads: the stages read each
+    # other's files, so a lock per stage would still let a second command's D-DPO read a SynDeC file this one
+    # rewrites. Under `accelerate launch` the first process holds it for all.
+    main = os.environ.get("RANK", "0") == "0"
+    with lock.hold(args.out, flag="--out") if main else contextlib.nullcontext():
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        config_path = Path(args.out) / "train_config.json"
+        ran = []
+        try:
+            for stage in todo:
+                try:
+                    with replacing(stage, args.out, args.overwrite):
+                        {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](args, log=log)
+                except BaseException as err:
+                    stops.note(err, f"the stages before {stage} in {args.out}",
+                               resume=f"the same command goes on from the {stage} stage")
+                    raise
+                ran.append(stage)
+        finally:
+            if ran:
+                before = json.loads(config_path.read_text()) if config_path.exists() else {}
+                records.write_json(config_path, train_config(args, ran, before))

@@ -14,6 +14,7 @@ from pathlib import Path
 from debate.data import jsonl
 from debate.pipeline import records as run_records
 from debate.data.claims import json_problem
+from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LabelSet
 
 
@@ -59,7 +60,7 @@ def load(path):
     if not path.is_file():
         raise SynDeCError(f"{path}: no such SynDeC file")
     try:
-        rows = [_check(row, f"{path}:{n}") for n, row in jsonl.numbered(path.read_text(encoding="utf-8"))]
+        rows = [_check(row, f"{path}:{n}") for n, row in jsonl.numbered(read_text(path))]
     except jsonl.BadLine as e:
         raise SynDeCError(f"{path}:{e.lineno}: not valid JSON ({json_problem(e.error)})") from None
     if not rows:

@@ -8,7 +8,8 @@ retrieved for it (the retrieved condition). Split "demo" is the small invented s
 import os
 from pathlib import Path
 
-from debate.data.claims import DataError, check_label, expect, kind_of, read_json, record, required
+from debate.data.claims import check_label, expect, kind_of, read_json, record, required
+from debate.data.inputs import DataError, check_unique_ids
 from debate.data.labels import AVERITEC
 
 DEMO_SPLIT = "demo"
@@ -48,7 +49,9 @@ def load_split(split, data_dir=None):
     if not isinstance(entries, list):
         raise DataError(f"{path}: top level: expected a JSON list of claims, got {kind_of(entries)}")
     labelled = not split.startswith("test")
-    return [_claim_record(path, i, entry, labelled) for i, entry in enumerate(entries)]
+    claims = [_claim_record(path, i, entry, labelled) for i, entry in enumerate(entries)]
+    check_unique_ids(path, [(f"entry {i} (claim_id {c['claim_id']})", c["claim_id"]) for i, c in enumerate(claims)])
+    return claims
 
 
 def _claim_record(path, index, entry, labelled):

@@ -16,7 +16,8 @@ and REFUTE; the others add NOTENOUGHINFO.
 """
 from pathlib import Path
 
-from debate.data.claims import DataError, check_label, expect, read_jsonl, record, required
+from debate.data.claims import check_label, expect, read_jsonl, record, required
+from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 
 LABELS = LabelSet(

@@ -20,13 +20,10 @@ claim_id) and the field.
 import json
 from pathlib import Path
 
-from debate.data import jsonl
+from debate.data import inputs, jsonl
+from debate.data.inputs import DataError
 
 CONDITIONS = ("golden", "retrieved", "none")
-
-
-class DataError(ValueError):
-    """A split or evidence file that cannot be used as it is."""
 
 
 def json_problem(error):
@@ -35,9 +32,10 @@ def json_problem(error):
 
 
 def read_text(path):
-    """A text file's contents; a file that is not UTF-8 is one DataError naming it."""
+    """A text file's contents without a leading byte-order mark (debate.data.inputs); a file that is not UTF-8
+    is one DataError naming it."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return inputs.read_text(path)
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from debate.data import averitec, checkcovid, healthver, politihop, proclaim, userdata
-from debate.data.claims import DataError
+from debate.data.inputs import DataError, check_unique_ids
 from debate.data.labels import AVERITEC
 
 
@@ -43,7 +43,14 @@ class Dataset:
         """The claim records of `split`; refuses a split the dataset does not have, with one line."""
         if self.splits is not None and split not in self.splits:
             raise DataError(f"--split {split!r}: {self.name} has the splits {', '.join(self.splits)}")
-        return self.reader(split, self.data_dir(data_dir))
+        folder = self.data_dir(data_dir)
+        claims = self.reader(split, folder)
+        where = f"--split {split} of {self.name}" + ("" if split == "demo" else f" (in {folder})")
+        if not claims:  # nothing to verify is one line now, not a traceback once the run ends
+            raise DataError(f"{where}: the split holds no claims; nothing to verify")
+        # Resume, the scorer and retrieved evidence key on the id: two claims under one would become one.
+        check_unique_ids(where, [(f"claim {i} (claim_id {c['claim_id']})", c["claim_id"]) for i, c in enumerate(claims)])
+        return claims
 
     def labels(self, split, data_dir=None):
         """The LabelSet of `split` (Check-COVID's test-binary and the PROClaim samples have two labels)."""

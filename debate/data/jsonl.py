@@ -71,6 +71,11 @@ def write(path, rows):
     """Write the file atomically (a temporary file, then renamed): a reader never sees half of it."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        writer(f).write_all(rows)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            writer(f).write_all(rows)
+    except OSError as err:  # a full disk: the file before stays whole, and no half-written copy takes room
+        tmp.unlink(missing_ok=True)
+        err.filename = err.filename or str(path)
+        raise
     os.replace(tmp, path)

@@ -17,7 +17,8 @@ import io
 import json
 from pathlib import Path
 
-from debate.data.claims import DataError, check_label, read_text, record
+from debate.data.claims import check_label, read_text, record
+from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 
 LABELS = LabelSet(

@@ -8,7 +8,8 @@ of your own. FEVEROUS and SciFact are read from DATA_DIR (the folder holding `fe
 """
 from pathlib import Path
 
-from debate.data.claims import DataError, check_label, read_jsonl, record, required
+from debate.data.claims import check_label, read_jsonl, record, required
+from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 
 BINARY = LabelSet(

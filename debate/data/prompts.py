@@ -10,6 +10,8 @@ import importlib.resources
 import string
 from pathlib import Path
 
+from debate.data.inputs import read_text
+
 # The `prompts` package's folder: the checkout's prompts/ or, installed from a wheel, its copy in
 # site-packages (package data), whatever the current directory.
 PROMPT_DIR = Path(str(importlib.resources.files("prompts")))
@@ -85,7 +87,7 @@ def use_prompt_dir(directory):
         shipped = PROMPT_DIR / path.name
         if not shipped.is_file():
             raise PromptError(f"{path}: no shipped prompt is called {path.stem!r} (see {PROMPT_DIR})")
-        text = path.read_text(encoding="utf-8").rstrip("\n")
+        text = read_text(path).rstrip("\n")
         want = _fields_of(shipped, _read(shipped))
         have = _fields_of(path, text)
         takes = f"(prompt {path.stem!r} takes: {', '.join(sorted(want)) or 'none'})"
@@ -106,7 +108,7 @@ def load_prompt(name):
 
 @functools.lru_cache(maxsize=None)  # every turn of every claim renders from these few files
 def _read(path):
-    return path.read_text(encoding="utf-8").rstrip("\n")
+    return read_text(path).rstrip("\n")
 
 
 def placeholders(name):

@@ -19,8 +19,8 @@ retrieved). card.json declares the labels and what each means:
 """
 from pathlib import Path
 
-from debate.data.claims import (DataError, check_label, evidence_items, expect, read_json, read_jsonl, record,
-                                required)
+from debate.data.claims import check_label, evidence_items, expect, read_json, read_jsonl, record, required
+from debate.data.inputs import DataError, check_unique_ids
 from debate.data.labels import LabelSet
 
 CARD = "card.json"
@@ -62,10 +62,11 @@ def load_split(split, data_dir):
     if not path.is_file():
         raise DataError(f"{path}: no such split file (--dataset jsonl reads DATA_DIR/<split>.jsonl)")
     labelled = not split.startswith("test")
-    claims, shapes = [], set()
+    claims, shapes, located = [], set(), []
     for where, row in read_jsonl(path):
         claim_id = required(path, where, row, "claim_id", (str, int))
         where = f"{where} (claim_id {claim_id})"
+        located.append((where, claim_id))
         claim = required(path, where, row, "claim", str).strip()
         if not claim:
             raise DataError(f"{path}: {where}: field 'claim': empty")
@@ -76,6 +77,7 @@ def load_split(split, data_dir):
         gold = evidence_items(path, where, expect(path, where, "evidence", row.get("evidence") or [], list))
         shapes.update("qa" if "question" in item else "passages" for item in gold)
         claims.append(record(claim_id, claim, label, gold, "passages"))
+    check_unique_ids(path, located)
     shape = "qa" if shapes == {"qa"} else "passages"  # prompts name the evidence by the file's one kind
     return [dict(c, evidence_shape=shape) for c in claims]
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from debate.data import jsonl
 from debate.engine import models
 from debate.data.claims import evidence_text, json_problem
+from debate.data.inputs import open_text
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def load_corpus(path):
     if not path.is_file():
         raise RetrievalError(f"{path}: no such corpus file")
     passages, seen = [], {}
-    with open(path, encoding="utf-8", newline="\n") as f:
+    with open_text(path) as f:
         try:  # line by line: a corpus can be large
             for number, row in jsonl.numbered(f):
                 where = f"{path}: line {number}"

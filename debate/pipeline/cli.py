@@ -238,7 +238,7 @@ def run_parser(description=None):
     g.add_argument("--gpu-memory-fraction", type=float,
                    help="share of the GPU memory free before a batch that its KV cache and activations may take; "
                    "a batch that would not fit runs as smaller ones, and one that runs out of memory is split and "
-                   "retried (default 0.9, ours; CUDA only; 0: no budget)")
+                   "retried; on a CPU, half this share of the RAM available (default 0.9, ours; 0: no budget)")
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "

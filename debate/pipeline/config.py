@@ -173,7 +173,7 @@ class Generation:
     structured: bool = identity(True)
     reuse_cache: bool = True
     continuous: bool = True  # claims in progress share model calls turn by turn (ours)
-    gpu_memory_fraction: float = 0.9  # of the GPU memory free before a batch (ours); 0: no budget
+    gpu_memory_fraction: float = 0.9  # of the GPU memory free before a batch, half of it of a CPU's RAM (ours); 0: none
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, replace
 
 from debate.data import averitec, claims as records, datasets
-from debate.data.claims import DataError
+from debate.data.inputs import DataError
 from debate.engine import retrieval
 from debate.pipeline.config import COURTROOM_METHODS
 

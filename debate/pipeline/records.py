@@ -165,7 +165,11 @@ class RunDir:
             shutil.rmtree(self.out / ASIDE, ignore_errors=True)
 
     def __exit__(self, exc_type, exc, tb):
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError:
+            if exc_type is None:
+                raise  # leaving on an error already (a full disk): what close could not flush is cut at resume
         if self.written or self.done:
             return False
         for name in RUN_FILES:
@@ -185,7 +189,12 @@ class RunDir:
 
 def write_json(path, obj):
     tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except OSError as err:  # a full disk: the file before stays whole, and no half-written copy takes room
+        tmp.unlink(missing_ok=True)
+        err.filename = err.filename or str(path)
+        raise
     os.replace(tmp, path)
 
 
@@ -200,11 +209,17 @@ class Writer:
     def write(self, record):
         # The transcript is durable before the prediction that marks the claim done is written.
         for f, row in ((self._transcripts, record["transcript"]), (self._predictions, record["prediction"])):
-            jsonl.append_durably(f, [row])
+            try:
+                jsonl.append_durably(f, [row])
+            except OSError as err:  # a full disk: name the file (a failed write names none)
+                err.filename = err.filename or f.name
+                raise
 
     def close(self):
-        self._transcripts.close()
-        self._predictions.close()
+        try:
+            self._transcripts.close()
+        finally:
+            self._predictions.close()
 
 
 def read_predictions(output_dir):

@@ -1,10 +1,10 @@
 """One verification run: claims in, a resumable output directory with predictions and scores out."""
+import contextlib
 import json
 import platform
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import fields, replace
 from importlib import metadata
@@ -14,9 +14,10 @@ from debate.methods import baselines, debatecv, explain, madr, proclaim_baseline
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
-from debate.pipeline import evidence, progress, records, shards
+from debate.pipeline import evidence, lock, progress, records, shards, stops
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
+from debate.data.inputs import DataError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
 from eval import averitec, geval, metrics as label_scores, report, trials as trial_metrics
@@ -200,7 +201,7 @@ def check_run(config, claims, encoder_needed=False):
     if config.method.task == "explain":
         unlabelled = [c["claim_id"] for c in claims if not c.get("label")]
         if unlabelled:
-            raise data.DataError(f"--task explain explains each claim's gold label: claim {unlabelled[0]!r} of "
+            raise DataError(f"--task explain explains each claim's gold label: claim {unlabelled[0]!r} of "
                                  f"--split {config.data.split} has none ({len(unlabelled)} of {len(claims)} claims)")
     elif config.data.dataset == "averitec" and any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
@@ -235,12 +236,37 @@ def run(config, log=print):
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None)
     for note in inputs.notes:
         log(f"note: {note}")
-    inputs = evidence.retrieve(inputs, config, log)
-    shards.start(world)
+    # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
+    # top directory it merges into; every rank holds the shard it writes (_run_one).
+    with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
+        inputs = evidence.retrieve(inputs, config, log)
+        shards.start(world)
+        try:
+            return _run_trials(config, inputs, prompt_info, world, log)
+        except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
+            # The same command with --overwrite would start over; without it, it resumes what is kept.
+            stops.note(err, kept(config, inputs.claims, world), resume="the same command without --overwrite "
+                       "resumes" if config.output.overwrite else stops.RESUME)
+            raise
+        finally:
+            shards.stop(world)
+
+
+def kept(config, claims, world=shards.World()):
+    """What a run that ends early keeps, in words: "3 of 8 claims written to DIR" for the directory it was
+    writing (the last trial begun, this rank's shard)."""
+    out = Path(config.output.output_dir)
+    if config.generation.trials > 1:
+        begun = [k for k in range(1, config.generation.trials + 1) if (out / f"trial-{k}").is_dir()]
+        out = out / f"trial-{begun[-1] if begun else 1}"
+    if world.size > 1:
+        out, claims = shards.shard_dir(out, world), shards.split(claims, world)
+    wanted = {c["claim_id"] for c in claims}
     try:
-        return _run_trials(config, inputs, prompt_info, world, log)
-    finally:
-        shards.stop(world)
+        done = {p["claim_id"] for p in records.read_jsonl(out / records.PREDICTIONS, repair=False)} & wanted
+    except (records.RunConflict, OSError):
+        done = set()
+    return f"{len(done)} of {len(claims)} claims written to {out}"
 
 
 def _run_trials(config, inputs, prompt_info, world, log):
@@ -318,15 +344,17 @@ def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     shards.check(out_dir, world.size, overwrite)  # before anything is written, on every rank alike
     if world.size == 1:
-        _verify(config, inputs.claims, inputs, prompt_info, agents, log)
-        return finish(config, inputs.claims, log, inputs.labels)
+        with lock.hold(out_dir):  # a trial's directory; the run's own is held already (reentrant)
+            _verify(config, inputs.claims, inputs, prompt_info, agents, log)
+            return finish(config, inputs.claims, log, inputs.labels)
     if overwrite and world.rank == 0:
         shards.clear(out_dir, keep=world.size)  # another count's shards are no part of this run
     shard = replace(config, output=replace(config.output, output_dir=str(shards.shard_dir(out_dir, world))))
     mine = shards.split(inputs.claims, world)
     log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(inputs.claims)} claims")
-    _verify(shard, mine, inputs, prompt_info, agents, log)
-    shards.barrier(world)
+    with lock.hold(shard.output.output_dir):
+        _verify(shard, mine, inputs, prompt_info, agents, log)
+        shards.barrier(world)
     if world.rank:
         return None
     shards.merge(out_dir, world.size)
@@ -370,7 +398,8 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
         # The earlier run (--overwrite) is moved aside here, and deleted once the first claim is written.
         with records.RunDir(out_dir, saved, overwrite=overwrite) as out, bar:
             def write(record):
-                out.write(record)
+                with stops.deferred():  # a record is written whole or not at all, Ctrl-C or not
+                    out.write(record)
                 bar.claim_done(len(record["transcript"].get("turns", ())))
 
             verify_claims(config, agents, todo, settings, streams, kwargs, write)
@@ -447,24 +476,17 @@ def finish(config, claims, log=print, labels=None):
     return metrics
 
 
-def _terminated(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def main_guard(fn):
     """Turn the toolkit's own errors into one clear line and exit code 2; a traceback helps nobody there.
 
-    SIGTERM (`timeout`, a batch scheduler) becomes SystemExit, so a run stopped before its first claim
-    still puts its directory back as it was (records.RunDir) instead of dying mid-way.
+    Ctrl-C and SIGTERM (`timeout`, a batch scheduler) stop the run cleanly: one "stopped: ..." line, exit
+    130 / 143; a full disk is one line and exit 1 (debate/pipeline/stops.py). Either way what is done stays,
+    and a run stopped before its first claim puts its directory back as it was (records.RunDir).
     """
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
-    try:
-        return fn()
-    except (ConfigError, data.DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
-            WordNetMissingError, RetrievalError, SchemaBudgetError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    with stops.handled(signal.SIGINT, signal.SIGTERM), stops.one_line():
+        try:
+            return fn()
+        except (ConfigError, DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
+                WordNetMissingError, RetrievalError, SchemaBudgetError, lock.LockError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2)
