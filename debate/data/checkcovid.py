@@ -16,7 +16,7 @@ and REFUTE; the others add NOTENOUGHINFO.
 """
 from pathlib import Path
 
-from debate.data.claims import check_label, expect, read_jsonl, record, required
+from debate.data.claims import claim_fields, expect, read_jsonl, record, required, split_file
 from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 
@@ -63,12 +63,8 @@ def split_files(data_dir, split):
         names = [f"covidCheck_{split}_composed+extracted.json"]
     else:
         raise DataError(f"--split {split!r}: Check-COVID has the splits {', '.join(SPLITS)}")
-    files = [root / split / name for name in names]
-    for f in files:
-        if not f.is_file():
-            raise DataError(f"{f}: no such split file. Check-COVID is not shipped with debatecv: get it from "
-                            "github posuer/Check-COVID and point --data-dir at the folder holding corpus.json")
-    return files
+    return [split_file(root / split / name, "Check-COVID", "github posuer/Check-COVID", "corpus.json")
+            for name in names]
 
 
 def load_corpus(data_dir):
@@ -102,12 +98,7 @@ def source(cord_id, title):
 
 
 def _claim(path, where, row, corpus, labels):
-    claim_id = required(path, where, row, "id", (str, int))
-    where = f"{where} (id {claim_id})"
-    claim = required(path, where, row, "claim", str).strip()
-    if not claim:
-        raise DataError(f"{path}: {where}: field 'claim': empty")
-    label = check_label(path, where, required(path, where, row, "label", str), labels)
+    claim_id, where, claim, label = claim_fields(path, where, row, labels)
     cord = required(path, where, row, "cord_id", str)
     if cord not in corpus:
         raise DataError(f"{path}: {where}: field 'cord_id': {cord!r} is not an abstract of corpus.json")

@@ -89,6 +89,26 @@ def required(path, where, obj, key, types, prefix=""):
     return expect(path, where, prefix + key, obj[key], types)
 
 
+def split_file(path, dataset, source, holding=None):
+    """`path` when it is there; else a DataError saying the dataset is not shipped and where to get it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such split file. {dataset} is not shipped with debatecv: get it from {source} "
+                        f"and point --data-dir at the folder holding {holding or path.name}")
+    return path
+
+
+def claim_fields(path, where, row, labels, id_field="id"):
+    """(claim_id, where, claim, label) of a row with an id, a non-empty claim and one of `labels`; `where` then
+    names the id, as every later error of the row does."""
+    claim_id = required(path, where, row, id_field, (str, int))
+    where = f"{where} ({id_field} {claim_id})"
+    claim = required(path, where, row, "claim", str).strip()
+    if not claim:
+        raise DataError(f"{path}: {where}: field 'claim': empty")
+    return claim_id, where, claim, check_label(path, where, required(path, where, row, "label", str), labels)
+
+
 def _type_name(t):
     return {dict: "a JSON object", list: "a JSON list", str: "a string", int: "an integer"}.get(t, t.__name__)
 

@@ -17,7 +17,7 @@ import io
 from collections import OrderedDict
 from pathlib import Path
 
-from debate.data.claims import check_label, read_text, record
+from debate.data.claims import check_label, read_text, record, split_file
 from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 from debate.data import proclaim
@@ -46,10 +46,7 @@ def load_split(split, data_dir):
         return proclaim.load_sample(proclaim.find(data_dir, SAMPLE_FILE, "HealthVer"), proclaim.BINARY)
     if split not in SPLITS:
         raise DataError(f"--split {split!r}: HealthVer has the splits {', '.join(SPLITS)}")
-    path = Path(data_dir) / f"healthver_{split}.csv"
-    if not path.is_file():
-        raise DataError(f"{path}: no such split file. HealthVer is not shipped with debatecv: get it from github "
-                        "sarrouti/HealthVer and point --data-dir at the folder holding healthver_<split>.csv")
+    path = split_file(Path(data_dir) / f"healthver_{split}.csv", "HealthVer", "github sarrouti/HealthVer")
     reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
     if missing:

@@ -17,7 +17,7 @@ import io
 import json
 from pathlib import Path
 
-from debate.data.claims import check_label, read_text, record
+from debate.data.claims import check_label, read_text, record, split_file
 from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 
@@ -38,10 +38,7 @@ COLUMNS = ("article_id", "statement", "ruling", "annotated_evidence", "annotated
 def load_split(split, data_dir):
     if split not in SPLITS:
         raise DataError(f"--split {split!r}: PolitiHop has the splits {', '.join(SPLITS)}")
-    path = Path(data_dir) / f"politihop_{split}.tsv"
-    if not path.is_file():
-        raise DataError(f"{path}: no such split file. PolitiHop is not shipped with debatecv: get it from github "
-                        "copenlu/politihop and point --data-dir at the folder holding politihop_<split>.tsv")
+    path = split_file(Path(data_dir) / f"politihop_{split}.tsv", "PolitiHop", "github copenlu/politihop")
     csv.field_size_limit(1 << 30)  # a ruling is one long cell
     reader = csv.DictReader(io.StringIO(read_text(path), newline=""), delimiter="\t")
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]

@@ -8,7 +8,7 @@ of your own. FEVEROUS and SciFact are read from DATA_DIR (the folder holding `fe
 """
 from pathlib import Path
 
-from debate.data.claims import check_label, read_jsonl, record, required
+from debate.data.claims import claim_fields, read_jsonl, record
 from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
 
@@ -37,12 +37,7 @@ def load_sample(path, labels):
     """Claims and labels of a PROClaim sample file, without evidence."""
     claims = []
     for where, row in read_jsonl(path):
-        claim_id = required(path, where, row, "id", (str, int))
-        where = f"{where} (id {claim_id})"
-        claim = required(path, where, row, "claim", str).strip()
-        if not claim:
-            raise DataError(f"{path}: {where}: field 'claim': empty")
-        label = check_label(path, where, required(path, where, row, "label", str), labels)
+        claim_id, where, claim, label = claim_fields(path, where, row, labels)
         claims.append(record(claim_id, claim, label, [], "passages"))
     return claims
 
