@@ -226,6 +226,18 @@ BAD = {
                                   ["card.json", "missing field 'labels'"]),
     "jsonl card role outside its labels": (lambda t: ("jsonl", "dev", write_user(t, [], card=dict(CARD3, nei="Maybe"))),
                                            ["card.json", "'nei'", "'Maybe' is not one of the card's labels"]),
+    # Resume, the scorer and retrieved evidence key on the claim id: a second claim under one id is refused.
+    "jsonl id given twice": (lambda t: ("jsonl", "dev", write_user(t, [{"claim_id": 1, "claim": "c", "label": "Accurate"},
+                                                                       {"claim_id": "1", "claim": "d", "label": "Accurate"}])),
+                             ["dev.jsonl", "line 2 (claim_id 1)", "is already the id of line 1 (claim_id 1)"]),
+    "covid id given twice": (lambda t: _covid(t, '{"id": "x1", "claim": "A.", "cord_id": "c1", "label": "SUPPORT", '
+                                              '"evidence_set": []}\n{"id": "x1", "claim": "B.", "cord_id": "c1", '
+                                              '"label": "REFUTE", "evidence_set": []}'),
+                             ["--split dev of check-covid", "claim 1 (claim_id x1)", "already the id of claim 0"]),
+    "jsonl empty split": (lambda t: ("jsonl", "dev", write_user(t, [])),
+                          ["--split dev of jsonl", "the split holds no claims"]),
+    "healthver empty split": (lambda t: _healthver(t, "id,evidence,claim,label\n"),
+                              ["--split dev of healthver", "the split holds no claims"]),
 }
 
 
@@ -237,6 +249,22 @@ def test_malformed_files_give_one_error_naming_the_place(tmp_path, case):
         datasets.get(name).read(split, folder)
     message = str(err.value)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_a_byte_order_mark_is_taken_by_every_dataset_reader(tmp_path):
+    # Spreadsheet and Windows tools start UTF-8 files with U+FEFF; json, csv and the TSV header would take it
+    # for part of the first key or column name.
+    for part in ("covid", "hv", "ph"):
+        (tmp_path / part).mkdir()
+    made = [_covid(tmp_path / "covid", {}),
+            _healthver(tmp_path / "hv", "id,evidence,claim,label\n1,Masks filter.,Masks work.,Supports\n"),
+            _politihop(tmp_path / "ph", '["S one."]', '{"0": ["0"]}')]
+    for name, split, folder in made:
+        files = [f for f in folder.rglob("*") if f.is_file()]
+        before = datasets.get(name).read(split, folder)
+        for f in files:
+            f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+        assert datasets.get(name).read(split, folder) == before, name
 
 
 def test_a_bad_file_stops_the_cli_before_any_model_loads_and_writes_nothing(tmp_path):
