@@ -50,7 +50,7 @@ def majority_class(dataset, split, data_dir, sample_ids):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="the folder holding each dataset's")
-    p.add_argument("--claims", type=int, default=12, help="claims per split (a seeded sample)")
+    p.add_argument("--claims", type=int, default=12, help="claims per split (a seeded sample; 0: the whole split)")
     p.add_argument("--method", default="rag-cot", help="the method to run zero-shot")
     p.add_argument("--model", help="HF directory or .gguf (default: the embedded Gemma 3 270M)")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -62,7 +62,7 @@ def main(argv=None):
         data_dir = Path(args.shared) / folder
         out = Path(args.out) / f"{dataset}-{split}-{args.method}"
         config = build(dataset=dataset, split=split, data_dir=str(data_dir), evidence=evidence, method=args.method,
-                       model=args.model, limit=args.claims, sample_seed=0, temperature=0,
+                       model=args.model, limit=args.claims or None, sample_seed=0, temperature=0,
                        max_new_tokens=args.max_new_tokens, output_dir=str(out))
         if not args.report_only:
             run(config, log=lambda *a, **k: None)

@@ -171,7 +171,9 @@ def test_a_killed_two_process_run_resumes_to_the_one_process_result(tiny, tmp_pa
     import signal
     import time
 
-    slow = ("--limit", "8", "--max-new-tokens", "40", "--max-rounds", "2")  # long enough to be killed mid-way
+    # One claim at a time per rank, so that when the first line is on disk most claims are still to go: with all
+    # of them in flight at once they end within a few milliseconds of each other, faster than the kill.
+    slow = ("--limit", "8", "--max-new-tokens", "40", "--max-rounds", "2", "--batch-size", "1")
     one, two = tmp_path / "one", tmp_path / "two"
     run_debate.main(argv(tiny, one) + list(slow))
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -50,6 +50,15 @@ def whole(tiny, tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler while the test sends SIGINT to this process: a test runner started in the
+    background by a non-interactive shell inherits SIGINT ignored, which a run rightly keeps ignoring."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def lines(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()] if Path(path).exists() else []
 
@@ -209,7 +218,7 @@ def test_a_signal_stops_a_run_in_one_line_and_the_same_command_resumes_it(tiny, 
 
 @pytest.mark.parametrize("continuous", [True, False])
 def test_ctrl_c_while_a_record_is_written_keeps_it_whole_and_leaves_no_thread(tiny, whole, tmp_path, monkeypatch,
-                                                                             capsys, continuous):
+                                                                             capsys, continuous, python_sigint):
     """In process: SIGINT arrives while the first record is being written. Continuously batched, a claim's own
     thread writes it and the main thread stops and joins it; in fixed batches the main thread writes it, and
     the stop waits for the write to end."""
@@ -238,7 +247,7 @@ def test_ctrl_c_while_a_record_is_written_keeps_it_whole_and_leaves_no_thread(ti
     same_run(out, whole)
 
 
-def test_the_api_takes_the_same_lock_and_a_stop_logs_the_line_and_raises(tiny, tmp_path, monkeypatch):
+def test_the_api_takes_the_same_lock_and_a_stop_logs_the_line_and_raises(tiny, tmp_path, monkeypatch, python_sigint):
     from debate import build, run
 
     out = tmp_path / "api"
