@@ -110,7 +110,7 @@ def _claim(claim, index, labels):
         qa = isinstance(item, dict) and all(isinstance(item.get(key), str) for key in ("question", "answer"))
         if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
             raise DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
-                                 "or with a 'text' string")
+                            "or with a 'text' string")
         items.append(dict(item, url=item.get("url", "")))
     label = claim.get("label")
     if label is not None and labels.canonical(label) is None:

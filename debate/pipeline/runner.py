@@ -202,7 +202,7 @@ def check_run(config, claims, encoder_needed=False):
         unlabelled = [c["claim_id"] for c in claims if not c.get("label")]
         if unlabelled:
             raise DataError(f"--task explain explains each claim's gold label: claim {unlabelled[0]!r} of "
-                                 f"--split {config.data.split} has none ({len(unlabelled)} of {len(claims)} claims)")
+                            f"--split {config.data.split} has none ({len(unlabelled)} of {len(claims)} claims)")
     elif config.data.dataset == "averitec" and any(c.get("label") for c in claims):
         wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
     if config.method.method in COURTROOM_METHODS or encoder_needed:
