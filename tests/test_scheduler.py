@@ -114,6 +114,33 @@ def test_an_error_in_the_model_call_cancels_every_waiting_claim(monkeypatch):
     assert sorted(unwound) == ["a", "b", "c"] and threading.active_count() == threads
 
 
+@pytest.mark.parametrize("thread_runs", [False, True])
+def test_a_stop_raised_while_a_claim_thread_starts_unwinds_with_that_stop(calls, monkeypatch, thread_runs):
+    # A signal handler runs in the main thread; Thread.start() waits there for the new thread, so a Ctrl-C can
+    # land before the thread is marked started, or after it exists but before start() returns. Either way the
+    # run must end with that stop, not "cannot join thread before it is started", and the claim must not run.
+    threads = threading.active_count()
+    real_start = threading.Thread.start
+    cut = []
+
+    def start(thread):
+        if thread.name == "claim-1" and not cut:
+            cut.append(thread)
+            if thread_runs:
+                real_start(thread)
+            raise KeyboardInterrupt
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        scheduler.run(["a", "b", "c"], lambda claim: ran.append(claim), running=3)
+    if thread_runs:
+        cut[0].join(timeout=10)
+        assert not cut[0].is_alive()
+    assert ran == ["a"] and threading.active_count() == threads
+
+
 def test_speak_outside_the_scheduler_calls_the_engine_itself(calls):
     assert turns.speak(fake_agent(), [None, None], ["p", "q"], SETTINGS) == ["P", "Q"]
     assert calls == [["p", "q"]]

@@ -80,8 +80,10 @@ class _Task:
     def resume(self):
         """Let the claim run until its next turn or its end; raise what it raised."""
         if not self.started:
-            self.started = True
+            # Marked only once start() returned: a signal raised inside start() (it waits for the new thread)
+            # leaves a thread that may or may not run, which the unwinding cannot join but can release.
             self.thread.start()
+            self.started = True
         self.go.release()
         self.baton.acquire()
         if self.error is not None:
@@ -147,6 +149,6 @@ def run(claims, verify_one, running):
         for task in live:  # an error or an interrupt: unwind the claims still waiting, keep nothing of them
             if not task.finished:
                 task.cancelled = True
+                task.go.release()  # a thread whose start a signal cut finds itself cancelled and ends
                 if task.started:
-                    task.go.release()
                     task.thread.join()
