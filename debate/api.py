@@ -20,7 +20,7 @@ from debate.engine import models
 from debate.data.inputs import DataError
 from debate.methods import turns
 from debate.pipeline import runner, stops
-from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
+from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
 def run(config, log=print):
@@ -38,13 +38,25 @@ def run(config, log=print):
             raise
 
 
+def courtroom_corpus(config):
+    """The passages the courtroom's retrieval searches where no --corpus is given and no split is read: the
+    dataset's own corpus (Check-COVID's abstracts), else None (each claim's own evidence). A run of the CLI pools
+    its split's evidence instead (debate.pipeline.evidence); a Verifier's claims come batch by batch."""
+    if config.method.method not in COURTROOM_METHODS or config.courtroom.corpus:
+        return None
+    dataset = datasets.get(config.data.dataset)
+    return dataset.corpus(dataset.data_dir(config.data.data_dir)) if dataset.corpus is not None else None
+
+
 class Verifier:
     """The config's method with its models loaded once: `verify(claims)` as often as wanted, then `close()`
     (or use it in a `with` block) to free the models.
 
     Verdicts are the labels of the config's dataset (`config.data.dataset`, and its split: Check-COVID's
     test-binary has two; a jsonl dataset's come from DATA_DIR/card.json): `labels` is that LabelSet. The
-    config's other data settings and its output settings are not used.
+    config's other data settings and its output settings are not used, except that the courtroom's methods
+    search, as in the CLI, --corpus or else the dataset's own corpus (Check-COVID's abstracts, read from
+    config.data.data_dir); for a dataset without one, each claim's own evidence.
     """
 
     def __init__(self, config):
@@ -56,7 +68,7 @@ class Verifier:
         self.agents = runner.load_agents(self.config, runner.model_roles(self.config))
         self.settings = runner.settings_of(self.config)
         runner.check_schemas(self.config, self.agents, self.settings, self.labels)
-        self.options = runner.method_options(self.config, self.labels)
+        self.options = runner.method_options(self.config, self.labels, courtroom_corpus(self.config))
         self.streams = turns.Streams(turns.device_of(self.agents))
 
     def verify(self, claims):

@@ -162,3 +162,26 @@ def test_the_verifier_loads_once_and_verifies_batch_after_batch(tiny, user_data,
             verifier.verify([{"claim": "x", "label": "True"}])
     with pytest.raises(RuntimeError, match="closed"):
         verifier.verify(["again"])
+
+
+def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(tiny, monkeypatch, tmp_path):
+    from debate import Verifier, build
+    from debate.methods.courtroom import case
+    from debate.data import checkcovid
+    from debate.pipeline.config import to_dict
+
+    data_dir = shared_dir("check-covid")
+    if not (data_dir / "corpus.json").is_file():
+        missing(f"no shared check-covid data at {data_dir}")
+    searched = []
+    monkeypatch.setattr(case, "library_from", lambda options, passages=None, log=print: searched.append(passages))
+    config = build(dataset="check-covid", split="test-binary", data_dir=str(data_dir), method="courtroom",
+                   model=tiny, temperature=0, witness=False, max_new_tokens=200)
+    Verifier(config).close()
+    [passages] = searched  # Check-COVID's abstracts, not each claim's own evidence (P-RAG would find nothing new)
+    assert len(passages) > 100 and passages == checkcovid.corpus_passages(data_dir)
+    # --corpus, when given, is read by the library itself: no dataset corpus is passed along.
+    corpus = tmp_path / "mine.jsonl"
+    corpus.write_text(json.dumps({"id": "m1", "text": "Masks cut the spread of droplets."}) + "\n")
+    Verifier(build(**{**to_dict(config), "corpus": str(corpus)})).close()
+    assert searched[1] is None

@@ -79,7 +79,7 @@ PLACEHOLDERS = {
     "courtroom_round": {"round", "plaintiff", "defense", "testimony"},
     "courtroom_hearing": {"title", "rounds"},
     "courtroom_argument": {"round", "text"},
-    "courtroom_switch": {"hearing", "consistency"},
+    "courtroom_switch": {"hearing", "evidence", "consistency"},
     "courtroom_no_switch": {"note"},
     "courtroom_query": {"context", "request"},
     "courtroom_request": {"gap", "need"},

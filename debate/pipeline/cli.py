@@ -133,14 +133,16 @@ def run_parser(description=None):
     c.add_argument("--single-judge", action="store_true",
                    help="a panel of one judge, the first --judge-models path (ablation A2)")
     c.add_argument("--no-prag", dest="prag", action="store_false",
-                   help="no progressive retrieval: no discovery, no adaptive stopping, --max-rounds 3 by default "
-                   "(ablation A3)")
+                   help="no progressive retrieval: no discovery, no adaptive stopping, --max-rounds 3 and "
+                   "--switch-rounds 3 by default (ablation A3)")
     c.add_argument("--no-reflection", dest="reflection", action="store_false",
                    help="no self-reflection: discovery asks with the gap alone, no reflection plateau, no "
                    "reflection confidence adjustment, none in the judges' record (ablation A4)")
     c.add_argument("--no-witness", dest="witness", action="store_false",
                    help="never call an expert witness, even one a counsel requests and the court grants")
-    c.add_argument("--switch-rounds", type=int, help="rounds at most of the rerun after the role switch")
+    c.add_argument("--switch-rounds", type=int,
+                   help="rounds at most of the rerun after the role switch (default 2, Appendix K; 3 under "
+                   "--no-prag, as the authors ran ablation A3: Table 5's 6.00 rounds)")
     c.add_argument("--seed-k", type=int,
                    help="passages retrieved with the claim itself for the seed pool (0: none)")
     c.add_argument("--redundancy-limit", type=float,

@@ -28,7 +28,8 @@ METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom", "
 # PROClaim's system and its Table 4 baselines: they retrieve with the Courtroom group's corpus and encoder.
 COURTROOM_METHODS = ("courtroom", "standard-mad", "single-call")
 ROUNDS = {"courtroom": 10}  # default max_rounds per method; 3 for the others (Standard MAD's fixed 3 included)
-NO_PRAG_ROUNDS = 3  # PROClaim's ablation A3 (no P-RAG) runs 3 rounds (Table 6)
+NO_PRAG_ROUNDS = 3  # PROClaim's ablation A3 (no P-RAG) runs 3 rounds (Table 6), its rerun too (Table 5's 6.00)
+SWITCH_ROUNDS = 2  # the rerun after the role switch (Appendix K)
 # --task explain: write the explanation of each claim's gold label (the MADR paper's task and its baselines).
 TASKS = ("verify", "explain")
 EXPLAIN_METHODS = ("zero-shot", "cot", "self-refine", "madr")
@@ -97,7 +98,7 @@ class Courtroom:
     prag: bool = identity(True)  # False: ablation A3, no P-RAG, no adaptive stopping, 3 rounds
     reflection: bool = identity(True)  # False: ablation A4, no self-reflection (nor its uses)
     witness: bool = identity(True)
-    switch_rounds: int = identity(2)  # rounds of the rerun after the role switch (Appendix K)
+    switch_rounds: int = identity()  # rounds of the rerun after the role switch: 2 (Appendix K), 3 under A3
     seed_k: int = identity(5)  # passages retrieved with the claim itself for the seed pool (Appendix J's example)
     redundancy_limit: float = identity(0.70)  # P-RAG early exits (Appendix I)
     relevance_gain: float = identity(0.05)
@@ -266,6 +267,8 @@ def build(**settings):
         s["max_new_tokens"] = DEMO_TURN if s["split"] == DEMO_SPLIT else FULL_TURN
     if s["max_rounds"] is None:
         s["max_rounds"] = NO_PRAG_ROUNDS if method == "courtroom" and not s["prag"] else ROUNDS.get(method, 3)
+    if s["switch_rounds"] is None:
+        s["switch_rounds"] = SWITCH_ROUNDS if s["prag"] else NO_PRAG_ROUNDS
     if s["temperature"] is None:
         s["temperature"] = EXPLAIN_TEMPERATURE if explaining else TEMPERATURE.get(method, PAPER_TEMPERATURE)
     _check(s)

@@ -7,7 +7,7 @@ dataset's own corpus (Check-COVID: its abstracts); from a corpus, each claim's -
 to it under the project's sentence encoder (debate.engine.retrieval). That step loads the encoder, so it runs
 (`retrieve`) only after every check of the run has passed.
 
-The courtroom (and PROClaim's baselines) search, besides a claim's own evidence, a corpus: --corpus, else the
+The courtroom (and PROClaim's baselines) search a corpus, in place of a claim's own evidence: --corpus, else the
 dataset's own (Check-COVID's abstracts), else the evidence of every claim of the split under the run's
 condition, pooled (AVeriTeC: the annotators' pairs of the whole split under golden, HerO's under retrieved,
 nothing under none), so P-RAG has more than the claim's own items to discover and never sees a condition's

@@ -26,8 +26,6 @@ POOL_ORDER = {s: k for k, s in enumerate(("admitted", "disputed", "unscored", "d
 
 
 @dataclass
-
-
 class Library:
     """What the courtroom retrieves with: the encoder and the corpus index shared by every claim."""
     embedder: object
@@ -55,8 +53,6 @@ def index_for(library, claim):
 
 
 @dataclass
-
-
 class Hearing:
     counsels: dict  # side -> the RoleModel that argues it
     speakers: dict  # side -> the role whose model argues it (swapped in the rerun; its temperature goes with it)
@@ -76,8 +72,6 @@ class Hearing:
 
 
 @dataclass
-
-
 class Case:
     claim: dict
     index: object  # retrieval.Index searched for this claim

@@ -64,7 +64,9 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
                                                        schema_name="counsel_gap")):
             gap = field_text(reply_fields(reply, ("Gap",)).get("Gap")) or reply.strip()
             need = field_text(hearing.reflections.get(side, {}).get("Discovery Need"))
-            requests[(id(case), side)] = render("courtroom_request", gap=gap, need=need) if need else gap
+            # Appendix I joins them as "{gap}. Focus also on: {need}"; a gap ending in a full stop keeps one.
+            requests[(id(case), side)] = (render("courtroom_request", gap=gap.rstrip().rstrip("."), need=need)
+                                          if need else gap)
     court = tuned(settings, opts, "court")
     pairs = [(case, hearing, side) for case, hearing in active for side in SIDES]
     # Step 2 (the P-RAG engine's query formulation) and step 3 (the court's refinement), Appendix I.

@@ -8,7 +8,7 @@ from debate.engine import engine
 from debate.methods import turns
 from debate.methods.courtroom import rules
 from debate.methods.courtroom.case import (SHOWN, SIDES, SIDE_NAMES, ask, field_text, format_pool, hearing_text,
-                                           testimony_text, tuned)
+                                           passage_text, testimony_text, tuned)
 
 
 def _seats(agents, opts):
@@ -36,7 +36,11 @@ def _case_file(case, switch_note):
     evidence = "\n".join([format_pool(first.pool)] + testimony)
     if len(case.hearings) > 1:
         second = hearing_text(case.hearings[1], "Second hearing, roles swapped")
-        role_switch = render("courtroom_switch", hearing=second,
+        # The rerun's own discoveries are numbered after the admitted exhibits, as the first hearing's are:
+        # listed apart, so a "Source N" of either hearing names the passage its counsel read.
+        found = "\n".join(passage_text(e, i + 1) for i, e in enumerate(case.hearings[1].pool)
+                          if e["status"] == "discovered") or "(none)"
+        role_switch = render("courtroom_switch", hearing=second, evidence=found,
                              consistency="?" if case.consistency is None else f"{case.consistency:g}")
     else:
         role_switch = render("courtroom_no_switch", note=switch_note)

@@ -64,7 +64,8 @@ def reflection_score(logic, novelty, rebuttal, weights=(0.4, 0.3, 0.3)):
 
 def plateaued(totals, delta=0.05):
     """True when the reflection total changed by less than `delta` from the previous round to this one:
-    |S_t - S_(t-1)| < delta, from round 2 on (Appendix O's Delta S; Appendix J stops at round 2 on it).
+    |S_t - S_(t-1)| < delta, from round 2 on (Appendix O's Delta S; in Appendix J's example round 2's
+    Delta S = 0.097 lets the debate go on, and the court ends it at round 3).
 
     `totals` is S per round, the SUM of both counsels' totals (in [0, 2]); a round without one (an
     unreadable reflection) is compared with nothing.
