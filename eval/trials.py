@@ -199,13 +199,11 @@ def table3_text(table):
 
 def read_trials(run_dir):
     """The predictions of each trial directory (trial-1, trial-2, ...) of a --trials run, and the gold labels
-    they carry ({claim_id: gold_label})."""
+    they carry ({claim_id: gold_label}). A run of one trial (no trial-k directories) is one run."""
     import json
     from pathlib import Path
 
-    dirs = sorted(Path(run_dir).glob("trial-*"), key=lambda d: int(d.name.split("-")[1]))
-    if not dirs:
-        raise SystemExit(f"error: {run_dir}: no trial-k directories (a run made with --trials N)")
+    dirs = sorted(Path(run_dir).glob("trial-*"), key=lambda d: int(d.name.split("-")[1])) or [Path(run_dir)]
     runs = []
     for d in dirs:
         path = d / "predictions.jsonl"

@@ -240,6 +240,25 @@ def test_table3_runs_majority_weighted_total_and_oracle_by_hand():
     assert "majority vote" in text and "oracle (best of 3)" in text
 
 
+def test_read_trials_takes_the_trial_directories_or_a_one_trial_run_itself(tmp_path):
+    from eval import trials
+
+    def write(folder, run):
+        folder.mkdir(parents=True)
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(dict(p, gold_label=GOLD[p["claim_id"]])) + "\n"
+                                                          for p in run))
+
+    for k, run in enumerate(RUNS, 1):
+        write(tmp_path / "three" / f"trial-{k}", run)
+    runs, gold = trials.read_trials(tmp_path / "three")
+    assert [[p["label"] for p in r] for r in runs] == [[p["label"] for p in r] for r in RUNS] and gold == GOLD
+    write(tmp_path / "one", RUNS[1])  # --trials 1 writes no trial-k directory
+    runs, gold = trials.read_trials(tmp_path / "one")
+    assert len(runs) == 1 and trials.table3(runs, gold)["majority_vote"]["accuracy"] == 0.5
+    with pytest.raises(SystemExit, match="predictions.jsonl: no such file"):
+        trials.read_trials(tmp_path / "nothing")
+
+
 def test_a_runs_efficiency_and_tokens_are_summed_over_claims():
     from eval import trials
 
