@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,9 @@ def run_method(name, flags, claims, refine_iterations, log):
         done = method(agents, batch, settings, streams=streams, **kwargs)
         method_seconds += time.perf_counter() - start
         start = time.perf_counter()
-        refined += madr.refine(agents, done, batch, settings, refine_iterations, streams)
+        # MADR at its own temperature (--madr-temperature), as run_debate.py runs it, whatever the method's.
+        refined += madr.refine(agents, done, batch, replace(settings, temperature=config.madr.madr_temperature),
+                               refine_iterations, streams)
         madr_seconds += time.perf_counter() - start
         plain += done
         log(f"{name}: {len(plain)}/{len(claims)} claims, {method_seconds:.0f}s + MADR {madr_seconds:.0f}s")

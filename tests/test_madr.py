@@ -53,9 +53,13 @@ def scripted(monkeypatch):
 
 
 def script(agree_at=None, judge_reply=None, refiner=REFINED):
-    """Debaters say "<ROLE>-<claim>-<turn>"; the judge agrees at its call `agree_at(claim)` (never if None)."""
+    """Debaters say "<ROLE>-<claim>-<turn>"; the judge agrees at its call `agree_at(claim)` (never if None).
+    Each judge call is a fresh conversation, so the script counts the calls itself."""
+    judged = {}
+
     def reply(role, cid, turn):
         if role == "madr_judge":
+            turn = judged[cid] = judged.get(cid, 0) + 1
             if judge_reply:
                 return judge_reply(cid, turn)
             return judge("Yes" if agree_at and turn == agree_at(cid) else "No")
@@ -168,6 +172,28 @@ def test_the_explanation_is_the_debaters_own_earlier_turn(scripted, monkeypatch)
     assert [m["role"] for m in refiner.messages[:2]] == ["user", "assistant"] and "Claim number 0." in \
         refiner.messages[0]["content"] and "1990 by the mayor" in refiner.messages[1]["content"]
     assert "1990 by the mayor" in kept["madr_judge"].system and "A0." in kept["madr_judge"].system
+
+
+def test_each_judge_call_reads_only_the_current_feedback_and_every_calls_tokens_count(scripted):
+    agents, calls, state = scripted
+    inner, seen = script(agree_at=lambda cid: 3), []
+
+    def watched(role, cid, turn):
+        if role == "madr_judge":
+            seen.append(turn)  # the reply's place in its own conversation
+        return inner(role, cid, turn)
+
+    state["script"] = watched
+    record = refine(agents, [record_of(CLAIMS[0])], iterations=3)[0]
+    pred = record["prediction"]
+    assert pred["madr"] == {"revisions": 2, "judge_calls": 3, "stop_reason": "agreement", "refine_status": "field"}
+    # Algorithm 1's J(F1, F2): each call opens a fresh conversation, with no earlier question or "No" in it.
+    assert seen == [1, 1, 1]
+    judged = [t["prompt"] for t in record["transcript"]["turns"] if t["role"] == "madr_judge"]
+    assert "MADR_TYPOLOGY-0-1" in judged[0] and "MADR_TYPOLOGY-0-3" in judged[2]
+    # Tokens of every call count, the earlier judge conversations' too: 6 debater turns, 3 judge calls and the
+    # refiner's turn at 10 prompt / 5 completion tokens each (the scripted engine), on top of the record's own.
+    assert (pred["prompt_tokens"], pred["completion_tokens"]) == (100 + 10 * 10, 20 + 10 * 5)
 
 
 def test_refined_justification_replaces_the_original_and_keeps_the_label(scripted):

@@ -60,6 +60,7 @@ class Review:
     convs: dict  # role -> engine.Conversation
     feedback: dict = field(default_factory=dict)  # debater role -> its latest feedback
     turns: list = field(default_factory=list)
+    judged: list = field(default_factory=list)  # the judge's conversations of earlier calls, for their tokens
     revisions: int = 0  # Algorithm 1's i: feedback revisions done
     judge_calls: int = 0
     stop_reason: str = "max_iterations"
@@ -120,6 +121,14 @@ def _feedback(agents, reviews, round_name, settings, generator, first):
 
 def _judge(agents, reviews, round_name, settings, generator):
     """Ask the judge whether each review's debaters agree; returns the reviews that go on."""
+    for review in reviews:
+        # Algorithm 1's J(F1, F2) reads the two current feedbacks only: each call is a fresh conversation over
+        # the same context, so the judge's earlier questions and its earlier "No" are not in front of it.
+        asked = review.convs["madr_judge"]
+        if asked.messages:
+            asked.drop_cache()
+            review.judged.append(asked)
+            review.convs["madr_judge"] = engine.Conversation(system=asked.system)
     prompts = [render("madr_judge", typology_feedback=r.feedback["madr_typology"],
                       free_feedback=r.feedback["madr_free"]) for r in reviews]
     replies = _speak(agents, "madr_judge", reviews, prompts, round_name, settings, generator, "madr_judge")
@@ -203,7 +212,7 @@ def refine(agents, records, claims, settings, max_iterations, streams=None, on_f
             prediction["justification"] = review.refined
             prediction["madr"] = {"revisions": review.revisions, "judge_calls": review.judge_calls,
                                   "stop_reason": review.stop_reason, "refine_status": review.refine_status}
-            for key, count in turns.token_counts(review.convs.values()).items():
+            for key, count in turns.token_counts([*review.convs.values(), *review.judged]).items():
                 prediction[key] = prediction.get(key, 0) + count
             transcript["turns"] = list(transcript.get("turns", [])) + review.turns
         out.append({**record, "prediction": prediction, "transcript": transcript})
