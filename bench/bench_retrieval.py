@@ -100,7 +100,7 @@ def load_index(corpus, embedder, out_path):
     start = time.perf_counter()
     index = retrieval.corpus_index(corpus, embedder, lambda m: (messages.append(m), print(m, flush=True)))
     seconds = round(time.perf_counter() - start, 1)
-    key = {"corpus_sha256": retrieval.file_sha256(corpus), "embedder": embedder.path}
+    key = {"texts_sha256": retrieval.texts_sha256(p["text"] for p in index.passages), "embedder": embedder.path}
     timing = {"passages": len(index.passages), "seconds_this_run": seconds, "from_cache": not messages}
     if messages:  # corpus_index only speaks when it embeds
         timing.update(first_embedding_seconds=seconds, key=key)

@@ -38,15 +38,15 @@ from eval import view  # noqa: E402
 
 def bench_claims(n):
     """The first `n` claims of AVeriTeC dev with golden evidence, else the demo claims repeated (new ids)."""
-    from debate.data import claims as data
+    from debate.data import averitec, claims as data
     from tests.tiny_models import averitec_dir
 
     found = averitec_dir()
     if (found / "dev.json").is_file():
-        claims = data.attach_evidence(data.load_split("dev", found), "golden")
+        claims = data.attach_evidence(averitec.load_split("dev", found), "golden")
         if len(claims) >= n:
             return claims[:n], "AVeriTeC dev, golden evidence"
-    demo = data.attach_evidence(data.load_split("demo"), "golden")
+    demo = data.attach_evidence(averitec.load_split("demo"), "golden")
     return [dict(demo[k % len(demo)], claim_id=k) for k in range(n)], "the demo claims, repeated"
 
 
@@ -102,7 +102,7 @@ def scripted_run(args, out):
             replies.append(text)
         return replies
 
-    engine.generate, schema.compile_for = generate, lambda name, tokenizer: name
+    engine.generate, schema.compile_for = generate, lambda name, tokenizer, labels=None: name
     agent = type("Scripted", (), {"model": "scripted", "tokenizer": None, "adapter": None, "path": "scripted"})()
     settings = engine.Settings(max_new_tokens=512)
     start = time.perf_counter()

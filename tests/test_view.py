@@ -457,3 +457,18 @@ def test_the_report_in_headless_chromium(tmp_path):
         assert browser.errors() == []
         asked = browser.requests()
         assert asked and asked[0].startswith(url) and all(u.startswith((url, "data:")) for u in asked), asked
+
+
+def test_the_report_benchmark_still_runs_on_a_few_scripted_claims(tmp_path):
+    # bench/bench_view.py measures the 500-claim report in docs/BENCHMARKS.md; it once broke silently when the
+    # data wing moved, so a small run of it (no browser) is part of the suite.
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/bench_view.py", "--claims", "3", "--turn-chars", "200", "--repeat",
+                           "1", "--no-browser", "--out", str(tmp_path / "run")], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((root / "bench/out/view.json").read_text())
+    assert (result["claims"], result["turns"]) == (3, 30) and result["report_mb"] > result["report_mb_no_prompts"] > 0
