@@ -20,7 +20,8 @@ from debate.engine import models
 from debate.data.inputs import DataError
 from debate.methods import turns
 from debate.pipeline import runner, stops
-from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
+from debate.pipeline.config import COURTROOM_METHODS
+from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
 def run(config, log=print):
