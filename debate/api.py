@@ -19,7 +19,7 @@ from debate.data import datasets, prompts
 from debate.engine import models
 from debate.data.inputs import DataError
 from debate.methods import turns
-from debate.pipeline import runner, stops
+from debate.pipeline import evidence, runner, stops
 from debate.pipeline.config import COURTROOM_METHODS
 from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
@@ -45,8 +45,7 @@ def courtroom_corpus(config):
     its split's evidence instead (debate.pipeline.evidence); a Verifier's claims come batch by batch."""
     if config.method.method not in COURTROOM_METHODS or config.courtroom.corpus:
         return None
-    dataset = datasets.get(config.data.dataset)
-    return dataset.corpus(dataset.data_dir(config.data.data_dir)) if dataset.corpus is not None else None
+    return evidence.own_corpus(config)
 
 
 class Verifier:

@@ -50,7 +50,7 @@ def read(config):
         if path is None and config.courtroom.corpus:
             corpus = retrieval.load_corpus(config.courtroom.corpus)
         elif path is None and dataset.corpus is not None:
-            corpus = dataset.corpus(dataset.data_dir(d.data_dir))
+            corpus = own_corpus(config)
         elif path is None and d.split != averitec.DEMO_SPLIT:  # the demo set's retrieved is its golden (config)
             raise DataError(f"--evidence retrieved: {where} has no retrieved evidence of its own; give "
                             "--retrieved-file (evidence keyed by claim_id) or --corpus (JSONL passages to retrieve from)")
@@ -59,9 +59,15 @@ def read(config):
     else:
         inputs = Inputs(records.attach_evidence(claims, d.evidence, path), labels, dataset, notes=notes)
     if config.method.method in COURTROOM_METHODS and not config.courtroom.corpus:
-        inputs.passages = (dataset.corpus(dataset.data_dir(d.data_dir)) if dataset.corpus is not None
-                           else pooled(records.attach_evidence(split, d.evidence, path) if corpus is None else []))
+        own = corpus if corpus is not None else own_corpus(config)  # read once where retrieval used it too
+        inputs.passages = own if own is not None else pooled(records.attach_evidence(split, d.evidence, path))
     return inputs
+
+
+def own_corpus(config):
+    """The config's dataset's own retrieval corpus as passages (Check-COVID's abstracts), or None where it has none."""
+    dataset = datasets.get(config.data.dataset)
+    return dataset.corpus(dataset.data_dir(config.data.data_dir)) if dataset.corpus is not None else None
 
 
 def _limited(claims, d):
