@@ -6,7 +6,7 @@
 Each method runs as `run_debate.py --task explain --method NAME` with the data flags of --data (default
 `--dataset politihop --split test --evidence ruling`: PolitiHop's claims, each one's whole PolitiFact ruling
 as evidence, as the paper's explanations had, and their gold labels; add `--data-dir DIR` inside it when the
-data is elsewhere), in its own resumable run directory OUT/<method>; then `eval.geval` rates every explanation under
+data is elsewhere), in its own resumable run directory OUT/<method>; then the faithfulness judge (debate.pipeline.faithfulness) rates every explanation under
 the four protocols with --judge-model (default: the embedded Gemma 3 270M, which also generates by
 default: a 270M judge's ratings say little about faithfulness; they show the pipeline runs). A rerun
 resumes both the runs and the ratings.
@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from debate.pipeline import cli, runner  # noqa: E402
-from eval import geval  # noqa: E402
+from debate.pipeline import faithfulness as judge_run  # noqa: E402
+from eval import faithfulness  # noqa: E402
 
 METHODS = ("zero-shot", "cot", "self-refine", "madr")
 
@@ -89,8 +90,8 @@ def main():
         seconds, stats = run_method(method, args, out / method, log)
         rows[method] = {"seconds": seconds, "stats": stats, "run_dir": str(out / method)}
     start = time.perf_counter()
-    result = geval.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, geval.PROTOCOLS,
-                            names=list(args.methods), batch_size=args.batch_size, log=log)
+    result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, faithfulness.PROTOCOLS,
+                                names=list(args.methods), batch_size=args.batch_size, log=log)
     judge_seconds = time.perf_counter() - start
     summary = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
                "processor": platform.processor(), "data": args.data, "limit": args.limit,
@@ -99,7 +100,7 @@ def main():
                "geval": {row["name"]: row["scores"] for row in result["methods"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"G-Eval faithfulness, judge {result['judge']} ({judge_seconds:.0f} s for every rating not already made)")
-    print(geval.table(result))
+    print(faithfulness.table(result))
     print()
     print(cost_table(rows))
 

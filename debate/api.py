@@ -7,7 +7,7 @@
         predictions = verifier.verify([{"claim": "...", "evidence": [...]}])   # in memory, no directory
         more = verifier.verify(other_claims)                    # batch after batch, the same models
     view(config.output.output_dir, "report.html")              # = python -m eval.view: the run as one HTML file
-    result = geval(["runs/a", "runs/b"], judge_model="M")     # = python -m eval.geval: faithfulness per run
+    result = geval(["runs/a", "runs/b"], judge_model="M")     # = debatecv-geval: faithfulness per run
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
@@ -152,14 +152,15 @@ def view(run_dirs, output="report.html", **options):
 def geval(run_dirs, judge_model=None, protocols="all", human=None, names=None, batch_size=8, use_4bit=True,
           log=print):
     """G-Eval faithfulness of the explanations (justifications) of `run_dirs` (one path or several, one row
-    each) as `python -m eval.geval` scores them, judged by `judge_model` (default: the embedded model) under
+    each) as `debatecv-geval` scores them, judged by `judge_model` (default: the embedded model) under
     `protocols` ("all" or some of sentence, sentence-typology, document, document-typology); `human`: a JSONL
     file of people's scores for Kendall's tau-c. Returns the result: per row and protocol the mean and its 95%
-    bootstrap interval, and every explanation's score; eval.geval.table(result) is the paper's Table 2 layout.
+    bootstrap interval, and every explanation's score; eval.faithfulness.table(result) is the paper's Table 2
+    layout.
     """
-    from eval import geval as scorer
+    from debate.pipeline import faithfulness as judge_run
 
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else list(run_dirs)
-    protocols = scorer.PROTOCOLS if protocols == "all" else [protocols] if isinstance(protocols, str) else protocols
-    return scorer.evaluate([str(d) for d in run_dirs], judge_model, list(protocols), human, names, batch_size,
-                           use_4bit, log=log)
+    protocols = judge_run.PROTOCOLS if protocols == "all" else [protocols] if isinstance(protocols, str) else protocols
+    return judge_run.evaluate([str(d) for d in run_dirs], judge_model, list(protocols), human, names, batch_size,
+                               use_4bit, log=log)

@@ -16,6 +16,7 @@ import sys
 from debate.data import jsonl
 from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LABELS, canonical_label
+from debate.data.flags import Parser
 from eval import metrics
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -327,9 +328,6 @@ def _jsonable(value):
 
 
 def build_parser():
-    # Only the command line needs the pipeline wing's one-line errors; the scoring functions import nothing above data.
-    from debate.pipeline.cli import Parser
-
     parser = Parser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
     parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")
     parser.add_argument("--references", required=True, help="AVeriTeC dev.json-shaped file")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from debate.data.flags import Parser
 from eval.averitec import InputError, level_key, read_records, rows_from_files
 
 
@@ -176,9 +177,6 @@ def format_comparison(result, name_a="A", name_b="B"):
 
 
 def build_parser():
-    # Only the command line needs the pipeline wing's one-line errors; the scoring functions import nothing above data.
-    from debate.pipeline.cli import Parser
-
     parser = Parser(prog="python -m eval.compare", description=__doc__.split("\n")[0])
     parser.add_argument("a", help="predictions of system A (a run's submission.json, JSONL, or a run directory, "
                         "with trials or not)")

@@ -20,6 +20,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from debate.data.flags import Parser
 from eval import figures, rundir
 from eval.averitec import InputError
 
@@ -412,9 +413,6 @@ def write(run_dirs, output="report.html", **options):
 
 
 def build_parser():
-    # Only the command line needs the pipeline wing's one-line errors; the report imports nothing above data.
-    from debate.pipeline.cli import Parser
-
     parser = Parser(prog="python -m eval.view", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (with two or more, they are "
                         "compared; the first is A of every paired test)")

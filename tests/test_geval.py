@@ -1,4 +1,4 @@
-"""G-Eval faithfulness (eval/geval.py, debate/methods/geval.py): the protocols' prompts, the weighted score on a
+"""G-Eval faithfulness (eval/faithfulness.py, debate/methods/faithfulness_judge.py, debate/pipeline/faithfulness.py): the protocols' prompts, the weighted score on a
 scripted judge with known probabilities, resuming, Kendall's tau-c, and the explanation task end to end on a tiny
 model."""
 import json
@@ -8,9 +8,10 @@ import pytest
 
 import run_debate
 from debate.engine import models
-from debate.methods import geval as judging
+from debate.methods import faithfulness_judge as judging
 from debate.data.prompts import load_prompt
-from eval import geval
+from debate.pipeline import faithfulness as judge_run
+from eval import faithfulness
 from eval.averitec import InputError
 from tests import scripted as engine_script
 
@@ -51,17 +52,17 @@ def test_a_free_reply_gives_its_one_score_and_an_unreadable_one_none():
 
 
 def test_weighted_score_is_the_probability_weighted_mean_renormalised():
-    assert geval.weighted_score({"1": 0.1, "5": 0.9}) == pytest.approx(4.6)
-    assert geval.weighted_score({"2": 0.25, "4": 0.25}) == pytest.approx(3.0)  # renormalised over what is there
-    assert geval.weighted_score(None) is None and geval.weighted_score({"3": 0.0}) is None
+    assert faithfulness.weighted_score({"1": 0.1, "5": 0.9}) == pytest.approx(4.6)
+    assert faithfulness.weighted_score({"2": 0.25, "4": 0.25}) == pytest.approx(3.0)  # renormalised over what is there
+    assert faithfulness.weighted_score(None) is None and faithfulness.weighted_score({"3": 0.0}) is None
 
 
 def test_sentence_units_are_punkts_sentences():
     text = "Mr. Smith said so on Jan. 3, 2013. The pens cost $14.99 each!  Nothing else."
-    assert geval.units_of("sentence", text) == ["Mr. Smith said so on Jan. 3, 2013.", "The pens cost $14.99 each!",
+    assert faithfulness.units_of("sentence", text) == ["Mr. Smith said so on Jan. 3, 2013.", "The pens cost $14.99 each!",
                                                 "Nothing else."]
-    assert geval.units_of("document-typology", text) == [text.strip()]
-    assert geval.units_of("sentence", "  ") == [] and geval.units_of("document", None) == []
+    assert faithfulness.units_of("document-typology", text) == [text.strip()]
+    assert faithfulness.units_of("sentence", "  ") == [] and faithfulness.units_of("document", None) == []
 
 
 @pytest.mark.parametrize("x, y", [
@@ -72,18 +73,18 @@ def test_sentence_units_are_punkts_sentences():
 def test_kendall_tau_c_equals_scipys(x, y):
     from scipy.stats import kendalltau  # an oracle only
 
-    assert geval.kendall_tau_c(x, y) == pytest.approx(kendalltau(x, y, variant="c").statistic)
+    assert faithfulness.kendall_tau_c(x, y) == pytest.approx(kendalltau(x, y, variant="c").statistic)
 
 
 def test_kendall_tau_c_is_none_where_it_is_undefined():
-    assert geval.kendall_tau_c([1], [2]) is None and geval.kendall_tau_c([1, 1, 1], [1, 2, 3]) is None
+    assert faithfulness.kendall_tau_c([1], [2]) is None and faithfulness.kendall_tau_c([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_bootstrap_interval_is_seeded_and_holds_the_mean():
     values = [4.6, 3.0, 4.9, 2.5, 5.0, 4.1]
-    low, high = geval.bootstrap_interval(values, samples=2000, seed=3)
-    assert low < sum(values) / len(values) < high and geval.bootstrap_interval(values, 2000, 3) == [low, high]
-    assert geval.bootstrap_interval([4.0]) == [4.0, 4.0] and geval.bootstrap_interval([]) is None
+    low, high = faithfulness.bootstrap_interval(values, samples=2000, seed=3)
+    assert low < sum(values) / len(values) < high and faithfulness.bootstrap_interval(values, 2000, 3) == [low, high]
+    assert faithfulness.bootstrap_interval([4.0]) == [4.0, 4.0] and faithfulness.bootstrap_interval([]) is None
 
 
 # ---------------------------------------------------------------- a scripted judge over run directories
@@ -142,7 +143,7 @@ def judge(monkeypatch):
 def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, tmp_path):
     calls, loaded = judge
     run = run_dir(tmp_path / "zs", EXPLANATIONS)
-    result = geval.evaluate([run], judge_model="judge-m", log=lambda *a: None, samples=500)
+    result = judge_run.evaluate([run], judge_model="judge-m", log=lambda *a: None, samples=500)
     (row,) = result["methods"]
     assert row["name"] == "zero-shot" and loaded == [{"geval_judge": "judge-m"}]
     for protocol in judging.PROTOCOLS:
@@ -160,7 +161,7 @@ def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, t
     assert {c.schemas[0].name for c in calls} == {"geval_document", "geval_sentence"}
     # The judge read the claim's evidence, as the run's config says (the demo split's golden evidence).
     assert "7-2 vote" in calls[0].prompts[0]
-    table = geval.table(result)
+    table = faithfulness.table(result)
     assert table.splitlines()[0] == ("| method | n | sentence, no typology | sentence, typology | "
                                      "document, no typology | document, typology |")
     assert table.splitlines()[2].startswith("| zero-shot | 3 | 2.62 [") and "| 3.90 [" in table
@@ -169,13 +170,13 @@ def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, t
 def test_ratings_are_written_as_made_and_reused_for_the_same_judge_and_explanation(judge, tmp_path):
     calls, loaded = judge
     run = run_dir(tmp_path / "zs", EXPLANATIONS)
-    geval.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
-    lines = [json.loads(line) for line in (tmp_path / "zs" / geval.RATINGS).read_text().splitlines()]
+    judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
+    lines = [json.loads(line) for line in (tmp_path / "zs" / faithfulness.RATINGS).read_text().splitlines()]
     assert [(line["claim_id"], line["protocol"]) for line in lines] == [(0, "document"), (1, "document"),
                                                                         (2, "document")]
     assert lines[0]["units"][0]["probs"]["5"] == 0.8 and lines[0]["score"] == pytest.approx(4.8)
     before = len(calls)
-    again = geval.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
+    again = judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
     assert len(calls) == before and again["methods"][0]["explanations"]["document"]["0"] == pytest.approx(4.8)
     # A changed explanation is rated again; so is every one under another judge.
     run_changed = json.loads((tmp_path / "zs" / "predictions.jsonl").read_text().splitlines()[2])
@@ -183,7 +184,7 @@ def test_ratings_are_written_as_made_and_reused_for_the_same_judge_and_explanati
     (tmp_path / "zs" / "predictions.jsonl").write_text(
         "".join(json.dumps({"claim_id": c, "justification": EXPLANATIONS[0] if c == 2 else t}) + "\n"
                 for c, t in EXPLANATIONS.items()))
-    changed = geval.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
+    changed = judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
     assert sum(len(c.prompts) for c in calls[before:]) == 1
     assert changed["methods"][0]["explanations"]["document"]["2"] == pytest.approx(4.8)
 
@@ -196,15 +197,15 @@ def test_several_runs_are_rows_and_people_give_kendalls_tau_c_per_protocol(judge
         {"run": "zero-shot", "claim_id": 0, "score": 1}, {"run": "zero-shot", "claim_id": 2, "score": 0},
         {"run": "b", "claim_id": 0, "score": 0}, {"run": "madr", "claim_id": 2, "score": 0},
         {"run": "madr", "claim_id": 2, "score": 1}]) + "\n")  # two people on one explanation: averaged
-    result = geval.evaluate(runs, judge_model="judge-m", human=str(human), log=lambda *a: None, samples=100)
+    result = judge_run.evaluate(runs, judge_model="judge-m", human=str(human), log=lambda *a: None, samples=100)
     assert [row["name"] for row in result["methods"]] == ["zero-shot", "madr"]
     people = {("zero-shot", "0"): 1.0, ("zero-shot", "2"): 0.0, ("madr", "0"): 0.0, ("madr", "2"): 0.5}
     for protocol in judging.PROTOCOLS:
         pairs = [(people[(row["name"], cid)], row["explanations"][protocol][cid])
                  for row in result["methods"] for cid in ("0", "2")]
         assert result["agreement"][protocol] == {
-            "tau_c": pytest.approx(geval.kendall_tau_c([p for p, _ in pairs], [s for _, s in pairs])), "n": 4}
-    assert "| sentence, typology |" in geval.agreement_table(result["agreement"])
+            "tau_c": pytest.approx(faithfulness.kendall_tau_c([p for p, _ in pairs], [s for _, s in pairs])), "n": 4}
+    assert "| sentence, typology |" in faithfulness.agreement_table(result["agreement"])
 
 
 def test_bad_inputs_are_named_before_the_judge_loads(judge, tmp_path):
@@ -217,26 +218,26 @@ def test_bad_inputs_are_named_before_the_judge_loads(judge, tmp_path):
                           ("{not json\n", r"line 1 is not valid JSON")]:
         human.write_text(text)
         with pytest.raises(InputError, match=message):
-            geval.evaluate([run], judge_model="judge-m", human=str(human), log=lambda *a: None)
+            judge_run.evaluate([run], judge_model="judge-m", human=str(human), log=lambda *a: None)
     with pytest.raises(InputError, match="no predictions.jsonl"):
-        geval.evaluate([str(tmp_path)], judge_model="judge-m", log=lambda *a: None)
+        judge_run.evaluate([str(tmp_path)], judge_model="judge-m", log=lambda *a: None)
     with pytest.raises(InputError, match="--protocol: paragraph"):
-        geval.evaluate([run], judge_model="judge-m", protocols=["paragraph"], log=lambda *a: None)
+        judge_run.evaluate([run], judge_model="judge-m", protocols=["paragraph"], log=lambda *a: None)
     (tmp_path / "zs" / "predictions.jsonl").write_text(json.dumps({"claim_id": 99, "justification": "x"}) + "\n")
     with pytest.raises(InputError, match="claim 99 .* not in its split"):
-        geval.evaluate([run], judge_model="judge-m", log=lambda *a: None)
+        judge_run.evaluate([run], judge_model="judge-m", log=lambda *a: None)
     assert loaded == [] and calls == []
 
 
 def test_explanation_stats():
-    stats = geval.explanation_stats([
+    stats = faithfulness.explanation_stats([
         {"justification": "One. Two.", "prompt_tokens": 10, "completion_tokens": 2,
          "madr": {"revisions": 2, "stop_reason": "max_iterations"}},
         {"justification": "", "prompt_tokens": 4, "completion_tokens": 0,
          "madr": {"revisions": 0, "stop_reason": "agreement"}}])
     assert stats == {"n": 2, "empty": 1, "mean_words": 1.0, "mean_sentences": 1.0, "tokens_per_claim": 8.0,
                      "madr": {"stop_reasons": {"max_iterations": 1, "agreement": 1}, "mean_revisions": 1.0}}
-    assert "2 explanations (1 empty)" in geval.stats_line(stats)
+    assert "2 explanations (1 empty)" in faithfulness.stats_line(stats)
 
 
 # ---------------------------------------------------------------- end to end on a tiny random model
@@ -257,8 +258,8 @@ def test_explain_with_madr_then_geval_under_all_four_protocols(tmp_path, capsys)
     config = json.loads((out / "config.json").read_text())
     assert (config["task"], config["method"], config["madr_temperature"]) == ("explain", "madr", 0.0)
     capsys.readouterr()
-    summary = tmp_path / "geval.json"
-    assert geval.main([str(out), "--judge-model", tiny, "--batch-size", "4", "--samples", "200",
+    summary = tmp_path / "faithfulness.json"
+    assert judge_run.main([str(out), "--judge-model", tiny, "--batch-size", "4", "--samples", "200",
                        "--json", str(summary)]) == 0
     shown = capsys.readouterr().out
     assert "| madr | 2 |" in shown and "document, typology" in shown
@@ -266,7 +267,7 @@ def test_explain_with_madr_then_geval_under_all_four_protocols(tmp_path, capsys)
     for protocol in judging.PROTOCOLS:
         for score in result["methods"][0]["explanations"][protocol].values():
             assert score is None or 1.0 <= score <= 5.0
-    lines = [json.loads(line) for line in (out / geval.RATINGS).read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / faithfulness.RATINGS).read_text().splitlines()]
     rated = [u for line in lines for u in line["units"]]
     assert rated and all(u["status"] == "structured" and sum(u["probs"].values()) == pytest.approx(1, abs=1e-4)
                          for u in rated)
@@ -287,5 +288,5 @@ def test_a_record_with_its_own_evidence_is_judged_against_it(judge, tmp_path):
     pooled = {"claim_id": 0, "justification": "The report says so.",
               "evidence": [{"question": "What did the pool find?", "answer": "A pooled passage.", "url": ""}]}
     (tmp_path / "court" / "predictions.jsonl").write_text(json.dumps(pooled) + "\n")
-    geval.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=10)
+    judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=10)
     assert "A pooled passage." in calls[0].prompts[0] and "7-2 vote" not in calls[0].prompts[0]

@@ -284,14 +284,15 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
 def parsers():
     import train_moderator
     from debate.pipeline import cli
-    from eval import averitec, compare, geval
+    from debate.pipeline import faithfulness
+    from eval import averitec, compare
 
     return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),
             "eval.compare": compare.build_parser(), "eval.averitec": averitec.build_parser(),
-            "eval.geval": geval.build_parser()}
+            "debatecv-geval": faithfulness.build_parser()}
 
 
-@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec", "eval.geval"])
+@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec", "debatecv-geval"])
 def test_help_shows_every_default(name):
     from debate.pipeline.cli import HelpFormatter
 

@@ -11,34 +11,8 @@ from debate.data import datasets
 from debate.pipeline.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
                                 PAPER_TEMPERATURE, ROUNDS, TEMPERATURE, ConfigError)
 from debate.pipeline.config import EXPLAIN_METHODS, TASKS
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Every flag's help ends with its default and, where it is known, where that value comes from.
-
-    The source is the `source` attribute `label_sources` puts on an action ("the paper's", "ours"); a
-    help text that already says its default is left as it is, and so is a switch (it has no value).
-    """
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default" in text:
-            return text
-        default = action.default
-        shown = " ".join(str(v) for v in default) if isinstance(default, (list, tuple)) else str(default)
-        source = getattr(action, "source", None)
-        return f"{text} (default: {shown.replace('%', '%%')}{', ' + source if source else ''})".lstrip()
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose error is the one line that matters and a pointer to --help, not the usage."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n(see `{self.prog} --help` for every flag and its default)\n")
+# Every CLI's parser (eval's and train's too) lives in the data wing, which they all may import.
+from debate.data.flags import HelpFormatter, Parser  # noqa: F401  (re-exported: the CLIs import them from here)
 
 
 class ListDatasets(argparse.Action):
@@ -93,7 +67,7 @@ def run_parser(description=None):
 
     m = p.add_argument_group("method")
     m.add_argument("--task", choices=TASKS, help="verify: a verdict and its justification per claim; explain: the "
-                   "explanation of each claim's gold label (the MADR paper's task), scored by python -m eval.geval")
+                   "explanation of each claim's gold label (the MADR paper's task), scored by debatecv-geval")
     m.add_argument("--method", choices=METHOD_NAMES + EXPLAIN_METHODS,
                    help=f"the verification system; under --task explain one of {', '.join(EXPLAIN_METHODS)}")
     m.add_argument("--refine", choices=("none", "madr"),

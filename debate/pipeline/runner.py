@@ -20,7 +20,7 @@ from debate.data.prompts import PromptError
 from debate.data.inputs import DataError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, geval, metrics as label_scores, report, trials as trial_metrics
+from eval import averitec, faithfulness, metrics as label_scores, report, trials as trial_metrics
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -443,16 +443,16 @@ def finish(config, claims, log=print, labels=None):
     """Score the run directory's predictions against the claims' gold labels and write the reports: AVeriTeC's
     scorer (labels, evidence score, justification METEOR) and submission.json on AVeriTeC, the label metrics
     (eval.metrics) under the dataset's `labels` elsewhere; an explanation run's explanations are summed up
-    (their faithfulness is eval.geval's to score)."""
+    (their faithfulness is debatecv-geval's to score: debate.pipeline.faithfulness)."""
     out = Path(config.output.output_dir)
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
     if config.method.task == "explain":
-        metrics = geval.explanation_stats(predictions)
+        metrics = faithfulness.explanation_stats(predictions)
         records.write_json(out / records.METRICS, metrics)
-        log(geval.stats_line(metrics))
-        log(f"faithfulness: python -m eval.geval {out} --judge-model MODEL --protocol all")
+        log(faithfulness.stats_line(metrics))
+        log(f"faithfulness: debatecv-geval {out} --judge-model MODEL --protocol all")
         return metrics
     averitec_run = config.data.dataset == "averitec"
     if averitec_run:
