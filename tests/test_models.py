@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from debate.engine import models
+from debate.engine import gguf as gguf_module, models
 from debate.engine.models import ModelLoadError, adapter_scope, load_model, load_roles, model_info
 from tests.tiny_models import build_random_lora, build_tiny_llama
 
@@ -239,9 +239,9 @@ def test_gguf_is_converted_once_and_cached(tiny_dir, tmp_path, monkeypatch):
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF" + bytes(60))
 
-    fake = _FakeGgufLoader(models.AutoModelForCausalLM, tiny_dir, fail=True)
-    monkeypatch.setattr(models, "AutoModelForCausalLM", fake)
-    monkeypatch.setattr(models, "AutoTokenizer", _FakeGgufLoader(models.AutoTokenizer, tiny_dir))
+    fake = _FakeGgufLoader(gguf_module.AutoModelForCausalLM, tiny_dir, fail=True)
+    monkeypatch.setattr(gguf_module, "AutoModelForCausalLM", fake)
+    monkeypatch.setattr(gguf_module, "AutoTokenizer", _FakeGgufLoader(gguf_module.AutoTokenizer, tiny_dir))
     with pytest.raises(ModelLoadError, match="tiny-q4.gguf") as info:
         load_model(str(gguf))
     assert "\n" not in str(info.value)

