@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import run_debate
-from eval import figures, view
+from eval import figures, view, view_metrics
 from eval.compare import paired_bootstrap
 from tests.browser import Browser, find_chromium, png_size
 from tests.tiny_models import build_tiny_llama, missing
@@ -253,7 +253,7 @@ def test_the_dataset_s_declared_labels_order_the_report(tmp_path):
     assert blocks(page)["runs-data"][0]["labels"] == COVID
     assert "<td>check-covid</td>" in page and "<td>/models/m + adapter /adapters/dpo (bfloat16, cuda:0)</td>" in page
     assert not any(label in page for label in AVERITEC)
-    rows = {name: (value, interval) for name, value, interval in view.metric_rows(metrics)}
+    rows = {name: (value, interval) for name, value, interval in view_metrics.metric_rows(metrics)}
     assert rows["accuracy"] == ("0.5000", "[0.2500, 0.7500]")
     assert rows["macro_f1"] == ("0.4000", "[0.1000, 0.6000]") and "macro_f1_ci95" not in rows
     assert rows["per_class_f1 / NOTENOUGHINFO"] == ("0.4000", "")
@@ -261,7 +261,7 @@ def test_the_dataset_s_declared_labels_order_the_report(tmp_path):
 
 
 def test_metric_rows_read_every_interval_shape():
-    rows = {name: (value, interval) for name, value, interval in view.metric_rows({
+    rows = {name: (value, interval) for name, value, interval in view_metrics.metric_rows({
         "accuracy": {"mean": 0.5, "std": 0.1, "values": [0.4, 0.6]},  # a --trials summary
         "ece": {"estimate": 0.12, "low": 0.05, "high": 0.2},
         "rounds": {"distribution": {"1": 3}, "mean": 1.0},  # a mean without a spread is a plain value
@@ -279,9 +279,9 @@ def test_metric_rows_read_the_bootstrap_intervals_of_eval_metrics():
     golds = ["Supported", "Refuted", "Refuted", "Not Enough Evidence"]
     scored = label_scores.scored(golds, ["Supported", "Refuted", "Supported", None],
                                  [{"Supported": 0.7, "Refuted": 0.3}] * 4, AVERITEC)
-    rows = {name: (value, interval) for name, value, interval in view.metric_rows(scored)}
+    rows = {name: (value, interval) for name, value, interval in view_metrics.metric_rows(scored)}
     low, high = scored["intervals"]["accuracy"]
-    assert rows["accuracy"] == (view.fmt(0.5), f"[{view.fmt(low)}, {view.fmt(high)}]")
+    assert rows["accuracy"] == (view_metrics.fmt(0.5), f"[{view_metrics.fmt(low)}, {view_metrics.fmt(high)}]")
     assert rows["per_class_f1 / Refuted"][1] and rows["calibration / ece"][1]
     assert not any(name.startswith("intervals") for name in rows)  # shown beside their metrics, not as rows
 
