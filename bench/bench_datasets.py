@@ -47,7 +47,8 @@ def majority_class(dataset, split, data_dir, sample_ids):
     return {"label": top, "accuracy": scored["accuracy"], "macro_f1": scored["macro_f1"], "split_size": len(claims)}
 
 
-def main(argv=None):
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="the folder holding each dataset's")
     p.add_argument("--claims", type=int, default=12, help="claims per split (a seeded sample; 0: the whole split)")
@@ -56,6 +57,11 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", default="bench/out/datasets")
     p.add_argument("--report-only", action="store_true", help="print the table from the runs already made")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     rows = []
     for dataset, split, folder, evidence in SPLITS:

@@ -25,13 +25,19 @@ from debate.methods import debatecv
 from debate.engine import engine, models
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser()
     p.add_argument("--claims", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--max-rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", default=str(ROOT / "bench/out/demo.json"))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     models.set_offline()
     claims = data.attach_evidence(averitec.load_split("demo"), "golden")[: args.claims]

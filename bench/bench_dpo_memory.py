@@ -46,7 +46,8 @@ def random_checkpoint(shape, cache):
     return str(out)
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
     p.add_argument("--length", type=int, default=4096)
@@ -54,6 +55,11 @@ def main():
     p.add_argument("--lora-r", type=int, default=128)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
 
     path = random_checkpoint(args.shape, args.cache)

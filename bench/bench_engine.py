@@ -56,12 +56,18 @@ def measure(agents, claims, reuse, batch_size, max_new_tokens, rounds):
     }
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser()
     p.add_argument("--claims", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=str(ROOT / "bench/out/engine.json"))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     claims, source = bench_claims(args.claims)

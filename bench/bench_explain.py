@@ -67,7 +67,8 @@ def cost_table(rows):
     return "\n".join(lines)
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="--dataset politihop --split test --evidence ruling",
                    help="run_debate.py's data flags, quoted (default: %(default)s)")
@@ -78,6 +79,11 @@ def main():
     p.add_argument("--max-new-tokens", type=int, help="per turn (default: run_debate.py's)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", default=str(ROOT / "bench/out/explain"))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -197,7 +197,8 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
     }
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a small random model of the same family (CPU smoke run)")
     p.add_argument("--claims", type=int, default=32)
@@ -216,6 +217,11 @@ def main():
     p.add_argument("--data-dir", default=os.environ.get("DEBATECV_DATA", str(ROOT.parent / "shared/data/averitec")))
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"))
     p.add_argument("--out", help="also write the JSON result here")
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     if not (Path(args.data_dir) / "dev.json").exists():
         print(f"error: {args.data_dir}/dev.json not found (--data-dir)", file=sys.stderr)

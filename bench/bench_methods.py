@@ -69,7 +69,8 @@ def score(preds, claims, references):
             "parse_status": metrics.get("parse_status")}
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/averitec"))
     p.add_argument("--claims", type=int, default=16)
@@ -79,6 +80,11 @@ def main():
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--madr-iterations", type=int, default=3)
     p.add_argument("--out", default=str(ROOT / "bench/out/methods"))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     models.set_offline()
     out = Path(args.out)

@@ -94,7 +94,8 @@ def row_of(golds, preds, probs):
             "unparsed": sum(p is None for p in preds)}
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/averitec"))
     p.add_argument("--claims", type=int, default=160)
@@ -110,6 +111,11 @@ def main():
                    help="train_moderator.py flags for both training stages (put last; default: CPU-sized)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: tabulate the folds whose three Moderators are judged so far (an interim table)")
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     out = ROOT / args.out
     common = ["--out", str(out), "--split", "dev", "--data-dir", args.data_dir, "--limit", str(args.claims),

@@ -89,7 +89,8 @@ def markdown(results):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="flags after -- go to every run_debate.py run")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "proclaim"))
@@ -97,6 +98,11 @@ def main(argv=None):
     p.add_argument("--limit", type=int, help="the first N claims (default: all)")
     p.add_argument("--trials", type=int, default=3, help="independent runs per configuration (the paper's 3)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     results, rows, seconds = {}, [], {}

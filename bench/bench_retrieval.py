@@ -213,7 +213,8 @@ def markdown(result):
     return "\n".join(lines)
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "averitec"))
     p.add_argument("--split", default="dev")
@@ -225,6 +226,11 @@ def main():
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "bench/out/retrieval.json"))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     if not Path(args.corpus).is_file():
         sys.exit(f"{args.corpus}: no corpus; build it first with `python bench/build_corpus.py`")

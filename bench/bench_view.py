@@ -212,7 +212,8 @@ def in_browser(report, screenshot=None, claim=0):
     return out
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", help="report this run directory instead of making one")
     p.add_argument("--source", choices=("scripted", "tiny"), default="scripted", help="how the run is made")
@@ -226,6 +227,11 @@ def main():
     p.add_argument("--no-browser", dest="browser", action="store_false")
     p.add_argument("--screenshot", help="save a PNG of the page with claim --open's debate open")
     p.add_argument("--open", type=int, default=0, help="the claim (row index) whose debate is opened")
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
 
     run_seconds = None

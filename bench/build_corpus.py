@@ -82,11 +82,17 @@ def write_corpus(passages, path):
     jsonl.write(path, passages)  # atomic: a crash never leaves half a corpus under the final name
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     p.add_argument("--split", default="dev")
     p.add_argument("--out", default=str(DEFAULT_OUT))
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     passages, counts = build_corpus(args.data_dir, args.split)
     write_corpus(passages, args.out)

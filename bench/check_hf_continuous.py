@@ -35,11 +35,17 @@ def prompts(tokenizer, n):
             for c in chats]
 
 
-def main():
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a Hugging Face directory (default: a tiny random Llama built here)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    return p
+
+
+def main():
+    p = build_parser()
     args = p.parse_args()
     path = args.model or build_tiny_llama(Path(tempfile.mkdtemp()) / "tiny", seed=0)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -215,14 +215,21 @@ def read_trials(run_dir):
     return runs, references
 
 
-def main(argv=None):
-    """python -m eval.trials RUN_DIR [--json]: PROClaim's Table 3 over the trials of a --trials run."""
+def build_parser():
+    """The flags of `python -m eval.trials` (tests/test_docs.py checks the documented commands against them)."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(prog="python -m eval.trials", description=main.__doc__)
     parser.add_argument("run_dir")
     parser.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    return parser
+
+
+def main(argv=None):
+    """python -m eval.trials RUN_DIR [--json]: PROClaim's Table 3 over the trials of a --trials run."""
+    import json
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     table = table3(*read_trials(args.run_dir))
     print(json.dumps(table, indent=2) if args.json else table3_text(table))
