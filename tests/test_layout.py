@@ -1,5 +1,6 @@
-"""The house in wings: imports go one way (pipeline -> methods -> engine, every wing -> data), the wheel ships
-every package, and the README's layout names every module."""
+"""The house in wings: imports go one way (pipeline -> methods -> engine, every wing -> data), eval reads runs
+and never starts one, the import graph has no cycle, the wheel ships every package, and docs/layout.md names
+every module."""
 import ast
 import configparser
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_the_data_wing_and_the_scorer_need_no_torch_and_nothing_above_data():
     wrong = []
     for path in sorted((ROOT / "debate" / "data").rglob("*.py")):
         wrong += [f"{path.name}:{line} {m}" for line, m in _imports(path) if m.split(".")[0] in ("torch", "transformers")]
-    # eval's scoring functions import only the data wing; its command lines may borrow the pipeline wing's parser.
+    # eval's scoring functions import only the data wing at the top (its command lines' parser is the data wing's).
     for path in sorted((ROOT / "eval").glob("*.py")):
         for line, module in _imports(path, top_level_only=True):
             if module.split(".")[0] in ("torch", "transformers") or _wing_of(module) not in (None, "data") or (
@@ -67,13 +68,89 @@ def test_the_wheel_lists_every_package():
     assert packages <= listed, f"not in setup.cfg's packages: {sorted(packages - listed)}"
 
 
-def test_the_readme_layout_names_every_package_and_module():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## Layout"):]
+def test_the_layout_page_names_every_package_and_module():
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     missing = []
     for path in sorted((ROOT / "debate").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         name = rel[: -len("__init__.py")] if path.name == "__init__.py" else rel
         if name != "debate/" and f"`{name}`" not in layout:
             missing.append(name)
-    assert not missing, f"README's layout does not name: {missing}"
+    assert not missing, f"docs/layout.md does not name: {missing}"
+
+
+def test_eval_never_imports_the_pipeline():
+    # Eval reads runs; the pipeline starts them and calls eval to score them. Not even inside a function may
+    # eval reach back (the G-Eval judge's run is debate/pipeline/faithfulness.py, not eval's).
+    wrong = [f"eval/{path.name}:{line} {module}" for path in sorted((ROOT / "eval").glob("*.py"))
+             for line, module in _imports(path) if _wing_of(module) == "pipeline" or module == "debate.api"]
+    assert not wrong, "\n".join(wrong)
+
+
+def _module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph():
+    """{module: {modules of ours it imports}} over debate/, eval/, train/ and the two scripts, imports inside
+    functions included (a cycle through a late import is a cycle all the same)."""
+    paths = [*ROOT.glob("debate/**/*.py"), *ROOT.glob("eval/*.py"), *ROOT.glob("train/*.py"),
+             ROOT / "run_debate.py", ROOT / "train_moderator.py"]
+    modules = {_module_name(p): p for p in paths}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, module in _imports(path):
+            if module in modules and module != name:
+                targets.add(module)
+        graph[name] = targets
+    return graph
+
+
+def _cycle(graph):
+    """One cycle of `graph` as a list of nodes (first = last), or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _packages(graph):
+    """The same graph between packages: each wing of debate, eval, train; the rest stay modules."""
+    def package(module):
+        parts = module.split(".")
+        if parts[0] == "debate" and len(parts) > 1 and parts[1] in MAY_IMPORT:
+            return "debate." + parts[1]
+        return parts[0] if parts[0] in ("eval", "train") else module
+
+    out = {}
+    for source, targets in graph.items():
+        out.setdefault(package(source), set()).update(package(t) for t in targets if package(t) != package(source))
+    return out
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _import_graph()
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the finder finds one
+    assert _cycle(graph) is None, f"modules import each other round: {' -> '.join(_cycle(graph))}"
+    packages = _packages(graph)
+    assert _cycle(packages) is None, f"packages import each other round: {' -> '.join(_cycle(packages))}"
