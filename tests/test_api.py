@@ -1,4 +1,4 @@
-"""The Python API: README's example runs as written, run(config) writes what the CLI writes, verify works in memory."""
+"""The Python API: docs/api.md's example runs as written, run(config) writes what the CLI writes, verify works in memory."""
 import json
 import re
 from dataclasses import replace
@@ -21,8 +21,8 @@ def tiny(tmp_path_factory):
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
-def readme_example():
-    section = (ROOT / "README.md").read_text().split("## From Python", 1)[1]
+def api_page_example():
+    section = (ROOT / "docs" / "api.md").read_text()
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -30,14 +30,14 @@ def read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def test_the_readme_example_runs_as_written(tiny, tmp_path, monkeypatch, capsys):
+def test_the_api_page_example_runs_as_written(tiny, tmp_path, monkeypatch, capsys):
     # The example uses the embedded model; a tiny random one stands in for it, nothing else changes.
     monkeypatch.setattr(models, "default_model_path", lambda: tiny)
     monkeypatch.chdir(tmp_path)
-    code = readme_example()
+    code = api_page_example()
     assert len(code.strip().splitlines()) <= 12
     scope = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/api.md", "exec"), scope)
     out = tmp_path / "runs/api-demo"
     assert sorted(p["claim_id"] for p in read(out / records.PREDICTIONS)) == [0, 1]
     assert scope["metrics"] == json.loads((out / records.METRICS).read_text())

@@ -109,7 +109,7 @@ DATASETS = {d.name: d for d in (
         name="jsonl", title="your own claims: DATA_DIR/<split>.jsonl and DATA_DIR/card.json",
         evidence="passages or question-answer pairs", conditions=("golden", "retrieved", "none"),
         default_condition="golden", splits=None, default_dir="data/jsonl",
-        source="your own (format in the README's datasets section)",
+        source="your own (format in docs/datasets.md)",
         reader=userdata.load_split, label_set=lambda split, data_dir: userdata.load_card(data_dir)),
 )}
 NAMES = tuple(DATASETS)

@@ -31,7 +31,7 @@ def load_card(data_dir):
     path = Path(data_dir) / CARD
     if not path.is_file():
         raise DataError(f"{path}: no such file: --dataset jsonl needs a card.json beside the split files "
-                        "declaring the labels (see the README's datasets section)")
+                        "declaring the labels (see docs/datasets.md)")
     card = read_json(path)
     expect(path, "top level", "card", card, dict)
     entries = required(path, "top level", card, "labels", list)
