@@ -157,7 +157,8 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the bootstrap (default: {SEED})")
     parser.add_argument("--json", metavar="OUT", help="also write the whole result (every explanation's score) here "
                         "(default: the table only)")
-    parser.epilog = faithfulness.__doc__.split("\n\n", 2)[2]
+    # eval.faithfulness's doc says what is scored and how (its first two paragraphs and last line are about code).
+    parser.epilog = faithfulness.__doc__.split("\n\n", 2)[2].rsplit("\n\n", 1)[0]
     return parser
 
 
