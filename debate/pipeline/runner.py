@@ -253,7 +253,7 @@ def run(config, log=print):
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = evidence.read(config)
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None)
-    for note in inputs.notes + scoring_notes(config, inputs.claims):
+    for note in (*inputs.notes, *scoring_notes(config, inputs.claims)):
         log(f"note: {note}")
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
