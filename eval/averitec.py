@@ -204,6 +204,8 @@ def _justification_scores(record, reference, meteor=True):
 
 def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source, evid_source, meteor=True):
     preds = _check_predictions(pred_located, pred_source)
+    if meteor:
+        wordnet.load_wordnet()  # asked for METEOR: refused here, before any claim, when WordNet is not there
     refs = _by_claim_id(ref_located, ref_source, "references")
     supplied = _by_claim_id(evid_located, evid_source, "evidence") if evid_located else {}
     rows = []
