@@ -8,6 +8,9 @@ strictly above L and its label is right; the score is the share of scored claims
 Where the reference has a gold justification, the predicted one is scored against it with the same
 METEOR (and, for a run refined by MADR, the justification before refinement too).
 
+Without WordNet (eval/wordnet.py) the METEOR-based scores (``wordnet.METEOR_SCORES``) are saved as None and
+named in ``not_computed``; the label scores do not need it.
+
 Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--json]``.
 """
 import json
@@ -17,7 +20,7 @@ from debate.data import jsonl
 from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LABELS, canonical_label
 from debate.data.flags import Parser
-from eval import metrics
+from eval import metrics, wordnet
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
 MAX_EVIDENCE = 10
@@ -188,19 +191,22 @@ def justification_score(candidate, reference):
     return pairwise_meteor(candidate, _text(reference).strip())
 
 
-def _justification_scores(record, reference):
-    """The row's justification METEOR (None without a gold justification) and, for a record refined
-    by MADR, that of its justification before refinement."""
+def _justification_scores(record, reference, meteor=True):
+    """The row's justification METEOR (None without a gold justification, or without `meteor`) and, for a
+    record refined by MADR, that of its justification before refinement."""
     gold = _text(reference.get("justification")).strip()
-    scores = {"justification_meteor": justification_score(record.get("justification"), gold) if gold else None}
+    score = justification_score if meteor else (lambda candidate, reference: None)
+    scores = {"justification_meteor": score(record.get("justification"), gold) if gold else None,
+              "has_gold_justification": bool(gold)}
     if "justification_unrefined" in record:
-        scores["justification_meteor_unrefined"] = (
-            justification_score(record["justification_unrefined"], gold) if gold else None)
+        scores["justification_meteor_unrefined"] = score(record["justification_unrefined"], gold) if gold else None
     return scores
 
 
-def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source, evid_source):
+def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source, evid_source, meteor=True):
     preds = _check_predictions(pred_located, pred_source)
+    if meteor:
+        wordnet.load_wordnet()  # asked for METEOR: refused here, before any claim, when WordNet is not there
     refs = _by_claim_id(ref_located, ref_source, "references")
     supplied = _by_claim_id(evid_located, evid_source, "evidence") if evid_located else {}
     rows = []
@@ -221,8 +227,9 @@ def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source,
             "pred": pred,
             "correct": pred == gold,
             "n_evidence": min(len(candidates), MAX_EVIDENCE),
-            "evidence_score": evidence_score(candidates, gold_strings(ref, ref_where)),
-            **_justification_scores(record, ref),
+            # None, never 0, when METEOR cannot run here: a missing score is not a bad one.
+            "evidence_score": evidence_score(candidates, gold_strings(ref, ref_where)) if meteor else None,
+            **_justification_scores(record, ref, meteor),
             "record": record,
         })
     return rows, len(refs)
@@ -259,20 +266,24 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS):
     probs = [(r.get("record") or {}).get("label_probs") for r in rows]
     out = metrics.scored(golds, preds, probs, AVERITEC)
     n = len(rows)
+    meteor = all(r["evidence_score"] is not None for r in rows)
     out["averitec"] = {
-        level_key(level): _ratio(sum(r["correct"] and r["evidence_score"] > level for r in rows), n)
+        level_key(level): _ratio(sum(r["correct"] and r["evidence_score"] > level for r in rows), n) if meteor
+        else None
         for level in levels
     }
-    out["evidence_score_mean"] = _ratio(sum(r["evidence_score"] for r in rows), n)
+    out["evidence_score_mean"] = _ratio(sum(r["evidence_score"] for r in rows), n) if meteor else None
     out["n_without_evidence"] = sum(r["n_evidence"] == 0 for r in rows)
     # Only claims with a gold justification count; rows made by hand may carry no score at all.
     scored = [r["justification_meteor"] for r in rows if r.get("justification_meteor") is not None]
     out["justification_meteor"] = _ratio(sum(scored), len(scored))
-    out["n_with_gold_justification"] = len(scored)
+    out["n_with_gold_justification"] = len(scored) if meteor else sum(r.get("has_gold_justification", 0) for r in rows)
     if any("justification_meteor_unrefined" in r for r in rows):
         unrefined = [r["justification_meteor_unrefined"] for r in rows
                      if r.get("justification_meteor_unrefined") is not None]
         out["justification_meteor_unrefined"] = _ratio(sum(unrefined), len(unrefined))
+    if not meteor:
+        out["not_computed"] = [key for key in wordnet.METEOR_SCORES if key in out]
     if n_references is not None:
         out["n_references"] = n_references
         out["n_missing"] = n_references - n
@@ -280,7 +291,12 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS):
     return out
 
 
-def score(predictions, references, evidence=None, *, levels=LEVELS):
+def meteor_available():
+    """Whether METEOR can run here (WordNet found); the scores that need it are left out otherwise."""
+    return wordnet.missing_reason() is None
+
+
+def score(predictions, references, evidence=None, *, levels=LEVELS, meteor=None):
     """Metrics for `predictions` against `references` (both lists of dicts).
 
     Only predicted claims are scored; `n_missing` counts reference claims with no prediction.
@@ -291,26 +307,30 @@ def score(predictions, references, evidence=None, *, levels=LEVELS):
     justification_meteor_unrefined (when any record carries MADR's justification_unrefined), and when
     the records carry them rounds, tokens, parse_status, and calibration (ECE, Brier) over the records with
     `label_probs`.
+
+    `meteor`: compute the METEOR-based scores (True: WordNet must be there), leave them None and list them in
+    `not_computed` (False); None (the default) computes them where WordNet is found.
     """
     rows, n_refs = _per_claim(
         _located(predictions), _located(references), _located(evidence or []),
-        "predictions", "references", "evidence",
+        "predictions", "references", "evidence", meteor_available() if meteor is None else meteor,
     )
     return metrics_from_rows(rows, n_refs, levels)
 
 
-def score_files(predictions_path, references_path, evidence_path=None, levels=LEVELS):
+def score_files(predictions_path, references_path, evidence_path=None, levels=LEVELS, meteor=None):
     """`score` over files; errors name the file and the entry (JSON list) or line (JSONL)."""
-    rows, n_refs = rows_from_files(predictions_path, references_path, evidence_path)
+    rows, n_refs = rows_from_files(predictions_path, references_path, evidence_path,
+                                   meteor_available() if meteor is None else meteor)
     return metrics_from_rows(rows, n_refs, levels)
 
 
-def rows_from_files(predictions_path, references_path, evidence_path=None):
+def rows_from_files(predictions_path, references_path, evidence_path=None, meteor=True):
     """Per-claim rows and the reference count, read from files."""
     return _per_claim(
         read_records(predictions_path), read_records(references_path),
         read_records(evidence_path) if evidence_path else [],
-        str(predictions_path), str(references_path), str(evidence_path),
+        str(predictions_path), str(references_path), str(evidence_path), meteor,
     )
 
 
@@ -342,8 +362,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from eval.wordnet import WordNetMissingError
 
+    meteor = meteor_available()
+    if not meteor:  # said first, before any file is read
+        print(f"note: {wordnet.missing_reason()}", file=sys.stderr)
     try:
-        metrics = score_files(args.predictions, args.references, args.evidence)
+        metrics = score_files(args.predictions, args.references, args.evidence, meteor=meteor)
     except (InputError, WordNetMissingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -352,8 +375,8 @@ def main(argv=None):
     else:
         from eval.report import summary_table
 
-        print(summary_table(metrics))
-    if metrics.get("n") and metrics["n_without_evidence"] == metrics["n"]:
+        print(summary_table(metrics, rescore="run this command again to add them."))
+    if metrics.get("n") and metrics["n_without_evidence"] == metrics["n"] and not metrics.get("not_computed"):
         print("note: no prediction carries evidence, so every AVeriTeC score is 0 "
               "(pass --evidence with the evidence the system used)", file=sys.stderr)
     return 0

@@ -1,5 +1,6 @@
 """One-screen text summary of a metrics dict (`eval.averitec.score`, `eval.metrics.score`), any label set."""
 from debate.data.labels import CEC, LABELS, NEE
+from eval import wordnet
 
 _SHORT = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC", "unparsed": "unparsed"}
 
@@ -19,9 +20,9 @@ def _num(value):
     return f"{int(value):,}"
 
 
-def summary_table(metrics):
+def summary_table(metrics, rescore="score the predictions again to add them."):
     """Accuracy, macro-F1, AVeriTeC levels, justification METEOR, FPRs, per-class F1, confusion, rounds
-    and tokens."""
+    and tokens. Scores left out for want of WordNet get one line, ending with `rescore` (how to add them)."""
     lines = []
     n = metrics.get("n", 0)
     head = f"claims scored {n}"
@@ -33,7 +34,10 @@ def summary_table(metrics):
     lines.append(f"accuracy        {_pct(metrics.get('accuracy'))}")
     lines.append(f"macro-F1        {_pct(metrics.get('macro_f1'))}")
     averitec = metrics.get("averitec") or {}
-    if averitec:
+    if metrics.get("not_computed"):
+        # Saved as null, said in one line: a score that could not be computed is not a score of 0.
+        lines.append(wordnet.not_computed_line(rescore))
+    elif averitec:
         lines.append(f"AVeriTeC@0.25   {_pct(averitec.get('0.25'))}")
         lines.append("AVeriTeC levels " + "  ".join(f"@{k} {_pct(v).strip()}" for k, v in averitec.items()))
     if metrics.get("evidence_score_mean") is not None:

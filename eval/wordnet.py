@@ -1,7 +1,9 @@
-"""WordNet for METEOR without any download.
+"""WordNet for METEOR without any download; ``python -m eval.wordnet`` says where it was found.
 
 Order of preference:
-1. a dictionary directory named by ``DEBATECV_WORDNET_DIR`` (or WordNet's own ``WNSEARCHDIR``);
+1. a dictionary directory named by ``DEBATECV_WORDNET_DIR`` (or WordNet's own ``WNSEARCHDIR``): when set,
+   it is the only place looked at, so a copy carried from another machine is used as it is, and a
+   directory without WordNet (``DEBATECV_WORDNET_DIR=/nonexistent``) hides every other copy;
 2. nltk's own ``corpora/wordnet`` data, when it is installed;
 3. Debian's dictionary in ``/usr/share/wordnet`` (packages ``wordnet-base`` and
    ``wordnet-sense-index``).
@@ -14,11 +16,15 @@ dictionary directory is appended there.
 """
 import io
 import os
+import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
 
 INSTALL_HINT = "apt-get install wordnet-base wordnet-sense-index"
+# Scores that need WordNet (METEOR), as metrics.json names them; everything else is scored without it.
+METEOR_SCORES = ("averitec", "evidence_score_mean", "justification_meteor", "justification_meteor_unrefined")
+DOCS = "docs/wordnet.md"
 DEBIAN_DIR = "/usr/share/wordnet"
 
 # What nltk opens at start-up or on a synonym lookup. index.sense and cntlist.rev are read only by
@@ -58,16 +64,20 @@ def missing_files(directory):
     return [name for name in REQUIRED_FILES if not (directory / name).is_file()]
 
 
-def _nltk_has_wordnet():
+def _nltk_wordnet():
+    """Where nltk's own WordNet data is, or None."""
     import nltk
 
     for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
         try:
-            nltk.data.find(resource)
-            return True
+            return str(nltk.data.find(resource))
         except (LookupError, OSError, ValueError):
             continue
-    return False
+    return None
+
+
+def _nltk_has_wordnet():
+    return _nltk_wordnet() is not None
 
 
 def reader_for_directory(directory):
@@ -78,8 +88,10 @@ def reader_for_directory(directory):
     directory = str(Path(directory).resolve())
     lost = missing_files(directory)
     if lost:
+        what = "holds no WordNet" if len(lost) == len(REQUIRED_FILES) else f"lacks {', '.join(lost)}"
         raise WordNetMissingError(
-            f"WordNet directory {directory} lacks {', '.join(lost)}; run `{INSTALL_HINT}`"
+            f"WordNet directory {directory} {what}; run `{INSTALL_HINT}` or point DEBATECV_WORDNET_DIR at "
+            f"a WordNet 3.0 dictionary directory copied from any machine ({DOCS})"
         )
     if directory not in nltk.data.path:
         nltk.data.path.append(directory)
@@ -102,6 +114,33 @@ def reader_for_directory(directory):
         return _DictionaryReader(directory, None)
 
 
+def source():
+    """Where load_wordnet() reads WordNet from, in words; raises WordNetMissingError as it would."""
+    explicit_name = next((n for n in ("DEBATECV_WORDNET_DIR", "WNSEARCHDIR") if os.environ.get(n)), None)
+    if explicit_name:
+        return f"{os.environ[explicit_name]} (from ${explicit_name}, the only place looked at)"
+    load_wordnet()
+    found = _nltk_wordnet()
+    return f"{found} (nltk's data)" if found else f"{DEBIAN_DIR} (Debian's packages)"
+
+
+def missing_reason():
+    """Why METEOR cannot run here (the lookup's own message), or None when WordNet is there."""
+    try:
+        load_wordnet()
+    except WordNetMissingError as err:
+        return str(err)
+    return None
+
+
+def not_computed_line(rescore):
+    """The one line a summary prints when the METEOR-based scores were left out; `rescore` says how to add
+    them to the finished run."""
+    return (f"not computed: AVeriTeC@k, evidence score, justification METEOR (no WordNet here; "
+            f"`python -m eval.wordnet` says where it looks, {DOCS} how to add a copy without apt). "
+            f"With WordNet visible, {rescore}")
+
+
 @lru_cache(maxsize=1)
 def load_wordnet():
     """Return a WordNet reader (loaded once per process); raise WordNetMissingError if none."""
@@ -117,6 +156,39 @@ def load_wordnet():
         return reader_for_directory(DEBIAN_DIR)
     raise WordNetMissingError(
         "METEOR needs WordNet and none was found: nltk has no 'corpora/wordnet' data and "
-        f"{DEBIAN_DIR} lacks {', '.join(missing_files(DEBIAN_DIR))}. Install it offline-friendly "
-        f"with `{INSTALL_HINT}`, or set DEBATECV_WORDNET_DIR to a WordNet 3.0 dict directory."
+        f"{DEBIAN_DIR} holds none. Install it with `{INSTALL_HINT}`, or, without an administrator, "
+        f"set DEBATECV_WORDNET_DIR to a WordNet 3.0 dictionary directory copied from any machine ({DOCS})."
     )
+
+
+def main(argv=None):
+    """`python -m eval.wordnet`: where WordNet was found and whether METEOR runs; exit 1 when it cannot."""
+    if argv:
+        print("usage: python -m eval.wordnet   (no arguments; DEBATECV_WORDNET_DIR names a copy)", file=sys.stderr)
+        return 2
+    try:
+        where = source()
+        from eval.meteor import pairwise_meteor
+
+        # "car" and "auto" match only as WordNet synonyms (nltk stems first, so the pair must survive
+        # Porter's stemmer unchanged): 0.98 with WordNet, 0.33 for words that do not match.
+        score = pairwise_meteor("the car stopped", "the auto stopped")
+    except WordNetMissingError as err:
+        print(f"WordNet: not found. {err}")
+        print(f"METEOR will not run: AVeriTeC@k, the evidence score and justification METEOR are saved as not "
+              f"computed; everything else is scored. {DOCS} tells how to carry a copy here.")
+        return 1
+    print(f"WordNet: {where}")
+    print(f"METEOR runs: 'the car stopped' against 'the auto stopped' scores {score:.4f} (0.9815 when WordNet "
+          f"matches the synonyms)")
+    if abs(score - 0.98148) > 1e-4:
+        print("warning: that is not 0.9815: this WordNet does not match car/auto as WordNet 3.0 does")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    # The package's own module, not this __main__ copy: eval.meteor raises eval.wordnet's error class.
+    from eval.wordnet import main as package_main
+
+    sys.exit(package_main(sys.argv[1:]))

@@ -13,7 +13,6 @@ import run_debate
 from debate.engine import models
 from debate.pipeline import progress, records
 from debate.data import prompts
-from eval import wordnet
 from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,17 +103,6 @@ def test_overwrite_with_a_broken_prompt_or_bad_data_leaves_the_run(tiny, copy, t
     err = refused(argv(tiny, copy, "--overwrite", "--split", "dev", "--data-dir", str(tmp_path / "nodata")), capsys)
     assert "nodata" in err
     assert snapshot(copy) == before
-
-
-def test_missing_wordnet_is_refused_before_weights_load(tiny, tmp_path, capsys, monkeypatch, no_weights):
-    monkeypatch.setenv("DEBATECV_WORDNET_DIR", str(tmp_path / "no-wordnet"))
-    wordnet.load_wordnet.cache_clear()
-    try:
-        err = refused(argv(tiny, tmp_path / "run"), capsys)
-    finally:
-        monkeypatch.undo()
-        wordnet.load_wordnet.cache_clear()
-    assert "WordNet" in err and not (tmp_path / "run").exists()
 
 
 def test_overwrite_that_fails_before_its_first_claim_puts_the_old_run_back(tiny, copy, capsys, monkeypatch):

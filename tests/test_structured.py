@@ -181,7 +181,8 @@ def test_candidates_of_one_and_of_several_tokens_are_scored_together(tiny):
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         first = int(logp.argmax())
-        totals = generator.choice_logprobs(model, out.past_key_values, 0, 0, [[first], [first, 5, 7]],
+        past = out.cache if "cache" in out else out.past_key_values  # the name of the installed transformers
+        totals = generator.choice_logprobs(model, past, 0, 0, [[first], [first, 5, 7]],
                                            out.logits[0, -1], 0)
         longer = torch.log_softmax(model(input_ids=torch.tensor([ids + [first, 5]])).logits[0].float(), dim=-1)
     assert totals[0] == pytest.approx(float(logp[first]), abs=1e-5)

@@ -1,6 +1,8 @@
 """The Moderator model for training: a frozen (4-bit on CUDA) base with a trainable LoRA adapter."""
 import json
 import os
+import warnings
+from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -8,6 +10,16 @@ from peft.utils import set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from debate.engine import models
+
+
+@contextmanager
+def _peft_asks_the_old_name():
+    """peft's PeftModel asks the base model `is_gradient_checkpointing`, the name transformers 5.x deprecated for
+    `is_activation_checkpointing` (same answer, a FutureWarning on every wrap). Only that one warning, and only
+    around the wrap, is silenced; where the property is gone, peft's getattr default applies."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=True,
@@ -30,13 +42,15 @@ def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, u
         models.check_adapter_dir(adapter, str(adapter))
         models.check_adapter_base(adapter, model.config, loaded.path)
         try:
-            model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+            with _peft_asks_the_old_name():
+                model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         except Exception as e:
             raise models.ModelLoadError(f"cannot load adapter {adapter}: {models.one_line(e)}") from e
     else:
         config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear",
                             task_type="CAUSAL_LM")
-        model = get_peft_model(model, config)
+        with _peft_asks_the_old_name():
+            model = get_peft_model(model, config)
     for name, p in model.named_parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()  # optimizer state and updates in fp32, whatever the base's dtype

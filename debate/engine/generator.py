@@ -5,7 +5,9 @@ row's ids and new cache slot, so a batch that fails (out of memory) can be split
 had never started. Sampling happens on the model's device; the one device-to-host copy of a step brings
 the picked ids back for the stop checks and the schema rows.
 """
+import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from transformers import DynamicCache
@@ -25,6 +27,19 @@ class RowResult:
 
 def model_device(model):
     return next(model.parameters()).device
+
+
+@lru_cache(maxsize=None)
+def _cache_name_of(model_class):
+    # transformers 5.x renamed the forward's `past_key_values` to `cache`; the old name still works there but
+    # warns on every call and goes in 5.40. The name is read off the installed version's own signature.
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def cache_kwarg(model, cache):
+    """{name: cache} for the model's forward under the installed transformers (a PEFT wrapper: its base's)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_name_of(type(base)): cache}
 
 
 def choice_logprobs(model, cache, row, start, candidates, first_logits, pad_id):
@@ -47,7 +62,7 @@ def choice_logprobs(model, cache, row, start, candidates, first_logits, pad_id):
         mask[j, past + len(c) - 1:] = 0  # right padding: only positions after a candidate's end see it
     positions = torch.arange(past, past + width)[None].expand(k, -1)
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                past_key_values=DynamicCache(ddp_cache_data=layers), use_cache=True)
+                use_cache=True, **cache_kwarg(model, DynamicCache(ddp_cache_data=layers)))
     logp = torch.log_softmax(out.logits.float(), dim=-1)
     for j, c in enumerate(candidates):
         if len(c) > 1:  # a one-token candidate is scored by its first token alone
@@ -77,7 +92,7 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
     cache = kv_store.batch_cache(convs, plan, capacity, device)
     mask = mask.to(device)
     out = model(input_ids=input_ids.to(device), attention_mask=mask[:, :width + chunk],
-                position_ids=positions.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                position_ids=positions.to(device), use_cache=True, logits_to_keep=1, **cache_kwarg(model, cache))
 
     driven = [None] * rows
     if schemas:
@@ -111,7 +126,7 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         feed = torch.tensor([[t if on else pad_id] for t, on in zip(picked, live)], device=device)
         mask[:, column] = torch.tensor(live, device=device, dtype=mask.dtype)
         out = model(input_ids=feed, attention_mask=mask[:, :column + 1], position_ids=next_position + step,
-                    past_key_values=cache, use_cache=True)
+                    use_cache=True, **cache_kwarg(model, cache))
 
     # The last sampled token was never run through the model, so the cache holds the context and ids[:-1].
     lengths = [len(t) + max(0, len(ids) - 1) for t, ids in zip(targets, generated)]

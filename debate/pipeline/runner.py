@@ -188,7 +188,7 @@ def settings_of(config):
 
 
 def check_run(config, claims, encoder_needed=False):
-    """Every check that can refuse the run and needs no model weights: prompts, models, adapters, WordNet,
+    """Every check that can refuse the run and needs no model weights: prompts, models, adapters,
     the encoder directory (the courtroom's, or retrieving evidence from a corpus: `encoder_needed`) and corpus, gold
     labels to explain.
 
@@ -203,14 +203,33 @@ def check_run(config, claims, encoder_needed=False):
         if unlabelled:
             raise DataError(f"--task explain explains each claim's gold label: claim {unlabelled[0]!r} of "
                             f"--split {config.data.split} has none ({len(unlabelled)} of {len(claims)} claims)")
-    elif config.data.dataset == "averitec" and any(c.get("label") for c in claims):
-        wordnet.load_wordnet()  # the METEOR scores of finish() need it; better now than after every claim
     if config.method.method in COURTROOM_METHODS or encoder_needed:
         encoder = Path(config.courtroom.embedder or retrieval.default_embedder_path())
         if not (encoder / "config.json").is_file():
             raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
         if config.courtroom.corpus:
             retrieval.load_corpus(config.courtroom.corpus)  # a bad line is named now, not after the encoder has loaded
+
+
+def meteor_scored(config, claims):
+    """Whether finish() would compute METEOR-based scores for this run (AVeriTeC with gold labels)."""
+    return (config.method.task != "explain" and config.data.dataset == "averitec"
+            and any(c.get("label") for c in claims))
+
+
+def scoring_notes(config, claims):
+    """What the run will not score, said before any model loads: without WordNet, the METEOR-based scores
+    (the run itself needs none; RESCORE adds them later)."""
+    if meteor_scored(config, claims) and not averitec.meteor_available():
+        return [f"{wordnet.missing_reason()} The run goes on: AVeriTeC@k, the evidence score and justification "
+                "METEOR will be saved as not computed, every other score as usual."]
+    return []
+
+
+# How a run scored without WordNet gets its METEOR-based scores: the same command again finds every claim done,
+# so it loads no model and debates nothing (_verify), and finish() scores the predictions anew.
+RESCORE = ("run the same command again to add them: every claim is done, so nothing is debated and no model "
+           "loads.")
 
 
 def run(config, log=print):
@@ -234,7 +253,7 @@ def run(config, log=print):
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = evidence.read(config)
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None)
-    for note in inputs.notes:
+    for note in (*inputs.notes, *scoring_notes(config, inputs.claims)):
         log(f"note: {note}")
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
@@ -301,6 +320,8 @@ def _run_trials(config, inputs, prompt_info, world, log):
         log(trial_metrics.table3_text(summary["table3"]))
     records.write_json(top / records.METRICS, summary)
     log(report.trials_table(summary))
+    if summary.get("not_computed"):
+        log(wordnet.not_computed_line(RESCORE))
     return summary
 
 
@@ -472,8 +493,17 @@ def finish(config, claims, log=print, labels=None):
         # The panel's agreement, Table 5's evidence and rounds, Appendix P's tokens (eval/trials.py).
         metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references}))
     records.write_json(out / records.METRICS, metrics)
-    log(report.summary_table(metrics))
+    log(report.summary_table(metrics, rescore=RESCORE))
+    if config.data.split == "demo":
+        log(next_step(out))
     return metrics
+
+
+def next_step(out):
+    """The demo's last line: where its outputs are, how to see them, how to run on one's own claims and model."""
+    return (f"next: outputs in {out} (predictions.jsonl, transcripts.jsonl, metrics.json); see them with "
+            f"`python -m eval.view {out} -o report.html`; your own claims and model: `python run_debate.py "
+            "--dataset jsonl --data-dir DIR --split NAME --model PATH` (DIR/NAME.jsonl beside a card.json)")
 
 
 def main_guard(fn):
