@@ -161,11 +161,18 @@ def load_wordnet():
     )
 
 
+def build_parser():
+    """The check takes no flags (DEBATECV_WORDNET_DIR names a copy); a parser so `--help` and the doc test work."""
+    from debate.data.flags import Parser
+
+    return Parser(prog="python -m eval.wordnet",
+                  description="Where WordNet was found and whether METEOR runs (exit 0), or not (exit 1). "
+                              "DEBATECV_WORDNET_DIR names a copy to use.")
+
+
 def main(argv=None):
     """`python -m eval.wordnet`: where WordNet was found and whether METEOR runs; exit 1 when it cannot."""
-    if argv:
-        print("usage: python -m eval.wordnet   (no arguments; DEBATECV_WORDNET_DIR names a copy)", file=sys.stderr)
-        return 2
+    build_parser().parse_args(argv)  # no flags: a stray argument is refused with the usage line (exit 2)
     try:
         where = source()
         from eval.meteor import pairwise_meteor
