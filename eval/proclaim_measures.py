@@ -311,7 +311,8 @@ def measures_text(m):
     lines.append(f"Fleiss' kappa       {_f(m['fleiss_kappa'], 4)}   (paper {PAPER['fleiss_kappa']})")
     cal = m["calibration"]
     lines.append(f"ECE (Eq. 9)         {_f(cal['ece'], 4)} over {cal['n']} claims, bins "
-                 + " ".join(f"[{b['low']:.1f},{b['high']:.1f}):{b['n']}" for b in cal["bins"])
+                 + " ".join(f"[{b['low']:.1f},{b['high']:.1f}{']' if b is cal['bins'][-1] else ')'}:{b['n']}"
+                            for b in cal["bins"])
                  + f"   (paper {PAPER['ece']})")
     ks = m["ks_stability"]
     lines.append("KS stability D_r    " + (" ".join(f"D{r} {v['D']:.3f}" for r, v in ks.items()) if ks else
