@@ -211,6 +211,10 @@ def table3_text(table):
                      f"{_cell(r['mean_kappa'])}  {_cell(r['raw_agreement'], True)}  "
                      f"{'-' if r['unanimous'] is None else r['unanimous']:>5}  "
                      f"{'-' if r['split'] is None else r['split']:>5}  {_cell(r.get('fleiss_kappa'))}   {gt}")
+    total = table["weighted_total"]
+    if total["unanimity_rate"] is not None:
+        lines.append(f"unanimity rate {100 * total['unanimity_rate']:.1f}%, split rate {100 * total['split_rate']:.1f}% "
+                     "(weighted total)")
     eff = table["efficiency"]
     lines.append(f"per claim: rounds {eff['avg_rounds'] or 0:.2f} (primary + switched), evidence "
                  f"{eff['avg_evidence'] or 0:.1f} retrieved, tokens {eff['tokens']['per_claim'] or 0:,.0f}")
