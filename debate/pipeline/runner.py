@@ -298,7 +298,8 @@ def _run_trials(config, inputs, prompt_info, world, log):
         references = {c["claim_id"]: c.get("label") for c in inputs.claims if c.get("label")}
         runs = [records.read_predictions(top / f"trial-{k}") for k in range(1, trials + 1)]
         # The paper's other measures read the counsels' arguments from each trial's transcripts too.
-        digests = [proclaim_measures.read_digests(top / f"trial-{k}", set(references)) for k in range(1, trials + 1)]
+        wanted = {c["claim_id"] for c in inputs.claims}
+        digests = [proclaim_measures.read_digests(top / f"trial-{k}", wanted) for k in range(1, trials + 1)]
         summary["table3"] = trial_metrics.table3(runs, references, digests)
         log(trial_metrics.table3_text(summary["table3"]))
     records.write_json(top / records.METRICS, summary)
