@@ -18,15 +18,21 @@ Definitions (the authors' arithmetic):
 - mean kappa (the paper's kappa bar): the mean of the pairwise Cohen's kappas between the judges' raw
   verdicts (Supported / Not Supported / Inconclusive; an unreadable vote is a class of its own), over
   the claims; Cohen's kappa is 1 when the chance agreement is 1. It is not Fleiss' kappa, which the
-  paper reports once, separately (Appendix O);
+  paper reports once, separately (Appendix O), and which each row also carries (eval/proclaim_measures.py);
 - raw agreement: the mean over judge pairs of the share of claims on which the pair agree;
 - unanimity: claims on which every judge gave the same verdict (3-0); split: all others (a divided vote);
 - kappa_GT (Appendix D): Cohen's kappa between one judge's verdict, mapped onto the dataset's labels
   (`judge_labels` in each prediction: Supported -> the supported label, Not Supported -> the refuted
   one, Inconclusive -> the not-enough-information label or a class of its own), and the gold label.
+  mean_kappa_gt is their unweighted mean over the judges (Table 9's last column).
 With one judge (Standard MAD, ablation A2) there is no agreement to measure: those fields are None.
+
+The paper's other measures (termination shares and rounds, ECE, KS stability, argument integrity) are
+eval/proclaim_measures.py's, over the weighted total's records (every run pooled) and per run.
 """
 from collections import Counter
+
+from eval import proclaim_measures
 
 UNREADABLE = "(unreadable)"  # an unreadable vote, as a class of its own in the kappas
 
@@ -118,6 +124,8 @@ def run_stats(predictions, references):
     stats = label_scores(golds, [p.get("label") for p in scored])
     stats.update(panel_stats([p.get("votes") or [] for p in scored]))
     stats["kappa_gt"] = judge_gold_kappas([p.get("judge_labels") or [] for p in scored], golds)
+    stats["mean_kappa_gt"] = _mean(list(stats["kappa_gt"].values()))
+    stats["fleiss_kappa"] = proclaim_measures.fleiss_kappa([p.get("votes") or [] for p in scored])
     return stats
 
 
@@ -135,9 +143,12 @@ def efficiency(predictions):
             "tokens": _sum_tokens(predictions)}
 
 
-def run_extras(predictions, references):
-    """What a PROClaim run adds to metrics.json: {"proclaim": run_stats + efficiency}."""
-    return {"proclaim": dict(run_stats(predictions, references), efficiency=efficiency(predictions))}
+def run_extras(predictions, references, digests=None):
+    """What a PROClaim run adds to metrics.json: {"proclaim": run_stats + efficiency + the paper's other
+    measures}; `digests`: proclaim_measures.read_digests of the run (None: no transcript measures)."""
+    return {"proclaim": dict(run_stats(predictions, references), efficiency=efficiency(predictions),
+                             measures=proclaim_measures.measures(predictions, references, digests and [
+                                 digests.get(p["claim_id"]) for p in predictions]))}
 
 
 def _by_claim(run):
@@ -154,9 +165,11 @@ def majority_label(labels):
     return next(label for label in given if counts[label] == top)
 
 
-def table3(runs, references):
+def table3(runs, references, digests=None):
     """PROClaim's Table 3 over `runs` (one list of predictions per run, the same claims) against
-    `references` {claim_id: gold label}: each run, the majority vote, the weighted total and the oracle."""
+    `references` {claim_id: gold label}: each run, the majority vote, the weighted total and the oracle;
+    with the paper's other measures over all runs pooled and per run. `digests`: one
+    proclaim_measures.read_digests per run (None: no transcript measures)."""
     by_run = [_by_claim(run) for run in runs]
     claims = [c for c in dict.fromkeys(cid for run in by_run for cid in run) if references.get(c) is not None]
     per_run = [run_stats(list(run.values()), references) for run in by_run]
@@ -170,7 +183,11 @@ def table3(runs, references):
             "weighted_total": run_stats(pooled, references), "oracle": run_stats(oracle, references),
             "mean_over_runs": {key: _mean([r[key] for r in per_run])
                                for key in ("accuracy", "macro_f1", "mean_kappa", "raw_agreement")},
-            "efficiency": efficiency(pooled), "n_runs": len(runs), "claims": len(claims)}
+            "efficiency": efficiency(pooled), "n_runs": len(runs), "claims": len(claims),
+            "measures": proclaim_measures.measures(pooled, references, digests and [
+                digests[k].get(cid) for k, run in enumerate(by_run) for cid in run]),
+            "measures_by_run": [proclaim_measures.measures(list(run.values()), references, digests and [
+                digests[k].get(cid) for cid in run]) for k, run in enumerate(by_run)]}
 
 
 def _cell(value, percent=False):
@@ -180,32 +197,48 @@ def _cell(value, percent=False):
 
 
 def table3_text(table):
-    """Table 3 as text: one row per run, the majority vote, the weighted total and the oracle."""
-    lines = ["PROClaim Table 3     acc%    mF1%   kappa    agr%   unan  split   kappa_GT per judge"]
+    """Table 3 as text: one row per run, the majority vote, the weighted total and the oracle; then the
+    paper's other measures over all runs pooled."""
+    lines = ["PROClaim Table 3     acc%    mF1%   kappa    agr%   unan  split  Fleiss   kappa_GT per judge (mean)"]
     rows = [(f"run {k}", r) for k, r in enumerate(table["runs"], 1)]
     rows += [("majority vote", table["majority_vote"]), ("weighted total", table["weighted_total"]),
              (f"oracle (best of {table['n_runs']})", table["oracle"])]
     for name, r in rows:
         gt = " ".join(_cell(v).strip() for v in r["kappa_gt"].values()) or "-"
+        if r.get("mean_kappa_gt") is not None:
+            gt += f" ({r['mean_kappa_gt']:.3f})"
         lines.append(f"{name:<18}{_cell(r['accuracy'], True)}  {_cell(r['macro_f1'], True)}  "
                      f"{_cell(r['mean_kappa'])}  {_cell(r['raw_agreement'], True)}  "
                      f"{'-' if r['unanimous'] is None else r['unanimous']:>5}  "
-                     f"{'-' if r['split'] is None else r['split']:>5}   {gt}")
+                     f"{'-' if r['split'] is None else r['split']:>5}  {_cell(r.get('fleiss_kappa'))}   {gt}")
+    total = table["weighted_total"]
+    if total["unanimity_rate"] is not None:
+        lines.append(f"unanimity rate {100 * total['unanimity_rate']:.1f}%, split rate {100 * total['split_rate']:.1f}% "
+                     "(weighted total)")
     eff = table["efficiency"]
     lines.append(f"per claim: rounds {eff['avg_rounds'] or 0:.2f} (primary + switched), evidence "
                  f"{eff['avg_evidence'] or 0:.1f} retrieved, tokens {eff['tokens']['per_claim'] or 0:,.0f}")
+    if table.get("measures"):
+        lines.append(f"the paper's other measures, all {table['n_runs']} run(s) pooled:")
+        lines.append(proclaim_measures.measures_text(table["measures"]))
     return "\n".join(lines)
 
 
-def read_trials(run_dir):
-    """The predictions of each trial directory (trial-1, trial-2, ...) of a --trials run, and the gold labels
-    they carry ({claim_id: gold_label}). A run of one trial (no trial-k directories) is one run."""
-    import json
+def trial_dirs(run_dir):
+    """The trial directories (trial-1, trial-2, ...) of a --trials run, in order; a run of one trial (no
+    trial-k directories) is its own."""
     from pathlib import Path
 
-    dirs = sorted(Path(run_dir).glob("trial-*"), key=lambda d: int(d.name.split("-")[1])) or [Path(run_dir)]
+    return sorted(Path(run_dir).glob("trial-*"), key=lambda d: int(d.name.split("-")[1])) or [Path(run_dir)]
+
+
+def read_trials(run_dir):
+    """The predictions of each trial directory (trial_dirs) of a --trials run, and the gold labels they carry
+    ({claim_id: gold_label})."""
+    import json
+
     runs = []
-    for d in dirs:
+    for d in trial_dirs(run_dir):
         path = d / "predictions.jsonl"
         if not path.is_file():
             raise SystemExit(f"error: {path}: no such file")
@@ -222,17 +255,35 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m eval.trials", description=main.__doc__)
     parser.add_argument("run_dir")
     parser.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    parser.add_argument("--no-save", action="store_true", help="print only; leave metrics.json as it is")
     return parser
 
 
 def main(argv=None):
-    """python -m eval.trials RUN_DIR [--json]: PROClaim's Table 3 over the trials of a --trials run."""
+    """python -m eval.trials RUN_DIR [--json] [--no-save]: PROClaim's Table 3 and the paper's other measures
+    over the trials of a courtroom run (or one run), recomputed from its saved records and saved into
+    RUN_DIR/metrics.json under "table3" (the rest of the file is kept)."""
     import json
+    from pathlib import Path
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    table = table3(*read_trials(args.run_dir))
+    runs, references = read_trials(args.run_dir)
+    digests = [proclaim_measures.read_digests(d, {p["claim_id"] for p in run})
+               for d, run in zip(trial_dirs(args.run_dir), runs)]
+    table = table3(runs, references, digests)
     print(json.dumps(table, indent=2) if args.json else table3_text(table))
+    if not args.no_save:
+        path = Path(args.run_dir) / "metrics.json"
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"error: {path}: not JSON ({err}); nothing saved")
+        saved["table3"] = table
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)  # whole or not at all
+        print(f"saved under \"table3\" in {path}")
     return table
 
 

@@ -210,3 +210,27 @@ def test_a_dataset_without_a_corpus_gives_the_courtroom_its_splits_evidence_pool
     inputs = evidence.read(run_config.build(dataset="jsonl", split="dev", data_dir=str(user_data), method="courtroom",
                                             model="m"))
     assert [p["text"] for p in inputs.passages] == [c["evidence"][0]["text"] for c in USER_CLAIMS]
+
+
+def test_a_politihop_madr_run_reads_the_whole_ruling_by_default(tiny, tmp_path):
+    """MADR's experiments gave the models the whole ruling article: --task explain on PolitiHop defaults to
+    --evidence ruling, and the explanation prompt holds ruling sentences outside the annotated chains."""
+    from debate.data import datasets
+
+    data_dir = shared_dir("politihop")
+    if not data_dir.is_dir():
+        missing(f"no shared politihop data at {data_dir}")
+    claims = datasets.get("politihop").read("test", data_dir)
+    # The first claim whose ruling holds sentences no evidence chain names, so the two conditions differ.
+    first = next(k for k, c in enumerate(claims)
+                 if len(c["evidence_sets"]["ruling"]) > len(c["gold_evidence"]))
+    out = tmp_path / "madr"
+    run_debate.main(["--dataset", "politihop", "--split", "test", "--data-dir", str(data_dir), "--task", "explain",
+                     "--method", "madr", "--model", tiny, "--limit", str(first + 1), "--madr-iterations", "1",
+                     "--max-new-tokens", "40", "--output-dir", str(out)])
+    config = json.loads((out / records.CONFIG).read_text())
+    assert config["evidence"] == "ruling"
+    prompts = {row["claim_id"]: row["turns"][0]["prompt"] for row in read(out, records.TRANSCRIPTS)}
+    claim = claims[first]
+    unannotated = [e["text"] for e in claim["evidence_sets"]["ruling"] if e not in claim["gold_evidence"]]
+    assert all(text in prompts[claim["claim_id"]] for text in unannotated)

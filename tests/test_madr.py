@@ -282,3 +282,16 @@ def test_madr_as_an_explanation_method_refines_the_zero_shot_explanation_of_the_
     assert REFUTED in judged.systems[0] and load_prompt("madr_no_verdict") not in judged.systems[0]
     assert calls[0].generator is not None  # the explainer samples at the run's temperature ...
     assert all(c.generator is None for c in calls[1:])  # ... MADR's roles at --madr-temperature (greedy here)
+
+
+def test_madr_on_politihop_defaults_to_the_ruling_and_the_chains_stay_a_flag():
+    from debate.pipeline import config as run_config
+
+    built = run_config.build(dataset="politihop", split="test", task="explain", method="madr", model="m")
+    assert built.data.evidence == "ruling" and built.output.output_dir == "runs/politihop-test-ruling-explain-madr"
+    # Its baselines read what MADR reads; the annotated chains only when asked; verification keeps its default.
+    assert run_config.build(dataset="politihop", task="explain", method="zero-shot", model="m").data.evidence == "ruling"
+    assert run_config.build(dataset="politihop", task="explain", method="madr", evidence="golden",
+                            model="m").data.evidence == "golden"
+    assert run_config.build(dataset="politihop", method="rag-cot", model="m").data.evidence == "golden"
+    assert run_config.build(dataset="check-covid", task="explain", method="madr", model="m").data.evidence == "golden"

@@ -238,6 +238,7 @@ def test_table3_runs_majority_weighted_total_and_oracle_by_hand():
     assert table["mean_over_runs"]["accuracy"] == 0.5 and table["claims"] == 4
     text = trials.table3_text(table)
     assert "majority vote" in text and "oracle (best of 3)" in text
+    assert "unanimity rate 66.7%, split rate 33.3% (weighted total)" in text  # 8 and 4 of 12
 
 
 def test_read_trials_takes_the_trial_directories_or_a_one_trial_run_itself(tmp_path):

@@ -32,6 +32,9 @@ class Dataset:
     corpus: object = None  # (data_dir) -> passages {id, text, url} of its retrieval corpus
     scorer: str = "labels"  # "averitec": also the AVeriTeC evidence score and submission.json
     papers: str = ""  # which paper evaluates on it, and what it reports
+    # --evidence of an explanation run (--task explain: MADR's experiment and its baselines) when none is
+    # given: the evidence MADR's models read; None: default_condition
+    explain_condition: str = None
 
     def data_dir(self, given=None):
         """The dataset's folder: `given`, else its default ($DEBATECV_DATA for AVeriTeC)."""
@@ -90,7 +93,8 @@ DATASETS = {d.name: d for d in (
         splits=politihop.SPLITS, default_dir="data/politihop",
         source="github copenlu/politihop (politihop_train.tsv, politihop_valid.tsv, politihop_test.tsv)",
         reader=politihop.load_split, label_set=lambda split, data_dir: politihop.LABELS,
-        papers="MADR: faithfulness of explanations (G-Eval) on test"),
+        papers="MADR: faithfulness of explanations (G-Eval) on test",
+        explain_condition="ruling"),  # MADR's models read the whole ruling article, not the annotated chains
     Dataset(
         name="feverous", title="FEVEROUS, PROClaim's 100-claim sample (claims and labels only)",
         evidence="none offline (Wikipedia)", conditions=("none", "retrieved"), default_condition="none",
@@ -137,7 +141,8 @@ def listing():
         where = d.data_dir() if d.name == "averitec" else d.default_dir
         blocks.append(f"{d.name}: {d.title}\n"
                       f"  labels: {labels}\n"
-                      f"  evidence: {d.evidence}; conditions: {', '.join(d.conditions)} (default {d.default_condition})\n"
+                      f"  evidence: {d.evidence}; conditions: {', '.join(d.conditions)} (default {d.default_condition}"
+                      + (f"; {d.explain_condition} under --task explain" if d.explain_condition else "") + ")\n"
                       f"  splits: {', '.join(d.splits) if d.splits else 'any file DATA_DIR/<split>'}; --data-dir "
                       f"default {where}\n"
                       f"  source: {d.source}")

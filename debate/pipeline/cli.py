@@ -55,7 +55,7 @@ def run_parser(description=None):
                    help="golden (annotated), retrieved (the dataset's retrieved file or corpus), none, or PolitiHop's "
                    "whole ruling (default: the dataset's: retrieved for AVeriTeC, the DebateCV paper's realistic "
                    "condition; golden where a dataset has no retrieval of its own; none for the samples without "
-                   "evidence)")
+                   "evidence; PolitiHop under --task explain: ruling, the evidence MADR's experiments read)")
     d.add_argument("--retrieved-file", help="retrieved evidence keyed by claim_id "
                    "(default: the dataset's own, AVeriTeC's DIR/<split>.retrieved.hero.jsonl)")
     d.add_argument("--evidence-k", type=int, help="--evidence retrieved from a corpus (Check-COVID's abstracts, or "

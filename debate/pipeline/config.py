@@ -310,7 +310,8 @@ def _fill_data(s):
         raise ConfigError(f"--split demo is AVeriTeC's embedded demo set; {s['dataset']} has the splits "
                           f"{', '.join(dataset.splits or ('DATA_DIR/<split>',))}")
     if s["evidence"] is None:
-        s["evidence"] = dataset.default_condition
+        explain = s["task"] == "explain" and dataset.explain_condition
+        s["evidence"] = explain or dataset.default_condition  # PolitiHop explained: the ruling, as MADR's runs
     if s["split"] == DEMO_SPLIT and s["evidence"] == "retrieved":
         s["evidence"] = "golden"  # the demo set has no retrieved evidence
     if s["evidence"] not in dataset.conditions:

@@ -20,7 +20,7 @@ from debate.data.prompts import PromptError
 from debate.data.inputs import DataError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, faithfulness, metrics as label_scores, report, trials as trial_metrics
+from eval import averitec, faithfulness, metrics as label_scores, proclaim_measures, report, trials as trial_metrics
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -316,7 +316,10 @@ def _run_trials(config, inputs, prompt_info, world, log):
         # PROClaim's Table 3 over the trials (eval/trials.py): each run, the vote over runs, the oracle.
         references = {c["claim_id"]: c.get("label") for c in inputs.claims if c.get("label")}
         runs = [records.read_predictions(top / f"trial-{k}") for k in range(1, trials + 1)]
-        summary["table3"] = trial_metrics.table3(runs, references)
+        # The paper's other measures read the counsels' arguments from each trial's transcripts too.
+        wanted = {c["claim_id"] for c in inputs.claims}
+        digests = [proclaim_measures.read_digests(top / f"trial-{k}", wanted) for k in range(1, trials + 1)]
+        summary["table3"] = trial_metrics.table3(runs, references, digests)
         log(trial_metrics.table3_text(summary["table3"]))
     records.write_json(top / records.METRICS, summary)
     log(report.trials_table(summary))
@@ -490,10 +493,14 @@ def finish(config, claims, log=print, labels=None):
     metrics["dataset"] = config.data.dataset
     metrics["evidence_condition"] = config.data.evidence
     if config.method.method in COURTROOM_METHODS:
-        # The panel's agreement, Table 5's evidence and rounds, Appendix P's tokens (eval/trials.py).
-        metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references}))
+        # The panel's agreement, Table 5's evidence and rounds, Appendix P's tokens (eval/trials.py), and the
+        # paper's other measures (eval/proclaim_measures.py, which also reads the transcripts).
+        metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references},
+                                                proclaim_measures.read_digests(out, wanted)))
     records.write_json(out / records.METRICS, metrics)
     log(report.summary_table(metrics, rescore=RESCORE))
+    if "proclaim" in metrics and config.generation.trials == 1:
+        log(proclaim_measures.measures_text(metrics["proclaim"]["measures"]))
     if config.data.split == "demo":
         log(next_step(out))
     return metrics
