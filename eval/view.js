@@ -239,9 +239,11 @@
       ["panel", p.panel && p.panel.note !== undefined ? p.panel.note : p.panel]].filter(([, v]) => v !== undefined);
     if (pairs.length) parts.push(facts(pairs));
     if (Array.isArray(p.hearings)) {
-      const head = ["hearing", "rounds", "stop reason", "P-RAG stop", "discovered", "reflection totals"];
+      const head = ["hearing", "rounds", "stop reason", "P-RAG criteria", "discovered", "reflection totals"];
+      const criteria = (h) => (h.prag_criteria || []).map((c, r) => c ? `round ${r + 1}: ${c}` : null)
+        .filter(Boolean).join(", ") || "-";
       const row = (h, k) => el("tr", {}, el("td", {}, k ? "role-switched" : "first"), el("td", {}, num(h.rounds)),
-        el("td", {}, String(h.stop_reason ?? "-")), el("td", {}, String(h.prag_stop ?? "-")),
+        el("td", {}, String(h.stop_reason ?? "-")), el("td", {}, criteria(h)),
         el("td", {}, num(h.discovered)),
         el("td", {}, (h.reflection_totals || []).map((x) => num(x, 2)).join(", ") || "-"));
       parts.push(el("h4", {}, "Hearings"), el("table", {class: "votes"},

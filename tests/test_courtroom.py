@@ -150,9 +150,10 @@ def test_only_admitted_evidence_reaches_counsels_witness_and_judges_and_the_reru
     weights = {"potassium": (0.6, 0.5), "Amazon": (0.3, 0.3), "Everest": (None, None)}
     asked = []
 
-    def query(side, r):  # the first hearing discovers the wall and the penguins, the rerun Venus and coffee
-        asked.append(side)
-        return TOPICS[4 + len(asked)]
+    def query(side, r):  # the first hearing discovers the wall and the penguins, the rerun Venus and coffee;
+        asked.append(side)  # each hearing's round 2 asks for them again (nothing new)
+        n = len(asked)
+        return TOPICS[(5 if n <= 4 else 7) + (n - 1) % 2]
 
     court = Court(premises=TOPICS[:4], search=TOPICS[0], query=query, ready=lambda r: "Yes",
                   scores=lambda prompt: next((w for k, w in weights.items() if k in prompt), (0.9, 0.9)),
@@ -188,7 +189,7 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
                   resolved=lambda r: "Yes")
     pred, said, _ = run(monkeypatch, court, library(embedder, texts), top_k=1, seed_k=0)
     assert pred["negotiation"]["admitted"] == 1  # only the tower passage was found before the hearing
-    plaintiff_q, defense_q = pred["hearings"][0]["queries"]
+    plaintiff_q, defense_q = pred["hearings"][0]["queries"][:2]  # round 1's; round 2 asks again, finds nothing new
     assert plaintiff_q["admitted"] == 0 and plaintiff_q["novelty"][0] < 0.20  # the near-duplicate is refused
     assert defense_q["admitted"] == 1 and defense_q["novelty"][0] >= 0.20
     assert pred["hearings"][0]["discovered"] == 1
@@ -199,8 +200,20 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
 
 
 @pytest.mark.parametrize("override, rounds, reason", [
-    ({"resolved": lambda r: "Yes" if r == 2 else "No"}, 2, "critic_resolved"),
-    ({"ready": lambda r: "Yes"}, 1, "court_ready"),
+    ({"resolved": lambda r: "Yes" if r == 3 else "No"}, 3, "critic_resolved"),
+    # No rule but the cap ends round 1 (the authors' orchestrator): a critic resolved from the first
+    # round, a court ready to close from the first round, equal reflections from the first round, all
+    # end the hearing after round 2.
+    ({"resolved": lambda r: "Yes"}, 2, "critic_resolved"),
+    ({"ready": lambda r: "Yes"}, 2, "court_ready"),
+    ({"reflection": lambda side, r: js(Logic=0.8, Novelty=0.6, Rebuttal=0.7, **{"Discovery Need": "x"})}, 2,
+     "reflection_plateau"),
+    # When several hold, the paper's order (2.5) names the one reported: plateau, critic, novelty, court.
+    ({"reflection": lambda side, r: js(Logic=0.8, Novelty=0.6, Rebuttal=0.7, **{"Discovery Need": "x"}),
+      "resolved": lambda r: "Yes", "ready": lambda r: "Yes"}, 2, "reflection_plateau"),
+    ({"resolved": lambda r: "Yes", "ready": lambda r: "Yes", "query": lambda side, r: TOPICS[0]}, 2,
+     "critic_resolved"),
+    ({"ready": lambda r: "Yes", "query": lambda side, r: TOPICS[0]}, 2, "novelty_exhausted"),
     # Each counsel's total rises 0.048 in round 2 (S_total, their sum, 0.096: go on; their mean would have
     # moved 0.048 and stopped) and 0.02 in round 3 (S_total 0.04 < 0.05: stop).
     ({"reflection": lambda side, r: js(Logic={1: 0.5, 2: 0.62, 3: 0.67, 4: 0.9}[r], Novelty=0.5, Rebuttal=0.5,
@@ -210,13 +223,15 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
 ])
 def test_each_stopping_rule_ends_the_hearing(monkeypatch, embedder, override, rounds, reason):
     # Top-1 retrieval: each round's queries find exactly the passage they name.
-    # P-RAG's early exits are off, so that retrieval goes on until a stopping rule of the debate holds.
-    pred, said, _ = run(monkeypatch, Court(**override), library(embedder), max_rounds=4, top_k=1, seed_k=0,
-                        relevance_gain=float("-inf"), redundancy_limit=1.0)
+    pred, said, _ = run(monkeypatch, Court(**override), library(embedder), max_rounds=4, top_k=1, seed_k=0)
     assert (pred["rounds"], pred["stop_reason"]) == (rounds, reason)
+    log = pred["hearings"][0]["round_log"]
+    assert [r["stop"] for r in log] == [None] * (rounds - 1) + [reason]
+    assert log[0]["court"] is None  # the court is first asked to close after round 2
+    assert not [p for p in prompts_of(said, "court", "first-1") if 'Answer "Wait" to go on' in p]
     assert {t["round"] for t in said if t["round"].startswith("first-")} == {f"first-{r}" for r in
                                                                              range(1, rounds + 1)}
-    if reason == "reflection_plateau":  # S_total per round: the sum of both counsels' 0.4 l + 0.3 n + 0.3 b
+    if rounds == 3 and reason == "reflection_plateau":  # S_total: the sum of both counsels' 0.4 l + 0.3 n + 0.3 b
         assert pred["hearings"][0]["reflection_totals"] == pytest.approx([1.0, 1.096, 1.136])
 
 
@@ -278,7 +293,7 @@ def test_prag_finds_a_passage_outside_the_claims_own_evidence_in_the_datasets_co
     assert pred["corpus"] == "dataset corpus"
     own = {e["answer"] for e in CLAIM["evidence"]}
     found = [q for q in pred["hearings"][0]["queries"] if q["admitted"]]
-    assert len(found) == 2 and TOPICS[1] not in own and TOPICS[1] in argument_prompts(said, "plaintiff", "first-1")[0]
+    assert [q["round"] for q in found] == [1, 1, 2, 2] and TOPICS[1] not in own and TOPICS[1] in argument_prompts(said, "plaintiff", "first-1")[0]
     # Searching the claim's own evidence only (ours), P-RAG has nothing new to find.
     lib = case.library_from(config.Courtroom(claim_evidence_only=True), passages=passages)
     pred, _, _ = run(monkeypatch, Court(ready=lambda r: "Yes"), lib, top_k=1, seed_k=0)
@@ -322,14 +337,14 @@ def test_judges_read_what_the_rerun_discovered_numbered_as_its_counsels_cited_it
     # The first hearing's queries find the bananas and the river; the rerun's find the wall and the penguins.
     asked = []
 
-    def query(side, round_no):
+    def query(side, round_no):  # two rounds per hearing: the first asks for topics 1-4, the rerun 5-8
         asked.append(side)
-        return TOPICS[len(asked)] if len(asked) <= 2 else TOPICS[len(asked) + 2]
+        return TOPICS[len(asked)]
 
     court = Court(query=query, ready=lambda r: "Yes")
     models = {"plaintiff": "model-A", "defense": "model-B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
     pred, said, _ = run(monkeypatch, court, library(embedder), models=models, role_switch=True, top_k=1, seed_k=0)
-    assert pred["role_switch"] == "rerun" and len(asked) == 4
+    assert pred["role_switch"] == "rerun" and len(asked) == 8
     rerun_plaintiff = argument_prompts(said, "plaintiff", "switched-1")[0]
     number = re.search(r"\[(\d+)\] The Great Wall", rerun_plaintiff).group(1)
     judge = prompts_of(said, "judge_1")[0]
@@ -436,9 +451,11 @@ def test_a_claim_with_no_evidence_and_no_corpus_still_goes_to_the_panel(monkeypa
                              case.Library(embedder), max_rounds=10)[0]
     pred = record["prediction"]
     assert pred["evidence"] == [] and pred["negotiation"] == {"admitted": 0, "disputed": 0, "dropped": 0, "unscored": 0}
-    # Nothing to retrieve is no evidence of exhaustion: the hearing ends by another rule.
-    assert (pred["rounds"], pred["stop_reason"]) == (2, "court_ready")
-    assert pred["hearings"][0]["novelty_means"] == [None, None] and pred["label"] == SUPPORTED
+    # Two rounds that admitted nothing have novelty 0 (the authors' orchestrator): novelty exhaustion, which
+    # the paper checks before the court's signal.
+    assert (pred["rounds"], pred["stop_reason"]) == (2, "novelty_exhausted")
+    assert pred["hearings"][0]["novelty_means"] == [0.0, 0.0] and pred["label"] == SUPPORTED
+    assert [r["novelty"] for r in pred["hearings"][0]["round_log"]] == [None, None]  # nothing was retrieved
 
 
 def test_seed_retrieval_searches_with_the_claim_itself(monkeypatch, embedder):
@@ -491,26 +508,57 @@ def test_one_counsel_model_reruns_the_role_switch_when_counsels_sample(monkeypat
     assert pred["role_switch"] == "rerun" and len(pred["hearings"]) == 2
 
 
-def test_prag_stops_retrieving_on_redundancy(monkeypatch, embedder):
+def test_prag_records_redundancy_and_retrieves_again_next_round(monkeypatch, embedder):
     # Both counsels ask for what the pool already holds: every retrieved passage is a duplicate.
-    court = Court(query=lambda side, r: TOPICS[0], ready=lambda r: "Yes" if r == 3 else "No")
+    court = Court(query=lambda side, r: TOPICS[0])
     pred, said, _ = run(monkeypatch, court, library(embedder, TOPICS[:3]), top_k=1, seed_k=1)
     hearing = pred["hearings"][0]
-    assert hearing["prag_stop"] == "redundancy" and [q["round"] for q in hearing["queries"]] == [1, 1]
-    assert not [p for p in prompts_of(said, "plaintiff", "first-2") if "critical gap in the exhibits" in p]
-    assert pred["rounds"] == 3  # the debate itself goes on
-
-
-def test_prag_stops_retrieving_when_relevance_gains_too_little(monkeypatch, embedder):
-    # Each round's queries name a new passage exactly (cosine 1.0 every round): no gain from round 2.
-    pred, said, _ = run(monkeypatch, Court(ready=lambda r: "Yes" if r == 4 else "No"), library(embedder), top_k=1)
-    hearing = pred["hearings"][0]
-    assert hearing["prag_stop"] == "relevance_gain" and {q["round"] for q in hearing["queries"]} == {1, 2}
+    assert hearing["prag_criteria"] == ["redundancy", "redundancy"]
+    assert [q["round"] for q in hearing["queries"]] == [1, 1, 2, 2]  # the criterion is recorded, not obeyed
     assert [p for p in prompts_of(said, "plaintiff", "first-2") if "critical gap in the exhibits" in p]
-    assert not [p for p in prompts_of(said, "plaintiff", "first-3") if "critical gap in the exhibits" in p]
-    pred, _, _ = run(monkeypatch, Court(ready=lambda r: "Yes" if r == 4 else "No"), library(embedder), top_k=1,
-                     relevance_gain=float("-inf"))
-    assert pred["hearings"][0]["prag_stop"] is None
+    # Nothing was admitted in two rounds running: novelty exhaustion, the debate's rule, ends the hearing.
+    assert (pred["rounds"], pred["stop_reason"]) == (2, "novelty_exhausted")
+    first = hearing["round_log"][0]
+    assert first["admitted"] == [] and first["novelty_admitted"] == 0.0 and first["novelty"] < 0.15
+    assert first["queries"][0]["ids"] == ["p0"] and first["queries"][0]["admitted_ids"] == []
+
+
+def test_prag_admits_new_passages_in_round_three_and_later(monkeypatch, embedder):
+    # Each round's queries name two new passages exactly (cosine 1.0 every round): the relevance gain is 0
+    # from round 2 on, which Appendix I names as a stopping criterion; discovery goes on all the same.
+    pred, said, _ = run(monkeypatch, Court(ready=lambda r: "Yes" if r == 4 else "No"), library(embedder), top_k=1,
+                        seed_k=0)
+    hearing = pred["hearings"][0]
+    assert (pred["rounds"], pred["stop_reason"]) == (4, "court_ready")
+    assert hearing["prag_criteria"] == [None, "relevance_gain", "relevance_gain", "relevance_gain"]
+    log = hearing["round_log"]
+    assert [r["admitted"] for r in log] == [[f"p{2 * r - 1}", f"p{2 * r}"] for r in (1, 2, 3, 4)]
+    start = log[0]["pool_size"] - 2
+    assert [r["pool_size"] for r in log] == [start + 2 * r for r in (1, 2, 3, 4)]
+    assert all(r["novelty"] >= 0.2 and r["novelty_admitted"] >= 0.2 for r in log)
+    assert hearing["discovered"] == 8 and hearing["pool_size"] == start + 8
+    assert TOPICS[7] in argument_prompts(said, "plaintiff", "first-4")[0]  # found in round 4, argued from
+
+
+def test_the_round_log_carries_what_the_measures_read(monkeypatch, embedder):
+    court = Court(reflection=lambda side, r: js(Logic={1: 0.5, 2: 0.83}[r], Novelty=0.41, Rebuttal=0.5,
+                                                **{"Discovery Need": "x"}),
+                  resolved=lambda r: "Yes" if r == 2 else "No")
+    models = {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
+    pred, _, _ = run(monkeypatch, court, library(embedder), models=models, role_switch=True, top_k=1, seed_k=0)
+    assert (pred["rounds"], pred["rounds_switched"], pred["total_rounds"]) == (2, 2, 4)
+    assert (pred["stop_reason"], pred["stop_reason_switched"]) == ("critic_resolved", "critic_resolved")
+    assert [h["phase"] for h in pred["hearings"]] == ["primary", "switched"]
+    second = pred["hearings"][0]["round_log"][1]
+    # Two decimals survive: 0.4 x 0.83 + 0.3 x 0.41 + 0.3 x 0.5 = 0.605 per side, S = 1.21.
+    assert second["reflection"]["plaintiff"] == pytest.approx({"logic": 0.83, "novelty": 0.41, "rebuttal": 0.5,
+                                                               "total": 0.605})
+    assert second["reflection_total"] == pytest.approx(1.21)
+    assert second["critic"] == {"plaintiff": {"logic": 0.5, "evidence": 0.5, "rebuttal": 0.5},
+                                "defense": {"logic": 0.5, "evidence": 0.5, "rebuttal": 0.5}, "resolved": True}
+    assert second["court"] == "wait" and second["stop"] == "critic_resolved"
+    assert pred["hearings"][0]["round_log"][0]["court"] is None  # not asked in round 1
+    assert json.loads(json.dumps(pred))["hearings"][1]["round_log"][0]["queries"][0]["side"] == "plaintiff"
 
 
 def test_judges_read_the_critic_the_prag_record_and_the_reflections(monkeypatch, embedder):

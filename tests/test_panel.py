@@ -50,18 +50,32 @@ def test_plateau_compares_the_summed_total_round_to_round_as_appendix_j():
 def test_novelty_exhaustion_needs_two_low_retrievals_running():
     assert not rules.novelty_exhausted([0.05])
     assert rules.novelty_exhausted([0.5, 0.05, 0.09])
+    assert rules.novelty_exhausted([0.5, 0.0, 0.0])  # two rounds that admitted nothing (the authors' mean)
     assert not rules.novelty_exhausted([0.05, 0.5, 0.05])
-    assert not rules.novelty_exhausted([0.05, None])  # a round that retrieved nothing is not evidence of it
+    assert not rules.novelty_exhausted([0.05, None])
 
 
 def test_stop_reason_order_and_cap():
+    # All four hold: the paper's order (2.5) and the authors' orchestrator decide which is reported.
     common = dict(totals=[0.5, 0.5, 0.5], novelty_means=[0.0, 0.0])
-    assert rules.stop_reason(3, 10, True, True, **common) == "critic_resolved"
-    assert rules.stop_reason(3, 10, False, True, **common) == "court_ready"
-    assert rules.stop_reason(3, 10, False, False, **common) == "reflection_plateau"
-    assert rules.stop_reason(3, 10, False, False, [0.1, 0.5, 0.9], [0.0, 0.0]) == "novelty_exhausted"
+    assert rules.stop_reason(3, 10, True, True, **common) == "reflection_plateau"
+    assert rules.stop_reason(3, 10, True, True, [0.1, 0.5, 0.9], [0.0, 0.0]) == "critic_resolved"
+    assert rules.stop_reason(3, 10, False, True, [0.1, 0.5, 0.9], [0.0, 0.0]) == "novelty_exhausted"
+    assert rules.stop_reason(3, 10, False, True, [0.1, 0.5, 0.9], [0.5, 0.0]) == "court_ready"
     assert rules.stop_reason(10, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) == "max_rounds"
     assert rules.stop_reason(9, 10, False, False, [0.1, 0.5, 0.9], [0.5, 0.5]) is None
+
+
+def test_no_rule_but_the_cap_ends_round_one():
+    assert rules.stop_reason(1, 10, True, True, [0.5], [0.0]) is None
+    assert rules.stop_reason(1, 1, True, True, [0.5], [0.0]) == "max_rounds"
+    assert rules.stop_reason(2, 10, False, True, [None, None], [0.5, 0.5]) == "court_ready"
+
+
+def test_plateau_is_the_change_of_the_summed_total_between_two_rounds():
+    assert rules.plateaued([1.0, 1.04]) and rules.plateaued([1.04, 1.0])
+    assert not rules.plateaued([1.0, 1.05]) and not rules.plateaued([1.0, 1.097])  # Appendix J: goes on
+    assert not rules.plateaued([1.0]) and not rules.plateaued([None, 1.0])
 
 
 def test_panel_labels_are_read_strictly():
@@ -141,14 +155,16 @@ def test_confidence_floor_needs_two_thirds_of_the_judges():
     assert rules.confidence(2 / 3, None, 0.0, 0.0, vote_weight=0.1, floor=0.0)[0] == 0.0
 
 
-def test_prag_early_exits():
+def test_prag_stopping_criteria():
     # Redundancy: 3 of 4 retrieved passages (0.75 > 0.70) are near-duplicates (novelty < 0.15).
-    assert rules.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1) == "redundancy"
-    assert rules.prag_exit([0.05, 0.1, 0.5, 0.9], 0.6, None, 1) is None  # exactly half
+    assert rules.prag_criterion([0.05, 0.1, 0.14, 0.9], 0.6, None, 1) == "redundancy"
+    assert rules.prag_criterion([0.05, 0.1, 0.5, 0.9], 0.6, None, 1) is None  # exactly half
     # Relevance gain below 0.05 over the previous round, from round 2 on.
-    assert rules.prag_exit([0.5], 0.62, 0.60, 2) == "relevance_gain"
-    assert rules.prag_exit([0.5], 0.66, 0.60, 2) is None
-    assert rules.prag_exit([0.5], 0.0, 0.60, 1) is None  # round 1 has no previous round
-    assert rules.prag_exit([], 0.0, 0.5, 3) == "relevance_gain"  # nothing admitted: no gain
-    assert rules.prag_exit([0.5], 0.62, 0.60, 2, gain_floor=0.0) is None
-    assert rules.prag_exit([0.05, 0.1, 0.14, 0.9], 0.6, None, 1, redundancy_limit=0.8) is None
+    assert rules.prag_criterion([0.5], 0.62, 0.60, 2) == "relevance_gain"
+    assert rules.prag_criterion([0.5], 0.66, 0.60, 2) is None
+    assert rules.prag_criterion([0.5], 0.0, 0.60, 1) is None  # round 1 has no previous round
+    assert rules.prag_criterion([], 0.0, 0.5, 3) == "relevance_gain"  # nothing admitted: no gain
+    assert rules.prag_criterion([0.5], 0.62, 0.60, 2, gain_floor=0.0) is None
+    assert rules.prag_criterion([0.05, 0.1, 0.14, 0.9], 0.6, None, 1, redundancy_limit=0.8) is None
+    # The round counter at the cap comes first, as in the authors' engine.
+    assert rules.prag_criterion([0.05, 0.1, 0.14, 0.9], 0.6, 0.6, 10, max_rounds=10) == "max_iterations"

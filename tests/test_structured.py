@@ -205,6 +205,29 @@ def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch
     assert max(probs.values()) < 0.9 and len([v for v in counts if counts[v]]) > 1
 
 
+def test_a_long_choice_scored_in_chunks_gives_the_same_probabilities(soft, tmp_path, monkeypatch):
+    # 101 values (a 0-1 score in steps of 0.01, as the counsels' self-reflection asks) are scored
+    # CHOICE_CHUNK candidates per side pass; the chunking must not change any value's probability.
+    from debate.engine import generator
+    model, tok = soft
+    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    (tmp_path / "score.schema.json").write_text(json.dumps({"fields": [
+        {"key": "Logic", "type": "number", "min": 0, "max": 1, "step": 0.01}]}))
+    compiled = schema.compile_for("score", tok)
+    assert len(compiled.spec.fields[0].values) == 101 and "0.37" in compiled.spec.fields[0].values
+
+    def probs(chunk):
+        monkeypatch.setattr(generator, "CHOICE_CHUNK", chunk)
+        conv = engine.Conversation(system="You score an argument.")
+        engine.generate(model, tok, [conv], ["How logical was it?"], engine.Settings(max_new_tokens=40),
+                        schemas=[compiled])
+        return conv.structured["probs"]["Logic"]
+
+    whole, chunked = probs(1000), probs(7)
+    assert list(chunked) == list(whole) and list(chunked.values()) == pytest.approx(list(whole.values()), abs=1e-5)
+    assert max(whole.values()) < 0.99  # spread out, so a wrong chunk would show
+
+
 def structured_turns(model, tok, reuse, batch_size, name="moderator_round", turns_=2, max_new_tokens=120):
     compiled = schema.compile_for(name, tok)
     settings = engine.Settings(max_new_tokens=max_new_tokens, reuse_cache=reuse)

@@ -90,7 +90,8 @@ def shape(method, claim_id, gold, label, labels=AVERITEC):
         return dict(base, rounds=1, stop_reason="user_done"), turns
     if method == "courtroom":
         panel_probs = {"Supported": 0.6, "Not Supported": 0.3, "Inconclusive": 0.1}
-        hearing = {"rounds": 2, "stop_reason": "critic_resolved", "prag_stop": None, "discovered": 1,
+        hearing = {"rounds": 2, "stop_reason": "critic_resolved", "prag_criteria": [None, "relevance_gain"],
+                   "discovered": 1,
                    "novelty_means": [0.4], "reflection_totals": [0.6, 0.7],
                    "queries": [{"round": 1, "side": "plaintiff", "query": "when was it decided", "admitted": 1,
                                 "retrieved": 3, "novelty": [0.5, 0.1, 0.05]}]}

@@ -42,33 +42,40 @@ def cache_kwarg(model, cache):
     return {_cache_name_of(type(base)): cache}
 
 
+# Candidates scored per side pass: each needs its own copy of the row's cache, so a long choice (a 0-1
+# score in steps of 0.01 has 101 values) is scored in chunks to keep that copy small.
+CHOICE_CHUNK = 16
+
+
 def choice_logprobs(model, cache, row, start, candidates, first_logits, pad_id):
     """Each candidate id list's summed log-probability after `row`'s context, whose keys/values fill
     `cache` from column `start` on. The first tokens are scored from `first_logits` (the row's logits
-    now); the rest in one side pass over copies of the row's cache, which leaves the batch untouched."""
+    now); the rest in side passes over copies of the row's cache (CHOICE_CHUNK candidates each), which
+    leave the batch untouched."""
     logp = torch.log_softmax(first_logits.float(), dim=-1)
     totals = [float(logp[c[0]]) for c in candidates]
-    width = max(len(c) for c in candidates) - 1
-    if width == 0:
-        return totals
-    k, device = len(candidates), first_logits.device
-    layers = [(layer.keys[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous(),
-               layer.values[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous()) for layer in cache.layers]
-    past = layers[0][0].shape[2]
-    ids = torch.full((k, width), pad_id, dtype=torch.long)
-    mask = torch.ones((k, past + width), dtype=torch.long)
-    for j, c in enumerate(candidates):
-        ids[j, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-        mask[j, past + len(c) - 1:] = 0  # right padding: only positions after a candidate's end see it
-    positions = torch.arange(past, past + width)[None].expand(k, -1)
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                use_cache=True, **cache_kwarg(model, DynamicCache(ddp_cache_data=layers)))
-    logp = torch.log_softmax(out.logits.float(), dim=-1)
-    for j, c in enumerate(candidates):
-        if len(c) > 1:  # a one-token candidate is scored by its first token alone
-            picks = logp[j, torch.arange(len(c) - 1, device=device), torch.tensor(c[1:], dtype=torch.long,
-                                                                                   device=device)]
-            totals[j] += float(picks.sum())
+    longer = [j for j, c in enumerate(candidates) if len(c) > 1]  # a one-token candidate: its first token
+    device = first_logits.device
+    for at in range(0, len(longer), CHOICE_CHUNK):
+        chunk = [candidates[j] for j in longer[at:at + CHOICE_CHUNK]]
+        k, width = len(chunk), max(len(c) for c in chunk) - 1
+        layers = [(layer.keys[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous(),
+                   layer.values[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous())
+                  for layer in cache.layers]
+        past = layers[0][0].shape[2]
+        ids = torch.full((k, width), pad_id, dtype=torch.long)
+        mask = torch.ones((k, past + width), dtype=torch.long)
+        for j, c in enumerate(chunk):
+            ids[j, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+            mask[j, past + len(c) - 1:] = 0  # right padding: only positions after a candidate's end see it
+        positions = torch.arange(past, past + width)[None].expand(k, -1)
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                    use_cache=True, **cache_kwarg(model, DynamicCache(ddp_cache_data=layers)))
+        chunk_logp = torch.log_softmax(out.logits.float(), dim=-1)
+        for j, c in enumerate(chunk):
+            picks = chunk_logp[j, torch.arange(len(c) - 1, device=device),
+                               torch.tensor(c[1:], dtype=torch.long, device=device)]
+            totals[longer[at + j]] += float(picks.sum())
     return totals
 
 

@@ -20,7 +20,7 @@ from debate.engine import retrieval
 from debate.methods import baselines, turns
 from debate.methods.courtroom.case import (Case, Hearing, SIDES, format_pool, generator_of, index_for,
                                            token_report)
-from debate.methods.courtroom.hearing import argue
+from debate.methods.courtroom.hearing import argue, open_round
 from debate.methods.courtroom.negotiation import mine_premises
 from debate.methods.courtroom.panel import ballots_of, decide, panel_evidence, panel_note
 
@@ -53,6 +53,7 @@ def standard_mad(agents, claims, settings, streams=None, on_finish=None, options
         case.hearings.append(hearing)
         active.append((case, hearing))
     for round_no in range(1, max_rounds + 1):
+        open_round(active, round_no)
         argue(active, round_no, opts, settings, generator, "debate")
     prompts = []
     for case, hearing in active:

@@ -64,10 +64,9 @@ class Hearing:
     totals: list = field(default_factory=list)  # reflection total per round: the SUM of both counsels' (S_total)
     reflections: dict = field(default_factory=dict)  # side -> its last reflection
     reflection_log: list = field(default_factory=list)  # every reflection, for the judges
-    novelty_means: list = field(default_factory=list)
+    novelty_means: list = field(default_factory=list)  # per round: mean novelty of what P-RAG admitted, 0 if none
     relevance: list = field(default_factory=list)  # mean query cosine of each round's admitted passages
-    queries: list = field(default_factory=list)
-    prag_stop: str = None  # why P-RAG stopped retrieving (rules.prag_exit), None while it runs
+    queries: list = field(default_factory=list)  # every P-RAG call, in order
     stop_reason: str = ""
 
 

@@ -1,6 +1,7 @@
-"""The hearing, round by round until a stopping rule holds (rules.stop_reason) or the round cap: discovery
-(P-RAG) until an early exit stops it (rules.prag_exit), the two counsels' arguments, expert witnesses, then
-reflection and review (reflection.py).
+"""The hearing, round by round until a stopping rule holds (rules.stop_reason, from round 2) or the round
+cap: discovery (P-RAG, every round; Appendix I's criteria are recorded, rules.prag_criterion), the two
+counsels' arguments, expert witnesses, then reflection and review (reflection.py). `round_log` is what a
+saved record keeps of each round.
 
 As in the paper, every counsel turn is one stateless prompt (H.3, H.4, H.7, H.8, I): it carries the claim,
 the current evidence pool and the recent proceedings, and nothing of the counsel's earlier turns; its
@@ -44,15 +45,13 @@ def _counsel(active, side, settings, opts):
     return hearing.counsels[side], tuned(settings, opts, hearing.speakers[side])
 
 
-def _discover(agents, active, round_no, opts, library, settings, generator, tag):
-    """P-RAG: each counsel's gap (plus its last discovery need) becomes a query, the court refines it,
-    and its novel top-k passages enter the pool; then the early exits are checked.
+def _discover(agents, active, round_no, max_rounds, opts, library, settings, generator, tag):
+    """P-RAG, every round: each counsel's gap (plus its last discovery need) becomes a query, the court
+    refines it, and its novel top-k passages enter the pool; Appendix I's stopping criteria are checked
+    and recorded (rules.prag_criterion), and the next round retrieves again.
 
     Novelty is measured against the current pool (the admitted exhibits and what P-RAG added), so a
     candidate dropped at admissibility can be rediscovered."""
-    active = [(c, h) for c, h in active if h.prag_stop is None]
-    if not active:
-        return
     stage = f"{tag}-{round_no}"
     requests = {}
     for side in SIDES:
@@ -84,7 +83,7 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
     vectors = iter(retrieval.embed(library.embedder, queries))  # one encoder call for the whole round
     queries = iter(queries)
     for case, hearing in active:
-        novelties, relevance = [], []
+        novelties, admitted_novelty, relevance, calls = [], [], [], []
         for side in SIDES:
             query = next(queries)
             hits = retrieval.search(case.index, next(vectors)[None], opts.top_k)[0]
@@ -97,19 +96,34 @@ def _discover(agents, active, round_no, opts, library, settings, generator, tag)
                 hearing.pool.append({"passage": case.index.passages[positions[k]], "position": positions[k],
                                      "status": "discovered", "weight": None, "round": round_no})
                 relevance.append(hits[k][1])
+                admitted_novelty.append(scores[k])
             if admitted:
                 hearing.vectors = torch.cat([hearing.vectors, case.index.vectors[[positions[k] for k in admitted]]])
-            hearing.queries.append({"round": round_no, "side": side, "query": query, "admitted": len(admitted),
-                                    "retrieved": len(positions), "novelty": [round(s, 4) for s in scores]})
+            ids = [case.index.passages[p]["id"] for p in positions]
+            call = {"round": round_no, "side": side, "query": query, "admitted": len(admitted),
+                    "retrieved": len(positions), "novelty": [round(n, 4) for n in scores],
+                    "ids": ids, "relevance": [round(float(r), 4) for _, r in hits],
+                    "admitted_ids": [ids[k] for k in admitted]}
+            hearing.queries.append(call)
+            calls.append(call)
             novelties += scores
-        hearing.novelty_means.append(sum(novelties) / len(novelties) if novelties else None)
+        # Novelty exhaustion reads the mean novelty of what was admitted, 0 when nothing was (the authors'
+        # orchestrator); Figure 3's per-round novelty is the mean over everything retrieved.
+        hearing.novelty_means.append(sum(admitted_novelty) / len(admitted_novelty) if admitted_novelty else 0.0)
         mean_relevance = sum(relevance) / len(relevance) if relevance else 0.0
         previous = hearing.relevance[-1] if hearing.relevance else None
         hearing.relevance.append(mean_relevance)
-        hearing.prag_stop = rules.prag_exit(novelties, mean_relevance, previous, round_no, opts.redundancy_limit,
-                                            opts.relevance_gain)
-        if hearing.prag_stop:
-            hearing.queries[-1]["prag_stop"] = hearing.prag_stop
+        criterion = rules.prag_criterion(novelties, mean_relevance, previous, round_no, max_rounds,
+                                         opts.redundancy_limit, opts.relevance_gain)
+        if criterion:
+            calls[-1]["prag_criterion"] = criterion
+        hearing.rounds[-1]["discovery"] = {
+            "queries": calls, "admitted": [i for c in calls for i in c["admitted_ids"]],
+            "pool_size": len(hearing.pool),
+            "novelty": round(sum(novelties) / len(novelties), 4) if novelties else None,
+            "novelty_admitted": round(hearing.novelty_means[-1], 4), "relevance": round(mean_relevance, 4),
+            "relevance_gain": None if previous is None else round(mean_relevance - previous, 4),
+            "prag_criterion": criterion}
 
 
 def _counsel_prompt(case, hearing, side, round_no):
@@ -119,9 +133,13 @@ def _counsel_prompt(case, hearing, side, round_no):
                   history=recent_messages(hearing, HISTORY))
 
 
-def argue(active, round_no, opts, settings, generator, tag):
+def open_round(active, round_no):
     for case, hearing in active:
         hearing.rounds.append({"round": round_no, "testimony": []})
+
+
+def argue(active, round_no, opts, settings, generator, tag):
+    """Both counsels' arguments of round `round_no` (its record opened by open_round)."""
     for side in SIDES:  # the defense reads the plaintiff's argument of this round in its history
         items = [(case, f"{tag}-{round_no}", side, counsel_conversation(side),
                   _counsel_prompt(case, hearing, side, round_no)) for case, hearing in active]
@@ -167,6 +185,40 @@ def _call_witnesses(agents, active, round_no, opts, settings, generator, tag):
         hearing.messages.append((f"Expert witness ({expert})", reply.strip()))
 
 
+def round_log(hearing):
+    """What a saved record keeps of each round of `hearing` (its arguments and testimony are in the
+    transcript), one dict per round with these fields:
+      round; queries: per P-RAG call {side, query, ids (retrieved, best first), novelty and relevance (of
+      each retrieved passage), admitted_ids, retrieved and admitted (counts)}; admitted: the ids P-RAG added
+      this round; pool_size: the evidence pool after the round's discovery; novelty: the mean novelty of
+      everything retrieved this round (Figure 3), None without retrieval; novelty_admitted: the mean novelty
+      of what was admitted, 0.0 when nothing was (the novelty rule's input); relevance, relevance_gain:
+      the mean query cosine of the admitted passages and its change from the previous round;
+      prag_criterion: the Appendix I criterion that held (max_iterations, redundancy, relevance_gain) or
+      None; reflection: per side {logic, novelty, rebuttal, total} (0-1, total 0.4 l + 0.3 n + 0.3 b),
+      reflection_total: their sum S (None when one is unreadable); critic: per side {logic, evidence,
+      rebuttal} and resolved (True, False or None: unreadable); court: "wait", "close", "unreadable", or
+      None when not asked (round 1, or without P-RAG); witnesses: the expert requests and rulings;
+      stop: the stopping rule that ended the hearing after this round, else None.
+    Without P-RAG (A3) the discovery fields are empty or None; without self-reflection (A4) reflection is
+    {} and reflection_total None."""
+    log = []
+    for r in hearing.rounds:
+        found = r.get("discovery") or {}
+        critic = r.get("critic") or {}
+        log.append({
+            "round": r["round"], "queries": found.get("queries", []), "admitted": found.get("admitted", []),
+            "pool_size": sum(e.get("round", 0) <= r["round"] for e in hearing.pool),
+            "novelty": found.get("novelty"), "novelty_admitted": found.get("novelty_admitted"),
+            "relevance": found.get("relevance"), "relevance_gain": found.get("relevance_gain"),
+            "prag_criterion": found.get("prag_criterion"),
+            "reflection": r.get("reflection", {}), "reflection_total": r.get("reflection_total"),
+            "critic": {**{side: {k.lower(): critic[side].get(k) for k in ("Logic", "Evidence", "Rebuttal")}
+                          for side in SIDES if side in critic}, "resolved": critic.get("resolved")},
+            "court": r.get("court"), "witnesses": r.get("witness_requests", []), "stop": r.get("stop")})
+    return log
+
+
 def _stop_reason(opts, round_no, max_rounds, said, hearing):
     """Why the hearing ends after this round, or None. Without P-RAG (A3) only the round cap ends it (no
     adaptive convergence); without self-reflection (A4) there is no reflection plateau."""
@@ -183,8 +235,9 @@ def hold_hearings(agents, cases, speakers, opts, max_rounds, library, settings, 
     for round_no in range(1, max_rounds + 1):
         if not active:
             break
+        open_round(active, round_no)
         if opts.prag:
-            _discover(agents, active, round_no, opts, library, settings, generator, tag)
+            _discover(agents, active, round_no, max_rounds, opts, library, settings, generator, tag)
         argue(active, round_no, opts, settings, generator, tag)
         if opts.witness:
             _call_witnesses(agents, active, round_no, opts, settings, generator, tag)
@@ -192,6 +245,7 @@ def hold_hearings(agents, cases, speakers, opts, max_rounds, library, settings, 
         still = []
         for case, hearing in active:
             hearing.stop_reason = _stop_reason(opts, round_no, max_rounds, decisions[id(hearing)], hearing)
+            hearing.rounds[-1]["stop"] = hearing.stop_reason
             if hearing.stop_reason is None:
                 still.append((case, hearing))
             else:

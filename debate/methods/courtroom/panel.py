@@ -47,7 +47,8 @@ def _case_file(case, switch_note):
     prag = "\n".join(render("courtroom_prag", round=q["round"], side=SIDE_NAMES[q["side"]], query=q["query"],
                             admitted=q["admitted"], retrieved=q["retrieved"],
                             novelty=", ".join(f"{n:.2f}" for n in q["novelty"]) or "-",
-                            stop=f"; P-RAG stopped ({q['prag_stop']})" if q.get("prag_stop") else "")
+                            stop=f"; P-RAG stopping criterion held ({q['prag_criterion']})"
+                            if q.get("prag_criterion") else "")
                      for q in first.queries) or "(no retrieval)"
 
     def side_text(scores):

@@ -4,7 +4,8 @@ the critic's evaluation of both sides and whether the case is resolved, and the 
 The round's reflection total S is the SUM of both counsels' totals, as the authors' orchestrator computes
 it (Appendix J reports a change of 1.183, beyond any mean in [0, 1]); rules.plateaued compares it round
 to round. Ablation A4 (`opts.reflection` off) skips the self-reflection; A3 (`opts.prag` off) has no
-adaptive stopping, so the court is not asked whether to close."""
+adaptive stopping, so the court is not asked whether to close; nor is it in round 1, when no rule may end
+the hearing (rules.FIRST_STOP_ROUND)."""
 from debate.data.parsing import number_in, yes_no
 from debate.data.prompts import render
 from debate.methods.courtroom import rules
@@ -47,9 +48,13 @@ def _reflect(active, round_no, opts, settings, generator, stage):
                                          "Discovery Need": field_text(fields.get("Discovery Need")),
                                          "total": rules.reflection_score(*parts, weights=opts.reflection_weights)}
             hearing.reflection_log.append(dict(hearing.reflections[side], round=round_no, side=side))
+            hearing.rounds[-1].setdefault("reflection", {})[side] = {
+                "logic": parts[0], "novelty": parts[1], "rebuttal": parts[2],
+                "total": hearing.reflections[side]["total"]}
     for case, hearing in active:
         totals = [hearing.reflections[s]["total"] for s in SIDES]
         hearing.totals.append(None if None in totals else sum(totals))
+        hearing.rounds[-1]["reflection_total"] = hearing.totals[-1]
 
 
 def reflect_and_review(active, round_no, opts, agents, settings, generator, tag):
@@ -75,9 +80,12 @@ def reflect_and_review(active, round_no, opts, agents, settings, generator, tag)
             "queries": _items(fields.get("Suggested Queries")),
             "resolved": yes_no(fields.get("Resolved"))}
         decisions[id(hearing)] = {"critic": yes_no(fields.get("Resolved")) is True}
-    if not opts.prag:  # no adaptive convergence (A3): nothing would act on the court's answer
+    # No adaptive convergence (A3): nothing would act on the court's answer; and, as in the authors'
+    # orchestrator, the court is first asked whether to close after round 2 (no rule ends round 1).
+    if not opts.prag or round_no < rules.FIRST_STOP_ROUND:
         for case, hearing in active:
             decisions[id(hearing)]["court"] = False
+            hearing.rounds[-1]["court"] = None
         return decisions
     items = [(c, stage, "court", h.convs["court"], render("court_ready", round=round_no, record=round_record(h)))
              for c, h in active]

@@ -1,6 +1,6 @@
 """The courtroom's (PROClaim's) arithmetic, apart from any model: admissibility, reflection scores, the
-stopping rules, P-RAG's early exits, the judges' vote, its mapping onto a dataset's labels and the
-confidence formula.
+stopping rules, P-RAG's stopping criteria (recorded per round), the judges' vote, its mapping onto a
+dataset's labels and the confidence formula.
 
 Label rule (the panel votes Supported / Not Supported / Inconclusive; `labels` is the dataset's LabelSet):
 - a strict majority of the readable votes decides: Supported -> labels.supported, Not Supported ->
@@ -62,10 +62,15 @@ def reflection_score(logic, novelty, rebuttal, weights=(0.4, 0.3, 0.3)):
     return sum(w * p for w, p in zip(weights, parts))
 
 
+# The authors' orchestrator checks every stopping rule only after round 2 (framework/mad_orchestrator.py):
+# round 1 has no previous reflection total to compare, and the critic and the court do not end it either.
+FIRST_STOP_ROUND = 2
+
+
 def plateaued(totals, delta=0.05):
     """True when the reflection total changed by less than `delta` from the previous round to this one:
-    |S_t - S_(t-1)| < delta, from round 2 on (Appendix O's Delta S; in Appendix J's example round 2's
-    Delta S = 0.097 lets the debate go on, and the court ends it at round 3).
+    |S_t - S_(t-1)| < delta (Appendix O's Delta S; in Appendix J's example round 2's Delta S = 0.097 lets
+    the debate go on, and the court ends it at round 3).
 
     `totals` is S per round, the SUM of both counsels' totals (in [0, 2]); a round without one (an
     unreadable reflection) is compared with nothing.
@@ -76,36 +81,48 @@ def plateaued(totals, delta=0.05):
 
 
 def novelty_exhausted(means, floor=0.10):
-    """True when the mean novelty of the last two retrievals was below `floor` both times."""
+    """True when the mean novelty of the last two rounds' discoveries was below `floor` both times.
+
+    `means` holds, per round, the mean novelty of the passages P-RAG admitted that round, 0.0 when it
+    admitted none (the authors' orchestrator): with the 0.20 admission threshold the rule fires after two
+    rounds running that found nothing new."""
     return len(means) >= 2 and all(m is not None and m < floor for m in means[-2:])
 
 
 def stop_reason(round_no, max_rounds, critic_resolved, court_ready, totals, novelty_means,
                 plateau_delta=0.05, novelty_floor=0.10):
-    """The first of the four stopping rules that holds after a round (then the cap), else None."""
-    if critic_resolved:
-        return "critic_resolved"
-    if court_ready:
-        return "court_ready"
-    if plateaued(totals, plateau_delta):
-        return "reflection_plateau"
-    if novelty_exhausted(novelty_means, novelty_floor):
-        return "novelty_exhausted"
+    """Why the hearing ends after round `round_no`, or None: from round 2 on, the first of the four rules
+    that holds in the paper's order (2.5: reflection plateau, critic resolution, novelty exhaustion, judicial
+    signal; the authors' orchestrator checks them in that order), then the round cap."""
+    if round_no >= FIRST_STOP_ROUND:
+        if plateaued(totals, plateau_delta):
+            return "reflection_plateau"
+        if critic_resolved:
+            return "critic_resolved"
+        if novelty_exhausted(novelty_means, novelty_floor):
+            return "novelty_exhausted"
+        if court_ready:
+            return "court_ready"
     if round_no >= max_rounds:
         return "max_rounds"
     return None
 
 
-def prag_exit(retrieved_novelty, relevance, previous_relevance, round_no, redundancy_limit=0.70,
-              gain_floor=0.05, duplicate_novelty=0.15):
-    """Why P-RAG stops retrieving after this round's retrievals, or None (the paper's Appendix I).
+def prag_criterion(retrieved_novelty, relevance, previous_relevance, round_no, max_rounds=10,
+                   redundancy_limit=0.70, gain_floor=0.05, duplicate_novelty=0.15):
+    """Which of Appendix I's P-RAG stopping criteria holds after this round's retrievals, or None. It is
+    recorded, not obeyed: the next round retrieves again (see docs/FIDELITY.md, row 8: the paper reports
+    discovery in every active round, and the authors' code only logs the criterion).
 
     `retrieved_novelty`: the novelty of every passage retrieved this round; a passage is redundant when
-    its novelty is below `duplicate_novelty` (cosine above 0.85 to the pool, the authors' code). Exits:
-    the redundant share is above `redundancy_limit`; or, from round 2 on, the mean relevance (query
-    cosine) of the passages admitted this round gained less than `gain_floor` over the previous round's
-    (a round that admitted nothing has relevance 0).
+    its novelty is below `duplicate_novelty` (cosine above 0.85 to the pool, the authors' code). In the
+    authors' order: the round counter reached the cap ("max_iterations"); the redundant share is above
+    `redundancy_limit` ("redundancy"); from round 2 on, the mean relevance (query cosine) of the passages
+    admitted this round gained less than `gain_floor` over the previous round's ("relevance_gain"; a round
+    that admitted nothing has relevance 0).
     """
+    if round_no >= max_rounds:
+        return "max_iterations"
     if retrieved_novelty:
         redundant = sum(n < duplicate_novelty for n in retrieved_novelty) / len(retrieved_novelty)
         if redundant > redundancy_limit:

@@ -6,10 +6,11 @@
    premise, a supporting and a challenging query for each counsel's pool, the counsels' disclosures and
    challenges, and the court's admissibility ratings: weight = relevance x credibility, admitted /
    disputed / dropped by the two thresholds (rules.admissibility). Only the admitted items go on.
-3. The hearing (hearing.py), round by round until a stopping rule holds (rules.stop_reason) or the
-   round cap: discovery (P-RAG) until an early exit stops it (rules.prag_exit), the plaintiff's and then
-   the defense's argument, expert witnesses the court grants (unless --no-witness), then (reflection.py)
-   each counsel's self-reflection, the critic's evaluation and the court's wait-or-close.
+3. The hearing (hearing.py), round by round until a stopping rule holds (rules.stop_reason, from round
+   2) or the round cap: discovery (P-RAG) every round, Appendix I's criteria recorded
+   (rules.prag_criterion), the plaintiff's and then the defense's argument, expert witnesses the court
+   grants (unless --no-witness), then (reflection.py) each counsel's self-reflection, the critic's
+   evaluation and the court's wait-or-close.
 4. Role switch (role_switch.py): the counsels' models swap sides and the hearing is held again (up to
    --switch-rounds rounds) from the originally admitted exhibits; the consistency analyzer (critic's
    model) scores the two hearings. With one model for both counsels and greedy decoding the rerun would
@@ -28,7 +29,7 @@ from debate.data.labels import AVERITEC
 from debate.methods import turns
 from debate.methods.courtroom.case import Case, SIDES, generator_of, index_for, token_report
 from debate.methods.courtroom.negotiation import mine_premises, negotiate
-from debate.methods.courtroom.hearing import hold_hearings
+from debate.methods.courtroom.hearing import hold_hearings, round_log
 from debate.methods.courtroom.role_switch import score_consistency, switch_needed
 from debate.methods.courtroom.panel import decide, judge_cases, panel_evidence, panel_note
 
@@ -53,6 +54,19 @@ def components(opts):
             "self_reflection": opts.reflection, "reflection_to_prag": opts.prag and opts.reflection,
             "critic": True, "adaptive_convergence": adaptive, "role_switch": opts.role_switch,
             "three_judge_panel": not opts.single_judge, "reflection_confidence": opts.reflection}
+
+
+def hearing_record(hearing, phase):
+    """One hearing in the saved record: phase ("primary", or "switched" after the role switch), rounds (how
+    many were held), stop_reason, pool_size (its evidence pool at the end), discovered (what P-RAG added),
+    reflection_totals and novelty_means (the plateau and novelty rules' inputs, per round), prag_criteria
+    (per round, the Appendix I criterion that held or None), queries (every P-RAG call, in order) and
+    round_log (hearing.round_log: everything per round)."""
+    log = round_log(hearing)
+    return {"phase": phase, "rounds": len(hearing.rounds), "stop_reason": hearing.stop_reason,
+            "pool_size": len(hearing.pool), "discovered": sum(e["status"] == "discovered" for e in hearing.pool),
+            "reflection_totals": hearing.totals, "novelty_means": hearing.novelty_means,
+            "prag_criteria": [r["prag_criterion"] for r in log], "queries": hearing.queries, "round_log": log}
 
 
 def run_batch(agents, claims, settings, options, library, max_rounds, streams=None, on_finish=None, labels=AVERITEC):
@@ -82,9 +96,8 @@ def run_batch(agents, claims, settings, options, library, max_rounds, streams=No
             stop_reason=first.stop_reason, rounds_switched=switched, total_rounds=len(first.rounds) + switched,
             **decision, premises=case.premises, negotiation=counts, disclosures=case.disclosures,
             role_switch=switch_note, consistency=case.consistency, panel=panel_note(agents, seats),
-            hearings=[{"rounds": len(h.rounds), "stop_reason": h.stop_reason, "queries": h.queries,
-                       "novelty_means": h.novelty_means, "prag_stop": h.prag_stop, "reflection_totals": h.totals,
-                       "discovered": sum(e["status"] == "discovered" for e in h.pool)} for h in case.hearings],
+            stop_reason_switched=case.hearings[1].stop_reason if len(case.hearings) > 1 else None,
+            hearings=[hearing_record(h, phase) for h, phase in zip(case.hearings, ("primary", "switched"))],
             # Table 5's evidence pool as the authors counted it: passages returned by all retrieval calls;
             # and the distinct passages the hearings' pools held.
             retrieval_calls=case.retrieval_calls, retrieved=case.retrieved,
