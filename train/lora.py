@@ -1,4 +1,5 @@
-"""The Moderator model for training: a frozen (4-bit on CUDA) base with a trainable LoRA adapter."""
+"""The Moderator model for training: a frozen base (NF4 by default on CUDA, on any device with --4bit) with a
+trainable LoRA adapter: QLoRA when the base is 4-bit."""
 import json
 import os
 
@@ -10,16 +11,18 @@ from safetensors.torch import load_file
 from debate.engine import models
 
 
-def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=True,
+def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=None,
                    gradient_checkpointing=True, device=None):
     """(peft model, tokenizer, LoadedModel): a new LoRA on every linear layer, or `adapter` made trainable.
 
-    On CUDA the base is 4-bit NF4 with bf16 compute (QLoRA) when bitsandbytes is there; the LoRA
-    weights stay float32. Gradient checkpointing recomputes activations in the backward pass instead
+    `use_4bit` as in models.load_model: by default the base is 4-bit NF4 with bf16 compute on CUDA (QLoRA),
+    float32 on a CPU; True quantises on a CPU too. The base stays frozen; the LoRA weights are float32. Gradient checkpointing recomputes activations in the backward pass instead
     of keeping them, which is what lets 4k-token pairs fit.
     """
     loaded = models.load_model(base_path, use_4bit=use_4bit, device=device)
     model = loaded.model
+    if loaded.quantized:
+        _keep_trainable_layout(model)
     if gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # the newer name; early 5.x only has the old
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -41,6 +44,22 @@ def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, u
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()  # optimizer state and updates in fp32, whatever the base's dtype
     return model, loaded.tokenizer, loaded
+
+
+def _keep_trainable_layout(model):
+    """Keep an NF4 base's weights in the layout that backpropagates, on a CPU too.
+
+    bitsandbytes (0.48 to 0.50 at least) repacks a Linear4bit's weights for a faster CPU kernel the first time
+    it runs in eval mode without gradients, on CPUs with AVX512-BF16, and that kernel has no backward: every
+    later training step then gets no gradient at all, silently. D-DPO's reference pass runs in eval mode
+    before training, so it would trigger that; switching the repack off per layer avoids it (training only;
+    debates keep the fast kernel). tests/test_4bit.py trains after an eval pass to hold this.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
 
 
 def save_adapter(model, out_dir, loaded):
