@@ -107,7 +107,7 @@ def test_4bit_where_bitsandbytes_cannot_quantise_is_one_clear_line(tiny, tmp_pat
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("error: --4bit: bitsandbytes 0.42 cannot quantise to NF4 on cpu (RuntimeError: no CPU "
-                       "kernel); install bitsandbytes>=0.46 or pass --no-4bit")
+                       "kernel); upgrade bitsandbytes (0.50.2 quantises on CPU and CUDA) or pass --no-4bit")
     assert not (tmp_path / "run" / records.PREDICTIONS).exists()
     # Without --4bit a CPU run never needs bitsandbytes.
     assert models.precision(None)["precision"] == "float32"
@@ -129,7 +129,7 @@ def read(out, name):
 def debate(model, out, *extra):
     # Greedy, structured (verdicts and label probabilities from the schema), 3 claims at batch 2: the third joins
     # while the others are in progress (continuous batching), every later turn reuses the claim's KV cache.
-    run_debate.main(["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "6",
+    run_debate.main(["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "100",
                      "--max-rounds", "2", "--batch-size", "2", "--limit", "3", "--temperature", "0",
                      "--output-dir", str(out), *extra])
     return read(out, records.PREDICTIONS), read(out, records.TRANSCRIPTS), json.loads((out / records.CONFIG).read_text())
@@ -176,7 +176,7 @@ def test_nf4_debates_reuse_the_kv_cache_and_batch_continuously_without_changing_
 
 
 def test_courtroom_and_madr_run_on_nf4_agents(tiny, tmp_path):
-    base = ["--split", "demo", "--evidence", "golden", "--model", tiny, "--max-new-tokens", "5", "--max-rounds", "1",
+    base = ["--split", "demo", "--evidence", "golden", "--model", tiny, "--max-new-tokens", "5", "--max-rounds", "1", "--no-structured",
             "--batch-size", "2", "--limit", "2", "--temperature", "0", "--4bit"]
     court = tmp_path / "court"
     run_debate.main([*base, "--method", "courtroom", "--output-dir", str(court)])

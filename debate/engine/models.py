@@ -198,6 +198,10 @@ def _bitsandbytes_problem(device):
     """
     device = torch.device(device)
     if device.type not in _BNB_PROBLEMS:
+        # On AVX512-BF16 CPUs bitsandbytes warns at import that the optional `kernels` package, which would
+        # fetch a kernel from the Hugging Face Hub, is missing; offline it never is there and the built-in
+        # CPU kernels serve, so that line is only noise.
+        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
         try:
             import bitsandbytes
             import bitsandbytes.functional as bnb_functional
@@ -226,7 +230,8 @@ def _pick_4bit(use_4bit, device):
         return False
     problem = _bitsandbytes_problem(device)
     if problem is not None:
-        raise ModelLoadError(f"--4bit: {problem}; install bitsandbytes>=0.46 or pass --no-4bit")
+        raise ModelLoadError(f"--4bit: {problem}; upgrade bitsandbytes (0.50.2 quantises on CPU and CUDA) "
+                             "or pass --no-4bit")
     return True
 
 
