@@ -32,6 +32,7 @@ from train import examples, losses, lora, stages, syndec
 
 LOGIT_TOLERANCE = 0.3  # NF4 vs float32, measured 0.086 (module docstring)
 ROUNDING_TOLERANCE = 0.01  # NF4 vs float32 holding the NF4-rounded weights, measured 0.0024
+KERNEL_TOLERANCE = 0.01  # the same NF4 model through bitsandbytes' two CPU kernels (train/lora.py), measured 0.0023
 DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -183,7 +184,8 @@ def test_courtroom_and_madr_run_on_nf4_agents(tiny, tmp_path):
     assert {"court", "critic", "witness", "plaintiff", "defense", "judge_1"} <= set(config["models"])
     assert {m["precision"] for m in config["models"].values()} == {"nf4"}
     for p in read(court, records.PREDICTIONS):
-        assert p["label"] in LABELS and len(p["votes"]) == 3 and p["panel"] and p["tokens"]["total"] > 0
+        # 5 free tokens of a random model: a verdict or none, recorded as unparsed, never a guessed class.
+        assert p["label"] in (*LABELS, None) and len(p["votes"]) == 3 and p["panel"] and p["tokens"]["total"] > 0
 
     madr = tmp_path / "madr"
     run_debate.main([*base, "--refine", "madr", "--madr-iterations", "1", "--output-dir", str(madr)])
@@ -233,7 +235,9 @@ def test_qlora_base_frozen_in_nf4_adapter_in_float32_and_a_reload_gives_the_same
     with models.adapter_scope(again["moderator"]) as reloaded:
         after = logits(reloaded, ids)
     assert again["moderator"].loaded.quantized
-    assert (after - before).abs().max() < 1e-4  # the same NF4 rounding of the same weights, the same adapter
+    # The same NF4 weights and adapter; only the CPU kernel differs: a model being trained keeps the layout that
+    # backpropagates (train/lora.py), a loaded one gets bitsandbytes' repacked inference kernel. Measured 0.0023.
+    assert (after - before).abs().max() < KERNEL_TOLERANCE
     full = models.load_roles({"moderator": smooth}, {"moderator": str(tmp_path / "adapter")}, use_4bit=False)
     with models.adapter_scope(full["moderator"]) as reloaded:
         in_float32 = logits(reloaded, ids)
@@ -265,12 +269,12 @@ def test_dpo_reference_logps_come_from_the_same_nf4_base(smooth, tmp_path):
 
     # The reference is the D-SFT model on the 4-bit base itself: a fresh NF4 load with the adapter agrees.
     fresh = models.load_roles({"moderator": smooth}, {"moderator": adapter}, use_4bit=True)["moderator"]
-    assert (logps(fresh) - ref).abs().max() < 1e-3
+    assert (logps(fresh) - ref).abs().max() < KERNEL_TOLERANCE * 10  # sums over ~200 tokens; measured 0.0038
     # With the adapter switched off, the same 4-bit model is the plain NF4 base (no second copy is needed).
     base = models.load_roles({"moderator": smooth}, use_4bit=True)["moderator"]
     model.eval()
-    assert (logps(model, disabled=True) - logps(base)).abs().max() < 1e-3
-    assert (logps(model, disabled=True) - ref).abs().max() > 1e-3  # the adapter matters
+    assert (logps(model, disabled=True) - logps(base)).abs().max() < KERNEL_TOLERANCE * 10
+    assert (logps(model, disabled=True) - ref).abs().max() > 0.1  # the adapter matters
     # Float32 gives close log-probabilities, not the same ones: sums over ~30 target tokens, each off by
     # about the logit tolerance at most.
     full = models.load_roles({"moderator": smooth}, {"moderator": adapter}, use_4bit=False)["moderator"]
