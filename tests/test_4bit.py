@@ -134,7 +134,8 @@ def debate(model, out, *extra):
     run_debate.main(["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "100",
                      "--max-rounds", "2", "--batch-size", "2", "--limit", "3", "--temperature", "0",
                      "--output-dir", str(out), *extra])
-    return read(out, records.PREDICTIONS), read(out, records.TRANSCRIPTS), json.loads((out / records.CONFIG).read_text())
+    config = json.loads((out / records.CONFIG).read_text())
+    return read(out, records.PREDICTIONS), read(out, records.TRANSCRIPTS), config
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +177,8 @@ def test_nf4_debates_reuse_the_kv_cache_and_batch_continuously_without_changing_
 
 
 def test_courtroom_and_madr_run_on_nf4_agents(tiny, tmp_path):
-    base = ["--split", "demo", "--evidence", "golden", "--model", tiny, "--max-new-tokens", "5", "--max-rounds", "1", "--no-structured",
-            "--batch-size", "2", "--limit", "2", "--temperature", "0", "--4bit"]
+    base = ["--split", "demo", "--evidence", "golden", "--model", tiny, "--max-new-tokens", "5", "--max-rounds", "1",
+            "--no-structured", "--batch-size", "2", "--limit", "2", "--temperature", "0", "--4bit"]
     court = tmp_path / "court"
     run_debate.main([*base, "--method", "courtroom", "--output-dir", str(court)])
     config = json.loads((court / records.CONFIG).read_text())

@@ -16,8 +16,9 @@ def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, u
     """(peft model, tokenizer, LoadedModel): a new LoRA on every linear layer, or `adapter` made trainable.
 
     `use_4bit` as in models.load_model: by default the base is 4-bit NF4 with bf16 compute on CUDA (QLoRA),
-    float32 on a CPU; True quantises on a CPU too. The base stays frozen; the LoRA weights are float32. Gradient checkpointing recomputes activations in the backward pass instead
-    of keeping them, which is what lets 4k-token pairs fit.
+    float32 on a CPU; True quantises on a CPU too. The base stays frozen; the LoRA weights are float32.
+    Gradient checkpointing recomputes activations in the backward pass instead of keeping them, which is
+    what lets 4k-token pairs fit.
     """
     loaded = models.load_model(base_path, use_4bit=use_4bit, device=device)
     model = loaded.model
