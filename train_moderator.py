@@ -51,9 +51,8 @@ def build_parser():
     m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
     m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")
     m.add_argument("--corrector-model", help="the Corrector (default: --model)")
-    m.add_argument("--no-4bit", dest="use_4bit", action="store_false",
-                   help="on CUDA, a bf16 base instead of 4-bit NF4 (4-bit QLoRA is ours, to fit one small GPU; "
-                   "the paper trained LoRA on a 40GB A100 and does not say it quantised)")
+    # 4-bit QLoRA is ours, to fit one small GPU: the paper trained LoRA on a 40GB A100 and does not say it quantised.
+    cli.add_4bit_flags(m, "the models (the trained base frozen under its LoRA, QLoRA)")
     t = p.add_argument_group("training (the DebateCV paper's Appendix C gives AdamW, lr, epochs, LoRA rank and "
                              "alpha; every other default is ours)")
     t.add_argument("--syndec", help="train on this SynDeC file (default: OUT's corrected one, else "

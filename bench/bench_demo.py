@@ -43,7 +43,7 @@ def main():
     claims = data.attach_evidence(averitec.load_split("demo"), "golden")[: args.claims]
     path = models.default_model_path()
     start = time.perf_counter()
-    agents = models.load_roles({r: path for r in debatecv.ROLES}, {}, use_4bit=True)
+    agents = models.load_roles({r: path for r in debatecv.ROLES}, {}, use_4bit=None)
     load_seconds = time.perf_counter() - start
 
     settings = engine.Settings(max_new_tokens=args.max_new_tokens)

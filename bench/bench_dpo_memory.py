@@ -4,7 +4,7 @@
     python bench/bench_dpo_memory.py --shape tiny --length 512               # CPU smoke run of the same path
 
 The random checkpoint is written once to --cache (bf16; 16 GB for the 8B shape) and loaded through
-the same code as training (`train.lora.load_trainable`: 4-bit NF4 base on CUDA, gradient checkpointing).
+the same code as training (`train.lora.load_trainable`: NF4 base, on a CPU too, gradient checkpointing).
 A pair is chosen + rejected of --length tokens each, of which the last --target tokens are the reply.
 """
 import argparse

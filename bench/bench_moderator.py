@@ -159,7 +159,7 @@ def main():
             if not saved.exists():
                 start = time.time()
                 role = models.load_roles({"moderator": base}, {"moderator": adapters[system] and str(adapters[system])},
-                                         use_4bit=True)["moderator"]  # 4-bit only on CUDA (models.py)
+                                         use_4bit=None)["moderator"]  # NF4 on CUDA, float32 on a CPU (models.py)
                 saved.write_text(json.dumps(rejudge(role, folds[k], 8, args.judge_tokens)))
                 timings[f"fold{k}_judge_{system}"] = round(time.time() - start, 1)
             for r, (verdict, probs) in zip(folds[k], json.loads(saved.read_text())):

@@ -149,7 +149,7 @@ def view(run_dirs, output="report.html", **options):
     return report.write(run_dirs, output, **options)
 
 
-def geval(run_dirs, judge_model=None, protocols="all", human=None, names=None, batch_size=8, use_4bit=True,
+def geval(run_dirs, judge_model=None, protocols="all", human=None, names=None, batch_size=8, use_4bit=None,
           log=print):
     """G-Eval faithfulness of the explanations (justifications) of `run_dirs` (one path or several, one row
     each) as `debatecv-geval` scores them, judged by `judge_model` (default: the embedded model) under

@@ -57,7 +57,7 @@ def test_tiny_builder_is_deterministic(tiny_dir, tmp_path):
 
 def test_same_path_is_loaded_once(tiny_dir):
     roles = load_roles(
-        {"affirmative": tiny_dir, "negative": tiny_dir, "moderator": tiny_dir + "/"}, {}, use_4bit=True
+        {"affirmative": tiny_dir, "negative": tiny_dir, "moderator": tiny_dir + "/"}, {}
     )
     assert roles["affirmative"].model is roles["negative"].model is roles["moderator"].model
     assert roles["affirmative"].loaded is roles["moderator"].loaded
@@ -195,19 +195,27 @@ def test_cuda_settings(monkeypatch):
     # No GPU in CI: check the from_pretrained arguments chosen for CUDA without loading anything.
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setattr(models, "_bitsandbytes_available", lambda: True)
+    monkeypatch.setattr(models, "_bitsandbytes_problem", lambda device: None)
     kwargs, dtype, quantized = models._load_settings(cuda, None, True, "m")
     bnb = kwargs["quantization_config"]
     assert quantized and dtype == torch.bfloat16 and kwargs["device_map"] == {"": cuda}
     assert bnb.load_in_4bit and bnb.bnb_4bit_quant_type == "nf4" and bnb.bnb_4bit_use_double_quant
     assert bnb.bnb_4bit_compute_dtype == torch.bfloat16 and kwargs["local_files_only"]
 
-    monkeypatch.setattr(models, "_bitsandbytes_available", lambda: False)
-    kwargs, dtype, quantized = models._load_settings(cuda, None, True, "m")
-    assert not quantized and dtype == torch.bfloat16 and "quantization_config" not in kwargs
+    kwargs, dtype, quantized = models._load_settings(cuda, None, None, "m")  # the default: NF4 on CUDA
+    assert quantized and "quantization_config" in kwargs
 
-    kwargs, dtype, quantized = models._load_settings(torch.device("cpu"), None, True, "m")
+    kwargs, dtype, quantized = models._load_settings(torch.device("cpu"), None, None, "m")  # float32 on a CPU
     assert not quantized and dtype == torch.float32 and "device_map" not in kwargs
+    kwargs, dtype, quantized = models._load_settings(torch.device("cpu"), None, True, "m")  # unless --4bit
+    assert quantized and kwargs["quantization_config"].bnb_4bit_compute_dtype == torch.float32
+
+    # Without a working bitsandbytes the default falls back to bf16; --4bit asked for refuses, in one line.
+    monkeypatch.setattr(models, "_bitsandbytes_problem", lambda device: "bitsandbytes is not importable")
+    kwargs, dtype, quantized = models._load_settings(cuda, None, None, "m")
+    assert not quantized and dtype == torch.bfloat16 and "quantization_config" not in kwargs
+    with pytest.raises(models.ModelLoadError, match=r"^--4bit: bitsandbytes is not importable; .*--no-4bit$"):
+        models._load_settings(cuda, None, True, "m")
 
 
 def test_cuda_asked_for_without_cuda(tiny_dir):

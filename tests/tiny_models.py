@@ -148,8 +148,11 @@ def build_random_lora(model_dir, out_dir, seed=1):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from debate.engine.models import peft_wrap
+
     base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with peft_wrap():
+        peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():

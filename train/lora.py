@@ -1,8 +1,7 @@
-"""The Moderator model for training: a frozen (4-bit on CUDA) base with a trainable LoRA adapter."""
+"""The Moderator model for training: a frozen base (NF4 by default on CUDA, on any device with --4bit) with a
+trainable LoRA adapter: QLoRA when the base is 4-bit."""
 import json
 import os
-import warnings
-from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -12,26 +11,19 @@ from safetensors.torch import load_file
 from debate.engine import models
 
 
-@contextmanager
-def _peft_asks_the_old_name():
-    """peft's PeftModel asks the base model `is_gradient_checkpointing`, the name transformers 5.x deprecated for
-    `is_activation_checkpointing` (same answer, a FutureWarning on every wrap). Only that one warning, and only
-    around the wrap, is silenced; where the property is gone, peft's getattr default applies."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        yield
-
-
-def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=True,
+def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=None,
                    gradient_checkpointing=True, device=None):
     """(peft model, tokenizer, LoadedModel): a new LoRA on every linear layer, or `adapter` made trainable.
 
-    On CUDA the base is 4-bit NF4 with bf16 compute (QLoRA) when bitsandbytes is there; the LoRA
-    weights stay float32. Gradient checkpointing recomputes activations in the backward pass instead
-    of keeping them, which is what lets 4k-token pairs fit.
+    `use_4bit` as in models.load_model: by default the base is 4-bit NF4 with bf16 compute on CUDA (QLoRA),
+    float32 on a CPU; True quantises on a CPU too. The base stays frozen; the LoRA weights are float32.
+    Gradient checkpointing recomputes activations in the backward pass instead of keeping them, which is
+    what lets 4k-token pairs fit.
     """
     loaded = models.load_model(base_path, use_4bit=use_4bit, device=device)
     model = loaded.model
+    if loaded.quantized:
+        _keep_trainable_layout(model)
     if gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # the newer name; early 5.x only has the old
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -42,19 +34,35 @@ def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, u
         models.check_adapter_dir(adapter, str(adapter))
         models.check_adapter_base(adapter, model.config, loaded.path)
         try:
-            with _peft_asks_the_old_name():
+            with models.peft_wrap():
                 model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         except Exception as e:
             raise models.ModelLoadError(f"cannot load adapter {adapter}: {models.one_line(e)}") from e
     else:
         config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear",
                             task_type="CAUSAL_LM")
-        with _peft_asks_the_old_name():
+        with models.peft_wrap():
             model = get_peft_model(model, config)
     for name, p in model.named_parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()  # optimizer state and updates in fp32, whatever the base's dtype
     return model, loaded.tokenizer, loaded
+
+
+def _keep_trainable_layout(model):
+    """Keep an NF4 base's weights in the layout that backpropagates, on a CPU too.
+
+    bitsandbytes (0.48 to 0.50 at least) repacks a Linear4bit's weights for a faster CPU kernel the first time
+    it runs in eval mode without gradients, on CPUs with AVX512-BF16, and that kernel has no backward: every
+    later training step then gets no gradient at all, silently. D-DPO's reference pass runs in eval mode
+    before training, so it would trigger that; switching the repack off per layer avoids it (training only;
+    debates keep the fast kernel). tests/test_4bit.py trains after an eval pass to hold this.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
 
 
 def save_adapter(model, out_dir, loaded):

@@ -5,8 +5,12 @@ LoRA adapters switched on per role.
   weights) or a `.gguf` file. A GGUF is dequantised by transformers once (about a minute for the
   270M default) and the result is cached as an ordinary HF directory, which later loads take in
   seconds and which 4-bit quantisation can start from (debate/engine/gguf.py).
-- Precision follows the device: CUDA -> 4-bit NF4 when bitsandbytes is importable (else bf16);
-  CPU -> float32.
+- Precision: `use_4bit` None (the default) follows the device: CUDA -> 4-bit NF4 (bf16 where bitsandbytes
+  cannot quantise), CPU -> float32, because bitsandbytes' CPU NF4 kernels are slower than float32 there
+  and a CPU has the memory. True (`--4bit`) asks for NF4 on any device bitsandbytes quantises on (CPU
+  included: what the tests run, and what lets a small machine hold a larger model); False (`--no-4bit`)
+  never quantises. A GGUF with 4-bit is dequantised once (as always) and its cached HF weights are
+  quantised to NF4 at load.
 - `load_roles(...)` loads every distinct base once and hands the same model object to every role
   naming it. A role may carry a PEFT LoRA adapter; `adapter_scope(role_model)` must wrap every
   forward/generate call of a role so that only that role's adapter is in effect.
@@ -119,11 +123,51 @@ def _pick_dtype(dtype):
     return value
 
 
-def _bitsandbytes_available():
-    try:
-        import bitsandbytes  # noqa: F401
-    except Exception:  # it can fail with errors other than ImportError when its CUDA libraries are missing
+_BNB_PROBLEMS = {}  # device type -> why bitsandbytes cannot quantise there (None: it can); probed once
+
+
+def _bitsandbytes_problem(device):
+    """None when bitsandbytes quantises to NF4 on `device`, else why not (one line).
+
+    Probed by quantising 64 zeros: an install can import and still lack the kernels of a device (builds
+    before 0.46 had no CPU NF4, a CUDA build may miss its libraries), and only trying tells.
+    """
+    device = torch.device(device)
+    if device.type not in _BNB_PROBLEMS:
+        # On AVX512-BF16 CPUs bitsandbytes warns at import that the optional `kernels` package, which would
+        # fetch a kernel from the Hugging Face Hub, is missing; offline it never is there and the built-in
+        # CPU kernels serve, so that line is only noise.
+        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+        try:
+            import bitsandbytes
+            import bitsandbytes.functional as bnb_functional
+        except Exception as e:  # not only ImportError: a CUDA build raises others when its libraries are missing
+            _BNB_PROBLEMS[device.type] = f"bitsandbytes is not importable ({one_line(e)})"
+        else:
+            try:
+                bnb_functional.quantize_4bit(torch.zeros(64, device=device), quant_type="nf4")
+                _BNB_PROBLEMS[device.type] = None
+            except Exception as e:
+                _BNB_PROBLEMS[device.type] = (f"bitsandbytes {getattr(bitsandbytes, '__version__', '?')} cannot "
+                                              f"quantise to NF4 on {device.type} ({one_line(e)})")
+    return _BNB_PROBLEMS[device.type]
+
+
+def _bitsandbytes_available(device="cuda"):
+    return _bitsandbytes_problem(device) is None
+
+
+def _pick_4bit(use_4bit, device):
+    """Whether to load NF4 on `device`: None -> on CUDA when bitsandbytes can, never on a CPU (slower than
+    float32 there); True -> NF4 or a ModelLoadError saying why not; False -> never."""
+    if use_4bit is None:
+        return device.type == "cuda" and _bitsandbytes_available(device)
+    if not use_4bit:
         return False
+    problem = _bitsandbytes_problem(device)
+    if problem is not None:
+        raise ModelLoadError(f"--4bit: {problem}; upgrade bitsandbytes (0.50.2 quantises on CPU and CUDA) "
+                             "or pass --no-4bit")
     return True
 
 
@@ -195,15 +239,20 @@ def check_roles(role_paths, role_adapters=None):
             check_adapter(adapter, configs[key], key)
 
 
-def precision(use_4bit=True, device=None):
-    """How `load_model` will load on this machine, without loading: {"device", "dtype", "quantized"}."""
-    device = _pick_device(device)
-    quantized = device.type == "cuda" and bool(use_4bit) and _bitsandbytes_available()
+def _default_dtype(device):
     if device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.float32
-    return {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantized": quantized}
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def precision(use_4bit=None, device=None):
+    """How `load_model` will load on this machine, without loading: {"device", "dtype", "quantized",
+    "precision"}; `precision` is "nf4" or the dtype. Raises ModelLoadError where 4-bit is asked for and
+    bitsandbytes cannot quantise here."""
+    device = _pick_device(device)
+    quantized = _pick_4bit(use_4bit, device)
+    dtype = str(_default_dtype(device)).removeprefix("torch.")
+    return {"device": str(device), "dtype": dtype, "quantized": quantized, "precision": "nf4" if quantized else dtype}
 
 
 def _set_chat_template(tokenizer, model):
@@ -232,37 +281,37 @@ def _load_settings(device, dtype, use_4bit, path, device_map=None):
     order, and moves the activations between them; the model's first device takes the inputs.
     """
     kwargs = {"local_files_only": True}
-    quantized = False
+    if dtype is None:
+        dtype = _default_dtype(device)
+    quantized = _pick_4bit(use_4bit, device)
     if device.type == "cuda":
-        if dtype is None:
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         kwargs["device_map"] = "auto" if device_map == "auto" else {"": device}
-        if use_4bit and _bitsandbytes_available():
-            from transformers import BitsAndBytesConfig
+        if use_4bit is None and not quantized:
+            log.info("%s; loading %s in %s instead of 4-bit", _bitsandbytes_problem(device), path, dtype)
+    elif quantized:
+        kwargs["device_map"] = {"": device}  # bitsandbytes quantises as the weights are placed
+    if quantized:
+        from transformers import BitsAndBytesConfig
 
-            kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type="nf4",
-                bnb_4bit_compute_dtype=dtype,
-                bnb_4bit_use_double_quant=True,
-            )
-            quantized = True
-        elif use_4bit:
-            log.info("bitsandbytes is not importable; loading %s in %s instead of 4-bit", path, dtype)
-    else:
-        if dtype is None:
-            dtype = torch.float32
-        if use_4bit:
-            log.info("4-bit needs CUDA; loading %s on %s in %s", path, device, dtype)
+        # QLoRA's settings: NF4 with its block scales quantised too (double quant); matmuls in `dtype`
+        # (bf16 on CUDA, float32 on a CPU).
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=True,
+        )
     kwargs["dtype"] = dtype
     return kwargs, dtype, quantized
 
 
-def load_model(path, *, use_4bit=True, dtype=None, device=None, device_map=None):
+def load_model(path, *, use_4bit=None, dtype=None, device=None, device_map=None):
     """Load a causal LM and its tokenizer from a local HF directory or a .gguf file.
 
-    CUDA: 4-bit NF4 (double quant, bf16 compute) when `use_4bit` and bitsandbytes imports, else
-    bf16 (fp16 on GPUs without bf16). CPU: float32; `use_4bit` is ignored there. `dtype` overrides
+    `use_4bit`: None -> NF4 (double quant, bf16 compute) on CUDA where bitsandbytes can, else bf16 (fp16
+    on GPUs without bf16); float32 on a CPU. True -> NF4 on any device (float32 compute on a CPU), or
+    ModelLoadError where bitsandbytes cannot; False -> never NF4. A GGUF is dequantised to its cached HF
+    directory first, which is what 4-bit quantises. `dtype` overrides
     the unquantised dtype (or the compute dtype under 4-bit). `device_map="auto"`: on CUDA, one model
     over all visible GPUs (see _load_settings); ignored on a CPU. Raises ModelLoadError.
     """
@@ -282,11 +331,13 @@ def load_model(path, *, use_4bit=True, dtype=None, device=None, device_map=None)
             raise ModelLoadError(f"cannot load GGUF model {path}: {one_line(e)}") from e
 
     kwargs, dtype, quantized = _load_settings(device, dtype, use_4bit, path, device_map)
+    if quantized and load_dir != path:
+        log.info("%s: quantising its dequantised weights (%s) to NF4", path, load_dir)
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_dir, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(load_dir, **kwargs)
-        if device.type != "cuda":
+        if "device_map" not in kwargs:
             model.to(device)
     except Exception as e:
         raise ModelLoadError(f"cannot load model {path}: {one_line(e)}") from e
@@ -359,6 +410,19 @@ def check_adapter_dir(adapter_path, given):
         raise ModelLoadError(f"cannot load adapter {adapter_path}: adapter_config.json has no peft_type")
 
 
+@contextlib.contextmanager
+def peft_wrap():
+    """Around wrapping a model in peft: peft asks the base `is_gradient_checkpointing`, the name transformers 5.x
+    deprecated for `is_activation_checkpointing` (same answer, a FutureWarning on every wrap, not ours to fix).
+    Only that one warning, and only around the wrap, is silenced; where the property is gone, peft's getattr
+    default applies."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def _attach_adapter(model, adapter_path, name):
     """Put adapter `name` on `model`; returns the (possibly new) PeftModel wrapping the base."""
     from peft import PeftModel
@@ -368,14 +432,15 @@ def _attach_adapter(model, adapter_path, name):
             model.load_adapter(adapter_path, adapter_name=name, is_trainable=False)
         else:
             # This injects LoRA layers into the base in place; the base object stays shared.
-            model = PeftModel.from_pretrained(model, adapter_path, adapter_name=name, is_trainable=False)
+            with peft_wrap():
+                model = PeftModel.from_pretrained(model, adapter_path, adapter_name=name, is_trainable=False)
     except Exception as e:
         raise ModelLoadError(f"cannot load adapter {adapter_path}: {one_line(e)}") from e
     model.eval()
     return model
 
 
-def load_roles(role_paths, role_adapters=None, *, use_4bit=True, device_map=None):
+def load_roles(role_paths, role_adapters=None, *, use_4bit=None, device_map=None):
     """Load the model of every role; a base named by several roles is loaded once and shared.
 
     role_paths: {role: model path}; role_adapters: {role: LoRA adapter dir or None}. A role with an
@@ -469,9 +534,18 @@ def model_info(role_models):
             "adapter_name": rm.adapter,
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantized": loaded.quantized,
+            "precision": "nf4" if loaded.quantized else str(loaded.dtype).removeprefix("torch."),
             "device": loaded.device,
         }
     return info
+
+
+def precision_line(info):
+    """model_info's precisions in one line, roles grouped by how they were loaded: "nf4 on cpu: moderator, ..."."""
+    groups = {}
+    for role, m in info.items():
+        groups.setdefault(f"{m['precision']} on {m['device']}", []).append(role)
+    return "; ".join(f"{how}: {', '.join(roles)}" for how, roles in groups.items())
 
 
 def release_memory():

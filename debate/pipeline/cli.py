@@ -39,6 +39,17 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
                "reflection_weights": PROCLAIM, "vote_weight": PROCLAIM, "batch_size": OURS, "seed": OURS}
 
 
+def add_4bit_flags(group, what):
+    """--4bit / --no-4bit into `use_4bit` (None when neither is given: the device decides)."""
+    group.add_argument("--4bit", dest="use_4bit", action="store_true", default=None,
+                       help=f"{what} in 4-bit NF4 (bitsandbytes) on any device, a CPU included (there: for tests "
+                       "and small machines, slower than float32); a .gguf is dequantised, then quantised to NF4 "
+                       "(default: NF4 on CUDA, float32 on a CPU; 4-bit is ours, to fit one GPU: the papers do not "
+                       "say they quantised)")
+    group.add_argument("--no-4bit", dest="use_4bit", action="store_false",
+                       help=f"{what} never in 4-bit: bf16 on CUDA, float32 on a CPU")
+
+
 def run_parser(description=None):
     p = Parser(prog="run_debate.py", description=description)
     d = p.add_argument_group("data")
@@ -174,9 +185,7 @@ def run_parser(description=None):
                    "(default: --moderator-model)")
     o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
                    "(default: none, the base model)")
-    o.add_argument("--no-4bit", dest="use_4bit", action="store_false",
-                   help="on CUDA, load in bf16 instead of 4-bit NF4 (4-bit is ours, to fit small GPUs; the "
-                   "DebateCV paper does not say it quantised)")
+    add_4bit_flags(o, "every agent's weights")
     o.add_argument("--device-map", choices=("auto",),
                    help="auto: spread each model over all GPUs of the node (transformers' device_map), for a model "
                    "too large for one; CUDA only, ignored on a CPU; not with torchrun (default: each model whole "

@@ -158,7 +158,7 @@ class Models:
     witness_model: str = identity()  # courtroom's expert witness; None: debater_model
     refine_model: str = identity()  # None: moderator_model
     moderator_adapter: str = identity()
-    use_4bit: bool = identity(True)  # on CUDA only
+    use_4bit: bool = identity(None)  # None: NF4 on CUDA, full precision on a CPU; True/False: on any device
     device_map: str = None  # "auto": each model spread over the node's GPUs (CUDA only); None: one GPU
 
 
@@ -225,7 +225,7 @@ def save(config, path):
 def load(path):
     """The RunConfig of a config.json (a run directory's, old ones included): keys that are no setting
     (versions, models, precision, ...) are skipped, settings it leaves out get their defaults. A run's
-    config.json says `use_4bit` as it really was (false on a CPU), not as asked."""
+    config.json says `use_4bit` as it really was (false on a CPU unless --4bit), not as asked."""
     saved = json.loads(Path(path).read_text(encoding="utf-8"))
     return build(**{k: v for k, v in saved.items() if k in GROUP_OF})
 

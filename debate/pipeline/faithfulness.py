@@ -54,7 +54,7 @@ def _done_ratings(path, judge):
 
 
 def evaluate(run_dirs, judge_model=None, protocols=PROTOCOLS, human=None, names=None, batch_size=8,
-             use_4bit=True, samples=SAMPLES, seed=SEED, log=print):
+             use_4bit=None, samples=SAMPLES, seed=SEED, log=print):
     """Score every explanation of `run_dirs` under `protocols` with the judge model (default: the embedded one);
     returns {"judge", "protocols", "methods": [{"name", "run_dir", "scores": {protocol: summary},
     "explanations": {protocol: {claim_id: score}}}], "agreement" (with `human`)}. Every input is checked
@@ -151,8 +151,11 @@ def build_parser():
     parser.add_argument("--names", nargs="+", metavar="NAME", help="the rows' names, one per RUN_DIR "
                         "(default: each run's method)")
     parser.add_argument("--batch-size", type=int, default=8, help="ratings per model call (default: 8)")
+    parser.add_argument("--4bit", dest="use_4bit", action="store_true", default=None,
+                        help="load the judge in 4-bit NF4 on any device, a CPU included (default: NF4 on CUDA, "
+                        "float32 on a CPU)")
     parser.add_argument("--no-4bit", dest="use_4bit", action="store_false",
-                        help="on CUDA, load the judge in bf16 instead of 4-bit NF4")
+                        help="never 4-bit: the judge in bf16 on CUDA, float32 on a CPU")
     parser.add_argument("--samples", type=int, default=SAMPLES, help=f"bootstrap resamples (default: {SAMPLES})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the bootstrap (default: {SEED})")
     parser.add_argument("--json", metavar="OUT", help="also write the whole result (every explanation's score) here "

@@ -409,6 +409,7 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
         if not agents:
             agents.update(load_agents(config, roles))
         saved["models"] = models.model_info(agents)
+        log("models: " + models.precision_line(saved["models"]))
         settings = settings_of(config)
         check_schemas(config, agents, settings, labels)
         kwargs = method_options(config, labels, inputs.passages, log)  # the courtroom's encoder loads here
