@@ -64,8 +64,9 @@ def check_directory(directory, claim_ids, missing="error"):
         raise StoreError(f"--knowledge-store {root}: not a directory")
     absent = [cid for cid in claim_ids if not store_file(root, cid).is_file()]
     if claim_ids and len(absent) == len(claim_ids):
-        found = sorted(p.name for p in root.glob(f"*{SUFFIX}"))[:3]
-        held = f"it holds {', '.join(found)}{', ...' if found else ''}" if found else f"it holds no *{SUFFIX} file"
+        found = sorted(p.name for p in root.glob(f"*{SUFFIX}"))
+        held = (f"it holds {', '.join(found[:3])}{', ...' if len(found) > 3 else ''}" if found
+                else f"it holds no *{SUFFIX} file")
         raise StoreError(f"--knowledge-store {root}: no store file for any of the {len(claim_ids)} claims (looked for "
                          f"{store_file(root, claim_ids[0]).name}, ...); {held}: a store for other claims?")
     if absent and missing != "skip":
