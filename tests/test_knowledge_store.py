@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import run_debate
 from debate.data import knowledge_store
@@ -301,3 +302,22 @@ def test_the_courtroom_searches_the_claims_own_store(tmp_path, monkeypatch):
     # a claim without a store file (--missing-store skip) searches its own evidence
     monkeypatch.undo()
     assert [p["text"] for p in index_for(library, dict(claim, claim_id=8)).passages] == ["own evidence"]
+
+
+def test_an_encoder_pools_as_its_directory_says(tmp_path):
+    import shutil
+
+    from debate.engine import retrieval
+
+    shipped = retrieval.default_embedder_path()
+    copy = tmp_path / "enc"
+    shutil.copytree(shipped, copy)
+    (copy / "1_Pooling").mkdir(exist_ok=True)
+    (copy / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    encoder = retrieval.load_embedder(str(copy))
+    assert encoder.pooling == "lasttoken" and retrieval.load_embedder().pooling == "mean"
+    # the last real token of a row is pooled whatever the padding: alone and beside a longer text, the same vector
+    alone = retrieval.embed(encoder, ["short one"])
+    padded = retrieval.embed(encoder, ["short one", "a much longer sentence that pads the other row of the batch"])
+    assert torch.allclose(alone[0], padded[0], atol=1e-5)
+    assert not torch.allclose(alone[0], retrieval.embed(retrieval.load_embedder(), ["short one"])[0], atol=1e-3)
