@@ -157,8 +157,7 @@ def _retrieve(config, settings, todo, path, done, log):
                     items.append({"claim": claim["claim"], "evidence": answer, "claim_id": claim["claim_id"],
                                   "examples": [e["text"] for e in hero_retrieval.examples_for(
                                       pool, pool_index, store.texts[position], claim["claim_id"], r.few_shot)]})
-            asked, question_tokens = hero_retrieval.questions(agent, items, question_settings)
-            asked, question_tokens = iter(zip(asked, question_tokens)), question_tokens
+            asked = iter(zip(*hero_retrieval.questions(agent, items, question_settings)))  # (question, tokens)
             for claim, store in zip(batch, stores):
                 line = {"claim_id": claim["claim_id"], "claim": claim["claim"], "evidence": []}
                 if store is None:
@@ -170,8 +169,8 @@ def _retrieve(config, settings, todo, path, done, log):
                     for position, score in hits:
                         question, tokens = next(asked)
                         spent += tokens
-                        line["evidence"].append({"question": question, "answer": store.with_context(position, r.context),
-                                                 "url": store.urls[position]})
+                        answer = store.with_context(position, r.context)
+                        line["evidence"].append({"question": question, "answer": answer, "url": store.urls[position]})
                     line["retrieval"] = {"sentences": len(store.texts), "pages": len(store.pages),
                                          "search_seconds": round(seconds, 3), "hyde_tokens": hyde_tokens[id(claim)],
                                          "question_tokens": spent}
@@ -180,7 +179,8 @@ def _retrieve(config, settings, todo, path, done, log):
                 os.fsync(out.fileno())
                 bar.update(1)
     counts["seconds"] = time.time() - start
-    log(f"retrieved {len(todo)} claims in {counts['seconds']:.1f}s (BM25 and re-ranking {counts['search_seconds']:.1f}s)")
+    log(f"retrieved {len(todo)} claims in {counts['seconds']:.1f}s "
+        f"(BM25 and re-ranking {counts['search_seconds']:.1f}s)")
     return counts
 
 
