@@ -108,7 +108,7 @@ def test_saved_file_is_herOs_format_and_mostly_from_the_claims_own_pages(world, 
             assert set(item) == {"question", "answer", "url"} and item["question"].endswith("?")
     assert rows[-1]["evidence"] == [] and rows[-1]["retrieval"]["missing_store"]
     from_own = [item["answer"] in world["own"][row["claim_id"]] for row in rows[:-1] for item in row["evidence"]]
-    # Measured: 11 of 12 items (92%) with the tiny model's noise articles (2 per claim) and all-MiniLM-L6-v2.
+    # Measured: 10 of 12 items (83%) with the tiny model's noise articles (2 per claim) and all-MiniLM-L6-v2.
     print(f"share of items from the claim's own pages: {sum(from_own)} of {len(from_own)}")
     assert sum(from_own) / len(from_own) >= 0.75
     # --retrieve-only scores the file on its own (eval/evidence.py) against the claims' golden pairs
