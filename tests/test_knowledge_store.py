@@ -128,6 +128,7 @@ def test_store_run_debates_on_the_retrieved_evidence_and_the_file_reads_back(wor
     said = capsys.readouterr().out
     assert "evidence: retrieved from the knowledge store" in said and f"{CLAIMS} of {CLAIMS} claims already" in said
     assert "1 without a store file" in said
+    assert f"evidence (Hungarian METEOR over {CLAIMS} claims): question-only" in said  # after the verdicts' scores
     assert metrics["n"] == CLAIMS
     back = tmp_path / "file-run"
     run_debate.main(["--split", "dev", "--data-dir", str(world["data"]), "--model", world["model"],

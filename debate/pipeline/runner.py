@@ -253,7 +253,10 @@ def run(config, log=print):
             return score_retrieved(config, inputs.claims, log)
         shards.start(world)
         try:
-            return _run_trials(config, inputs, prompt_info, world, log)
+            metrics = _run_trials(config, inputs, prompt_info, world, log)
+            if store:
+                score_retrieved(config, inputs.claims, log)  # the evidence alone, beside the verdicts' scores
+            return metrics
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
             # The same command with --overwrite would start over; without it, it resumes what is kept.
             stops.note(err, kept(config, inputs.claims, world), resume="the same command without --overwrite "
