@@ -106,10 +106,10 @@ def run(config, claims, log=print):
     summary = {"claims": len(claims), "missing_store": 0, "empty_pages": 0, "seconds": 0.0}
     if todo:
         summary.update(_retrieve(config, settings, todo, path, done, log))
-    else:
-        summary["missing_store"] = sum(1 for c in claims if done[str(c["claim_id"])].get("retrieval", {})
-                                       .get("missing_store"))
-    by_id = {**done, **{str(k): v for k, v in _read(path).items()}}
+    by_id = {**done, **_read(path)}
+    # counted over the whole file: the claims of an earlier, resumed start count too
+    summary["missing_store"] = sum(1 for c in claims if by_id[str(c["claim_id"])].get("retrieval", {})
+                                   .get("missing_store"))
     out = [dict(c, evidence=list(by_id[str(c["claim_id"])]["evidence"])) for c in claims]
     summary["retrieved"] = sum(1 for c in out if c["evidence"])
     log(f"retrieval: {summary['retrieved']} of {len(claims)} claims have evidence; {summary['missing_store']} without "
