@@ -36,7 +36,9 @@ NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final
          "verdict_labels", "witness_meta", "witness_testimony") + (
     # the explanation task and its faithfulness judge (debate/methods/explain.py, debate/methods/faithfulness_judge.py)
     "explain_cot", "explain_zero_shot", "geval_document", "geval_sentence", "geval_typology", "geval_typology_step",
-    "self_refine_feedback", "self_refine_revise")
+    "self_refine_feedback", "self_refine_revise") + (
+    # retrieval from a knowledge store, HerO's strategy (debate/methods/hero_retrieval.py)
+    "hero_example", "hero_question", "hyde_fc")
 
 
 class PromptError(ValueError):

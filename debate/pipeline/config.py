@@ -139,6 +139,24 @@ class Courtroom:
 
 
 @dataclass(frozen=True)
+class Retrieval:
+    """Retrieving each claim's evidence from its own knowledge store with HerO's strategy (docs/retrieval.md);
+    HerO's numbers by default where one 40 GB GPU allows (docs/FIDELITY.md, "Retrieval (HerO)")."""
+    knowledge_store: str = identity()  # DIR/<claim_id>.json in AVeriTeC's layout; None: no retrieval of our own
+    missing_store: str = identity("error")  # error | skip: a claim without a store file gets no evidence, counted
+    retrieve_only: bool = False  # stop once the evidence is saved (and scored where the split has gold pairs)
+    hyde_docs: int = identity(8)  # HyDE-FC articles per claim (HerO's n=8)
+    hyde_max_tokens: int = identity(512)  # tokens per article (HerO's)
+    hyde_temperature: float = identity(0.7)  # HerO's sampling of the articles (top_p 1.0)
+    bm25_k: int = identity()  # sentences BM25 passes to re-ranking; None: 10000 on a GPU (HerO's), 500 on a CPU
+    rerank_k: int = identity(10)  # evidence items per claim (HerO's top 10)
+    context: int = identity(0)  # neighbouring sentences of the page on each side of an answer (0: HerO's code)
+    few_shot: int = identity(10)  # question-generation examples chosen by BM25 (HerO's 10)
+    few_shot_split: str = identity()  # labelled split whose golden pairs are the examples; None: train (HerO's)
+    question_max_tokens: int = identity(64)  # HerO allows 512 and keeps the text up to the first "?" (ours)
+
+
+@dataclass(frozen=True)
 class Madr:
     madr_iterations: int = identity(3)  # revisions at most (Algorithm 1's N); ours: the paper does not give it
     madr_temperature: float = identity(0.0)  # MADR's four roles, whatever the run's; ours: the paper does not say
@@ -190,6 +208,7 @@ class RunConfig:
     models: Models = field(default_factory=Models)
     generation: Generation = field(default_factory=Generation)
     courtroom: Courtroom = field(default_factory=Courtroom)
+    retrieval: Retrieval = field(default_factory=Retrieval)
     madr: Madr = field(default_factory=Madr)
     output: Output = field(default_factory=Output)
 
@@ -284,6 +303,7 @@ def build(**settings):
     if s["judge_temperatures"] is not None and any(t < 0 for t in s["judge_temperatures"]):
         raise ConfigError("--judge-temperatures must be >= 0")
     _fill_data(s)
+    _check_retrieval(s)
     if s["output_dir"] is None:
         suffix = "-madr" if s["refine"] == "madr" else ""
         dataset = "" if s["dataset"] == "averitec" else f"{s['dataset']}-"
@@ -340,9 +360,33 @@ def _fill_models(s):
 
 
 POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials", "evidence_k",
-            "self_refine_iterations")
+            "self_refine_iterations", "hyde_max_tokens", "rerank_k", "question_max_tokens")
 FRACTIONS = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
              "gpu_memory_fraction")
+
+
+def _check_retrieval(s):
+    """Refuse retrieval settings that make no run (the store's own problems are the stage's to name)."""
+    if s["missing_store"] not in ("error", "skip"):
+        raise ConfigError(f"--missing-store must be error or skip, not {s['missing_store']!r}")
+    for name in ("hyde_docs", "context", "few_shot"):
+        if s[name] < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 0")
+    if s["hyde_temperature"] < 0:
+        raise ConfigError("--hyde-temperature must be >= 0")
+    if s["bm25_k"] is not None and s["bm25_k"] < s["rerank_k"]:
+        raise ConfigError("--bm25-k must be at least --rerank-k (BM25 passes its best to re-ranking)")
+    if s["knowledge_store"] is None and s["retrieve_only"]:
+        raise ConfigError("--retrieve-only retrieves from --knowledge-store DIR; give one")
+    if s["knowledge_store"] is not None:
+        if s["evidence"] != "retrieved":
+            raise ConfigError(f"--knowledge-store retrieves the evidence: it runs with --evidence retrieved, "
+                              f"not {s['evidence']}")
+        if s["retrieved_file"] is not None:
+            raise ConfigError("--knowledge-store and --retrieved-file are two sources of retrieved evidence; give one "
+                              "(a store's saved file is OUTPUT_DIR/retrieved.jsonl, for --retrieved-file later)")
+        if s["corpus"] is not None and s["method"] in COURTROOM_METHODS:
+            raise ConfigError("--knowledge-store and --corpus are two corpora for the courtroom; give one")
 
 
 def _check(s):

@@ -2,7 +2,8 @@
 corpus the courtroom's retrieval searches.
 
 golden and none (and a dataset's own conditions, PolitiHop's ruling) come with the claims. retrieved comes,
-in this order, from --retrieved-file, the dataset's own retrieved file (AVeriTeC: HerO's), --corpus, or the
+in this order, from --knowledge-store (each claim's evidence retrieved from its own store file with HerO's strategy:
+debate/pipeline/store_retrieval.py), --retrieved-file, the dataset's own retrieved file (AVeriTeC: HerO's), --corpus, or the
 dataset's own corpus (Check-COVID: its abstracts); from a corpus, each claim's --evidence-k passages nearest
 to it under the project's sentence encoder (debate.engine.retrieval). That step loads the encoder, so it runs
 (`retrieve`) only after every check of the run has passed.
@@ -30,6 +31,7 @@ class Inputs:
     corpus: object = None  # passages the retrieved evidence is still to come from (see `retrieve`), or None
     notes: tuple = ()  # what the reader left out and why (one line each)
     passages: list = None  # the courtroom's corpus when it is not --corpus (see the module doc), or None
+    source: str = None  # where the retrieved evidence comes from, in words (None: another condition)
 
 
 def read(config):
@@ -45,6 +47,10 @@ def read(config):
         raise DataError(f"--evidence golden: {where} has no annotated evidence; run it with --evidence "
                         f"{' or '.join(c for c in dataset.conditions if c != 'golden')}")
     inputs, path, corpus = None, None, None
+    if d.evidence == "retrieved" and config.retrieval.knowledge_store:
+        # A store given on the command line wins: the evidence is retrieved from it (`retrieve`, store_retrieval).
+        return Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, notes=notes,
+                      source=f"the knowledge store {config.retrieval.knowledge_store}")
     if d.evidence == "retrieved":
         path = d.retrieved_file or (dataset.retrieved_file(d.split, d.data_dir) if dataset.retrieved_file else None)
         if path is None and config.courtroom.corpus:
@@ -55,9 +61,11 @@ def read(config):
             raise DataError(f"--evidence retrieved: {where} has no retrieved evidence of its own; give "
                             "--retrieved-file (evidence keyed by claim_id) or --corpus (JSONL passages to retrieve from)")
     if corpus is not None:
-        inputs = Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, corpus=corpus, notes=notes)
+        inputs = Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, corpus=corpus, notes=notes,
+                        source=f"the passages of {config.courtroom.corpus or dataset.name + chr(39) + 's corpus'}")
     else:
-        inputs = Inputs(records.attach_evidence(claims, d.evidence, path), labels, dataset, notes=notes)
+        inputs = Inputs(records.attach_evidence(claims, d.evidence, path), labels, dataset, notes=notes,
+                        source=f"the file {path}" if path else None)
     if config.method.method in COURTROOM_METHODS and not config.courtroom.corpus:
         own = corpus if corpus is not None else own_corpus(config)  # read once where retrieval used it too
         inputs.passages = own if own is not None else pooled(records.attach_evidence(split, d.evidence, path))
@@ -91,7 +99,13 @@ def pooled(claims):
 
 
 def retrieve(inputs, config, log=print):
-    """`inputs` with each claim's --evidence-k passages of the corpus nearest to the claim as its evidence."""
+    """`inputs` with each claim's --evidence-k passages of the corpus nearest to the claim as its evidence, or with
+    the evidence retrieved from each claim's --knowledge-store file (debate/pipeline/store_retrieval.py)."""
+    if config.retrieval.knowledge_store and config.data.evidence == "retrieved":
+        from debate.pipeline import store_retrieval  # loads the models only when a store is given
+
+        claims, _ = store_retrieval.run(config, inputs.claims, log)
+        return replace(inputs, claims=claims)
     if inputs.corpus is None:
         return inputs
     embedder = retrieval.load_embedder(config.courtroom.embedder)

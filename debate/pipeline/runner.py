@@ -14,13 +14,14 @@ from debate.methods import baselines, debatecv, explain, madr, proclaim_baseline
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
 from debate.engine import engine, models, retrieval, scheduler
-from debate.pipeline import evidence, lock, progress, records, shards, stops
+from debate.pipeline import evidence, lock, progress, records, shards, stops, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError, Courtroom, to_dict
 from debate.data.prompts import PromptError
 from debate.data.inputs import DataError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import averitec, faithfulness, metrics as label_scores, proclaim_measures, report, trials as trial_metrics
+from eval import (averitec, evidence as evidence_scores, faithfulness, metrics as label_scores, proclaim_measures,
+                  report, trials as trial_metrics)
 from eval.averitec import InputError
 from eval import wordnet
 from eval.wordnet import WordNetMissingError
@@ -141,7 +142,8 @@ def method_options(config, labels, passages=None, log=print):
     their retrieval library over --corpus or `passages` (evidence.Inputs.passages); building it loads the encoder."""
     kwargs = dict(method_entry(config)[2](config), labels=labels)
     if config.method.task == "verify" and config.method.method in COURTROOM_METHODS:
-        kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log)
+        store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
+        kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log, store=store)
     return kwargs
 
 
@@ -252,16 +254,29 @@ def run(config, log=print):
 
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = evidence.read(config)
-    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None)
+    store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
+    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None)
+    if store:
+        if world.size > 1:
+            raise ConfigError("--knowledge-store retrieves in one process: run it once with --retrieve-only, then "
+                              "launch the debate with --retrieved-file OUTPUT_DIR/retrieved.jsonl")
+        store_retrieval.check(config, inputs.claims)  # a bad store directory is named before any model loads
+    elif inputs.source:
+        log(f"evidence: retrieved, from {inputs.source}")
     for note in (*inputs.notes, *scoring_notes(config, inputs.claims)):
         log(f"note: {note}")
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
     with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
         inputs = evidence.retrieve(inputs, config, log)
+        if store and config.retrieval.retrieve_only:
+            return score_retrieved(config, inputs.claims, log)
         shards.start(world)
         try:
-            return _run_trials(config, inputs, prompt_info, world, log)
+            metrics = _run_trials(config, inputs, prompt_info, world, log)
+            if store:
+                score_retrieved(config, inputs.claims, log)  # the evidence alone, beside the verdicts' scores
+            return metrics
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
             # The same command with --overwrite would start over; without it, it resumes what is kept.
             stops.note(err, kept(config, inputs.claims, world), resume="the same command without --overwrite "
@@ -269,6 +284,22 @@ def run(config, log=print):
             raise
         finally:
             shards.stop(world)
+
+
+def score_retrieved(config, claims, log=print):
+    """--retrieve-only: the evidence-only scores of the saved file (eval/evidence.py) where the claims have golden
+    AVeriTeC pairs, written to OUTPUT_DIR/retrieved.scores.json; None where there are none to score against."""
+    references = data.as_references([c for c in claims if c.get("questions")])
+    path = store_retrieval.retrieved_path(config)
+    if not references:
+        log(f"retrieved evidence saved in {path}; the split has no golden question-answer pairs to score it against")
+        return None
+    wordnet.load_wordnet()
+    rows = [(f"line {n}", row) for n, row in enumerate(records.read_jsonl(path), start=1)]
+    scores = evidence_scores.score(rows, [(f"claim {r['claim_id']}", r) for r in references], (str(path), "the split"))
+    records.write_json(path.with_name("retrieved.scores.json"), {k: v for k, v in scores.items() if k != "per_claim"})
+    log(evidence_scores.summary_line(scores))
+    return scores
 
 
 def kept(config, claims, world=shards.World()):

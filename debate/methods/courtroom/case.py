@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 
 from debate.data.parsing import read_fields
 from debate.data.prompts import load_prompt, render
-from debate.engine import engine, retrieval
+from debate.data import knowledge_store
+from debate.engine import engine, retrieval, store_search
 from debate.methods import turns
 
 
@@ -31,14 +32,19 @@ class Library:
     embedder: object
     corpus: object = None  # retrieval.Index, or None: each claim searches its own evidence
     source: str = "claim evidence"  # what the corpus is, for the record
+    store: str = None  # a --knowledge-store directory: each claim searches its own store file instead
+    log: object = print
 
 
-def library_from(options, passages=None, log=print):
+def library_from(options, passages=None, log=print, store=None):
     """The encoder and corpus index of `options` (a Courtroom config): the --corpus file, else `passages`
-    (the dataset's own corpus, a list of {id, text, url?, title?}), else none; --claim-evidence-only: none."""
+    (the dataset's own corpus, a list of {id, text, url?, title?}), else none; --claim-evidence-only: none.
+    With `store` (--knowledge-store) each claim searches the sentences of its own store file."""
     embedder = retrieval.load_embedder(options.embedder)
     if options.claim_evidence_only:
         return Library(embedder)
+    if store:
+        return Library(embedder, source=f"knowledge store {store}", store=str(store), log=log)
     if options.corpus:
         return Library(embedder, retrieval.corpus_index(options.corpus, embedder, log), str(options.corpus))
     if passages:
@@ -48,8 +54,21 @@ def library_from(options, passages=None, log=print):
 
 
 def index_for(library, claim):
-    """The index `claim` searches: the shared corpus, else its own evidence."""
+    """The index `claim` searches: its own knowledge-store file, else the shared corpus, else its own evidence."""
+    if library.store:  # built once per claim (its Case holds it), its embeddings once per store (on disk)
+        return _store_index(library, claim)
     return library.corpus or retrieval.index_of(retrieval.evidence_passages(claim), library.embedder)
+
+
+def _store_index(library, claim):
+    """The dense index of every sentence of the claim's store (embeddings cached on disk by the store's content);
+    a claim without a store file (--missing-store skip) searches its own evidence."""
+    path = knowledge_store.store_file(library.store, claim["claim_id"])
+    if not path.is_file():
+        return retrieval.index_of(retrieval.evidence_passages(claim), library.embedder)
+    store = knowledge_store.read_store(path)
+    cache = store_search.VectorCache(store.texts, library.embedder)
+    return store_search.store_index(store.texts, store.urls, cache, library.log, source=str(path))
 
 
 @dataclass

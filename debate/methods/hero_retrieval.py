@@ -1,0 +1,92 @@
+"""HerO's retrieval (Yoon et al. 2024, AVeriTeC's best open system) as a method over the engine: the steps that
+need a language model, and the search between them.
+
+    articles = hyde_articles(agent, claims, n, settings)                    # HyDE-FC, batched over claims
+    found = search(claim, store, articles, embedder, cache, bm25_k, rerank_k) # BM25, then dense re-ranking
+    asks = questions(agent, items, settings)                               # one question per answer, batched
+
+- HyDE-FC: the model writes `n` hypothetical fact-checking articles per claim (prompts/hyde_fc.txt), sampled.
+- The search: BM25 over the store's sentences with the claim and the articles as one query; its `bm25_k` best are
+  re-ranked by cosine to the mean embedding of the claim and the articles; sentences that only restate the claim
+  are dropped; the `rerank_k` best are the answers (debate.engine.store_search).
+- Question generation: for each answer, the model writes the question it answers about the claim
+  (prompts/hero_question.txt), after `few_shot` examples from golden question-answer pairs whose answers BM25
+  finds nearest to it (never the claim's own pairs). The question is the reply up to its first "?", as HerO keeps it.
+
+docs/FIDELITY.md ("Retrieval (HerO)") sets each step against HerO's code.
+"""
+from dataclasses import replace
+
+from debate.data.prompts import render
+from debate.engine import store_search
+from debate.engine.engine import Conversation
+from debate.methods import turns
+
+
+def hyde_articles(agent, claims, n, settings, streams=None):
+    """(`n` hypothetical fact-checking articles for each claim, the tokens each claim's took): one batched call over
+    len(claims) * n conversations."""
+    if n == 0 or not claims:
+        return [[] for _ in claims], [0 for _ in claims]
+    convs = [Conversation(system="") for _ in claims for _ in range(n)]
+    prompts = [render("hyde_fc", claim=c["claim"]) for c in claims for _ in range(n)]
+    generator = turns.stream({"agent": agent}, streams, settings.seed, settings)
+    replies = turns.speak(agent, convs, prompts, settings, generator)
+    for conv in convs:
+        conv.drop_cache()
+    articles = [_article(r) for r in replies]
+    tokens = [c.prompt_tokens + c.completion_tokens for c in convs]
+    return [articles[i * n:(i + 1) * n] for i in range(len(claims))], [sum(tokens[i * n:(i + 1) * n])
+                                                                        for i in range(len(claims))]
+
+
+def _article(reply):
+    """The article of a reply: HerO stops at the first three newlines in a row; a 'Passage:' label goes."""
+    text = reply.split("\n\n\n")[0].strip()
+    return text[len("Passage:"):].strip() if text.lower().startswith("passage:") else text
+
+
+def search(claim, store, articles, cache, bm25_k, rerank_k, embedder):
+    """The `rerank_k` store sentences HerO would answer with: [(text position, cosine)], best first."""
+    bm25 = store_search.bm25_index(store.texts)
+    candidates = store_search.bm25_top(bm25, " ".join([claim["claim"], *articles]), bm25_k)
+    query = store_search.query_vector(embedder, [claim["claim"], *articles])
+    return store_search.rerank(cache, query, candidates, rerank_k, claim["claim"])
+
+
+def few_shot_index(pool):
+    """The BM25 index of a few-shot pool (debate.data.knowledge_store.qa_examples) over its answers."""
+    return store_search.bm25_index([e["lookup"] for e in pool]) if pool else None
+
+
+def examples_for(pool, index, answer, claim_id, n):
+    """The `n` examples of `pool` whose answers BM25 finds nearest to `answer`, none of them the claim's own."""
+    if not n or index is None:
+        return []
+    own = sum(1 for e in pool if e["claim_id"] == claim_id)
+    found = [pool[p] for p in store_search.bm25_top(index, answer, n + own)]
+    return [e for e in found if e["claim_id"] != claim_id][:n]
+
+
+def questions(agent, items, settings):
+    """One question per item {"claim", "evidence", "examples"}: (questions, tokens per item), one batched call."""
+    if not items:
+        return [], []
+    convs = [Conversation(system="") for _ in items]
+    prompts = [render("hero_question", claim=it["claim"], evidence=it["evidence"],
+                      examples="\n\n".join(render("hero_example", index=k, example=e)
+                                           for k, e in enumerate(it["examples"], start=1)))
+               for it in items]
+    # HerO samples with top_k 1: the most likely token every step, which is greedy decoding.
+    replies = turns.speak(agent, convs, prompts, replace(settings, temperature=0.0))
+    for conv in convs:
+        conv.drop_cache()
+    return [_question(r) for r in replies], [c.prompt_tokens + c.completion_tokens for c in convs]
+
+
+def _question(reply):
+    """The question of a reply: its text up to the first '?', on one line, a 'Question:' label dropped."""
+    text = " ".join(reply.split())
+    if text.lower().startswith("question:"):
+        text = text[len("question:"):].strip()
+    return text.split("?")[0].strip() + "?"

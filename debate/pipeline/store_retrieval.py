@@ -1,0 +1,210 @@
+"""The knowledge-store stage: every claim's evidence retrieved from its own store file with HerO's strategy
+(debate.methods.hero_retrieval), saved in HerO's format, resumable.
+
+    OUTPUT_DIR/retrieved.jsonl            one line per claim: {"claim_id", "claim", "evidence": [{question, answer,
+                                          url}], "retrieval": {what it took}}, readable by --retrieved-file
+    OUTPUT_DIR/retrieved.settings.json    the settings the file was retrieved with
+
+A claim is done once its line is on disk (flushed and synced), so a killed retrieval resumes with the claims not
+yet written; a torn last line is cut off. A file retrieved under other settings is never mixed with new lines: the
+run stops and says which settings changed. The file is kept under --overwrite too: a debate started over does not
+pay for the retrieval again (delete the file to retrieve again).
+"""
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from debate.data import datasets, knowledge_store
+from debate.data.inputs import DataError
+from debate.engine import models, retrieval, store_search
+from debate.methods import hero_retrieval
+from debate.pipeline import records
+
+RETRIEVED = "retrieved.jsonl"
+SETTINGS = "retrieved.settings.json"
+GPU_BM25_K, CPU_BM25_K = 10000, 500  # --bm25-k's default: HerO's on a GPU; ours on a CPU (docs/BENCHMARKS.md)
+FEW_SHOT_SPLIT = "train"
+
+
+def retrieved_path(config):
+    return Path(config.output.output_dir) / RETRIEVED
+
+
+def check(config, claims):
+    """Every check of the stage that needs no model: the store directory and each claim's file (the ids without
+    one under --missing-store skip), and the few-shot split. Raises DataError naming the file or flag."""
+    r = config.retrieval
+    missing = knowledge_store.check_directory(r.knowledge_store, [c["claim_id"] for c in claims], r.missing_store)
+    if r.few_shot and not _done_already(config, claims):
+        few_shot_claims(config)
+    return missing
+
+
+def _done_already(config, claims):
+    path = retrieved_path(config)
+    done = {str(row.get("claim_id")) for row in records.read_jsonl(path, repair=False)} if path.is_file() else set()
+    return all(str(c["claim_id"]) in done for c in claims)
+
+
+def few_shot_claims(config):
+    """The labelled claims whose golden question-answer pairs are the question generation's examples."""
+    split = config.retrieval.few_shot_split or FEW_SHOT_SPLIT
+    dataset = datasets.get(config.data.dataset)
+    try:
+        return dataset.read(split, config.data.data_dir)
+    except DataError as err:
+        raise DataError(f"--few-shot-split {split}: {err} (HerO takes its examples from AVeriTeC's train split; "
+                        "name another labelled split, e.g. --few-shot-split dev, whose claims never see their own "
+                        "pairs, or --few-shot 0)") from None
+
+
+def settings_of(config, device):
+    """What the retrieved file depends on, resolved (the encoder's path, --bm25-k's default on this device)."""
+    r = config.retrieval
+    bm25_k = r.bm25_k or (GPU_BM25_K if device.startswith("cuda") else CPU_BM25_K)
+    return {"knowledge_store": str(Path(r.knowledge_store).resolve()), "dataset": config.data.dataset,
+            "split": config.data.split, "model": config.models.moderator_model, "use_4bit": config.models.use_4bit,
+            "embedder": config.courtroom.embedder or retrieval.default_embedder_path(), "seed": config.generation.seed,
+            "missing_store": r.missing_store, "hyde_docs": r.hyde_docs, "hyde_max_tokens": r.hyde_max_tokens,
+            "hyde_temperature": r.hyde_temperature, "bm25_k": bm25_k, "rerank_k": r.rerank_k, "context": r.context,
+            "few_shot": r.few_shot, "few_shot_split": (r.few_shot_split or FEW_SHOT_SPLIT) if r.few_shot else None,
+            "question_max_tokens": r.question_max_tokens, "prompts": config.method.prompts}
+
+
+def _resume(path, settings):
+    """{claim_id as str: line} already retrieved in `path` under the same settings; refuses other settings."""
+    saved_path = path.with_name(SETTINGS)
+    done = {str(row["claim_id"]): row for row in records.read_jsonl(path)} if path.is_file() else {}
+    if done and saved_path.is_file():
+        before = json.loads(saved_path.read_text(encoding="utf-8"))
+        changed = [k for k in settings if k in before and before[k] != settings[k]]
+        if changed:
+            raise records.RunConflict(
+                f"{path} holds {len(done)} claims retrieved with other settings ("
+                + "; ".join(f"{k}: {before[k]!r} -> {settings[k]!r}" for k in changed)
+                + "); delete it to retrieve again, or give another --output-dir")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records.write_json(saved_path, settings)
+    return done
+
+
+def run(config, claims, log=print):
+    """`claims` with the evidence retrieved from their stores (retrieving those not yet in the run's file), and a
+    summary {claims, retrieved, missing_store, empty_pages, seconds}."""
+    path = retrieved_path(config)
+    r = config.retrieval
+    device = models.precision(config.models.use_4bit)["device"]
+    settings = settings_of(config, device)
+    done = _resume(path, settings)
+    todo = [c for c in claims if str(c["claim_id"]) not in done]
+    log(f"evidence: retrieved from the knowledge store {r.knowledge_store} (HerO's strategy), saved in {path}; "
+        f"{len(claims) - len(todo)} of {len(claims)} claims already retrieved")
+    summary = {"claims": len(claims), "missing_store": 0, "empty_pages": 0, "seconds": 0.0}
+    if todo:
+        summary.update(_retrieve(config, settings, todo, path, done, log))
+    by_id = {**done, **_read(path)}
+    # counted over the whole file: the claims of an earlier, resumed start count too
+    summary["missing_store"] = sum(1 for c in claims if by_id[str(c["claim_id"])].get("retrieval", {})
+                                   .get("missing_store"))
+    out = [dict(c, evidence=list(by_id[str(c["claim_id"])]["evidence"])) for c in claims]
+    summary["retrieved"] = sum(1 for c in out if c["evidence"])
+    log(f"retrieval: {summary['retrieved']} of {len(claims)} claims have evidence; {summary['missing_store']} without "
+        f"a store file (--missing-store skip), {summary['empty_pages']} empty pages skipped")
+    return out, summary
+
+
+def _read(path):
+    return {str(row["claim_id"]): row for row in records.read_jsonl(path)}
+
+
+def _retrieve(config, settings, todo, path, done, log):
+    r, g = config.retrieval, config.generation
+    agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
+                              device_map=config.models.device_map)["retriever"]
+    embedder = retrieval.load_embedder(config.courtroom.embedder)
+    pool = knowledge_store.qa_examples(few_shot_claims(config)) if r.few_shot else []
+    pool_index = hero_retrieval.few_shot_index(pool)
+    base = replace(_engine_settings(config), top_p=1.0)
+    hyde_settings = replace(base, max_new_tokens=r.hyde_max_tokens, temperature=r.hyde_temperature)
+    question_settings = replace(base, max_new_tokens=r.question_max_tokens, temperature=0.0)
+    counts = {"missing_store": 0, "empty_pages": 0, "seconds": 0.0, "search_seconds": 0.0}
+    start = time.time()
+    bar = tqdm(total=len(todo) + len(done), initial=len(done), unit="claim", desc="retrieval", dynamic_ncols=True)
+    with bar, open(path, "a", encoding="utf-8") as out:
+        for at in range(0, len(todo), g.batch_size):
+            batch = todo[at:at + g.batch_size]
+            stores = [_store(config, c) for c in batch]
+            counts["empty_pages"] += sum(len(s.empty_pages) for s in stores if s is not None)
+            present = [c for c, s in zip(batch, stores) if s is not None]
+            articles, hyde_tokens = hero_retrieval.hyde_articles(agent, present, r.hyde_docs, hyde_settings)
+            articles, hyde_tokens = dict(zip(map(id, present), articles)), dict(zip(map(id, present), hyde_tokens))
+            found, items = {}, []
+            for claim, store in zip(batch, stores):
+                if store is None:
+                    continue
+                t = time.time()
+                cache = store_search.VectorCache(store.texts, embedder)
+                hits = hero_retrieval.search(claim, store, articles[id(claim)], cache, settings["bm25_k"],
+                                             r.rerank_k, embedder)
+                found[id(claim)] = (store, hits, time.time() - t)
+                counts["search_seconds"] += time.time() - t
+                for position, _ in hits:
+                    answer = store.with_context(position, r.context)
+                    items.append({"claim": claim["claim"], "evidence": answer, "claim_id": claim["claim_id"],
+                                  "examples": [e["text"] for e in hero_retrieval.examples_for(
+                                      pool, pool_index, store.texts[position], claim["claim_id"], r.few_shot)]})
+            asked = iter(zip(*hero_retrieval.questions(agent, items, question_settings)))  # (question, tokens)
+            for claim, store in zip(batch, stores):
+                line = {"claim_id": claim["claim_id"], "claim": claim["claim"], "evidence": []}
+                if store is None:
+                    counts["missing_store"] += 1
+                    line["retrieval"] = {"missing_store": True}
+                else:
+                    store, hits, seconds = found[id(claim)]
+                    spent = 0
+                    for position, score in hits:
+                        question, tokens = next(asked)
+                        spent += tokens
+                        answer = store.with_context(position, r.context)
+                        line["evidence"].append({"question": question, "answer": answer, "url": store.urls[position]})
+                    line["retrieval"] = {"sentences": len(store.texts), "pages": len(store.pages),
+                                         "search_seconds": round(seconds, 3), "hyde_tokens": hyde_tokens[id(claim)],
+                                         "question_tokens": spent}
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                bar.update(1)
+    counts["seconds"] = time.time() - start
+    log(f"retrieved {len(todo)} claims in {counts['seconds']:.1f}s "
+        f"(BM25 and re-ranking {counts['search_seconds']:.1f}s)")
+    return counts
+
+
+def _engine_settings(config):
+    from debate.engine import engine
+
+    g = config.generation
+    return engine.Settings(seed=g.seed, reuse_cache=False, structured=False, gpu_memory_fraction=g.gpu_memory_fraction)
+
+
+def _store(config, claim):
+    """The claim's Store, or None where it has no file (--missing-store skip: checked before any model loaded) or
+    no sentence at all under skip; a store without a sentence is an error otherwise."""
+    r = config.retrieval
+    path = knowledge_store.store_file(r.knowledge_store, claim["claim_id"])
+    if not path.is_file():
+        if r.missing_store == "skip":
+            return None
+        raise knowledge_store.StoreError(f"{path}: no such store file; --missing-store skip retrieves nothing for "
+                                         "the claim and goes on")
+    store = knowledge_store.read_store(path)
+    if not store.texts:
+        if r.missing_store == "skip":
+            return None
+        raise knowledge_store.StoreError(f"{path}: no sentence in any of its {store.lines} lines (field 'url2text' "
+                                         "empty everywhere); --missing-store skip retrieves nothing for the claim")
+    return store
