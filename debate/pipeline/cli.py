@@ -164,7 +164,7 @@ def run_parser(description=None):
                    "with url and url2text; with --evidence retrieved, each claim's evidence is retrieved from its own "
                    "file (HyDE-FC, BM25, re-ranking with --embedder, question generation with the run's "
                    "--moderator-model), saved as OUTPUT_DIR/retrieved.jsonl (HerO's format) and debated on; the "
-                   "courtroom searches the claim's store. Wins over the dataset's retrieved file")
+                   "courtroom searches the claim's store. Wins over the dataset's retrieved file (default: none)")
     k.add_argument("--missing-store", choices=("error", "skip"),
                    help="a claim without a store file: error (default) or skip: no evidence for it, counted")
     k.add_argument("--retrieve-only", action="store_true",
