@@ -27,7 +27,7 @@ def build_parser():
     p.add_argument("--out", default="runs/syndec", help="directory of every stage's outputs")
     p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them; a stage's old output "
                    "is removed only once every check has passed")
-    d = p.add_argument_group("synthesis (golden evidence)")
+    d = p.add_argument_group("synthesis (golden evidence, or --retrieved-file)")
     d.add_argument("--dataset", default="averitec", choices=datasets.NAMES,
                    help="the dataset of the training claims (run_debate.py --list-datasets shows them); the Moderator "
                    "then learns that dataset's labels")
@@ -35,6 +35,10 @@ def build_parser():
                    "(embedded), Check-COVID's train, ...")
     d.add_argument("--data-dir", help="the dataset's folder (default: data/<dataset>; AVeriTeC: $DEBATECV_DATA, "
                    "else data/averitec)")
+    d.add_argument("--retrieved-file", metavar="FILE",
+                   help="debate on this retrieved evidence (HerO's format, keyed by claim_id; `run_debate.py "
+                   "--knowledge-store DIR --retrieve-only` writes one) instead of the golden evidence the DebateCV "
+                   "paper synthesises from (default: golden)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
     d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together (ours)")
     d.add_argument("--max-new-tokens", type=int,

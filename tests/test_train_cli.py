@@ -230,3 +230,27 @@ def test_embedded_gemma_all_stages_then_the_adapter_changes_the_moderator(tmp_pa
     # says, and only the Moderator (every third turn).
     assert all(plain[c][:2] == tuned[c][:2] for c in plain)
     assert any(plain[c][2:] != tuned[c][2:] for c in plain)
+
+
+def test_synthesis_debates_on_a_retrieved_file_when_given_one(tiny, tmp_path):
+    """SynDeC from retrieved evidence (issue 33): --retrieved-file's items, not the golden pairs, are what the
+    debaters read and what the records keep."""
+    from tests.tiny_models import averitec_dir
+
+    dev = json.loads((averitec_dir() / "dev.json").read_text(encoding="utf-8"))
+    retrieved = tmp_path / "retrieved.jsonl"
+    mine = {i: [{"question": f"Marker question {i}?", "answer": f"Marker answer {i}.", "url": f"https://x/{i}"}]
+            for i in range(2)}
+    retrieved.write_text("".join(json.dumps({"claim_id": i, "claim": dev[i]["claim"], "evidence": mine[i]}) + "\n"
+                                 for i in range(2)), encoding="utf-8")
+    out = tmp_path / "syndec"
+    args = train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--data-dir", str(averitec_dir()),
+                                       "--limit", "2", "--retrieved-file", str(retrieved), "--model", tiny,
+                                       "--out", str(out), *TINY_TRAIN])
+    stages.run(args, log=lambda line: None)
+    rows = {r["claim_id"]: r for r in syndec.load(out / "syndec.jsonl")}
+    assert sorted(rows) == [0, 1]
+    for i, r in rows.items():
+        assert [(e["question"], e["answer"]) for e in r["evidence"]] == [(e["question"], e["answer"]) for e in mine[i]]
+    config = json.loads((out / "debates" / records.CONFIG).read_text())
+    assert config["evidence"] == "retrieved" and config["retrieved_file"] == str(retrieved)

@@ -97,9 +97,11 @@ def replacing(stage, out, overwrite):
 
 
 def synth_config(args):
-    """The RunConfig of the synth stage's zero-shot run: DebateCV on golden evidence into OUT/debates."""
+    """The RunConfig of the synth stage's zero-shot run: DebateCV into OUT/debates on golden evidence (the paper's),
+    or on a retrieved-evidence file (HerO's format, e.g. what `run_debate.py --retrieve-only` saved)."""
+    retrieved = getattr(args, "retrieved_file", None)
     return config.build(method="debatecv", dataset=args.dataset, split=args.split, data_dir=args.data_dir,
-                        evidence="golden",
+                        evidence="retrieved" if retrieved else "golden", retrieved_file=retrieved,
                         limit=args.limit, debater_model=args.debater_model, moderator_model=args.model,
                         batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                         max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, use_4bit=args.use_4bit,
@@ -108,11 +110,11 @@ def synth_config(args):
 
 
 def synth(args, log=print):
-    """Zero-shot DebateCV with golden evidence over the split, then SynDeC records from its outputs."""
+    """Zero-shot DebateCV over the split (golden evidence, or --retrieved-file's), then SynDeC records from its outputs."""
     p = paths(args.out)
     synth_run = synth_config(args)
     runner.run(synth_run, log=log)
-    inputs = evidence.read(synth_run)  # golden evidence: nothing to retrieve
+    inputs = evidence.read(synth_run)  # golden or a retrieved file: nothing to retrieve
     rows = syndec.build(p["debates"], inputs.claims, inputs.labels)
     syndec.write(p["syndec"], rows)
     right = sum(r["correct"] for r in rows)
