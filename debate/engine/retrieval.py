@@ -169,11 +169,21 @@ def texts_sha256(texts):
     return digest.hexdigest()
 
 
-def cache_path(passages, embedder, cache_dir=None):
-    """Where the embeddings of `passages` under `embedder` are cached."""
+def cache_key(digest, embedder):
+    """What a cached embedding file must hold to be used: the texts' digest (texts_sha256) and the encoder."""
+    return {"texts_sha256": digest, "embedder": embedder.path, "max_length": embedder.max_length}
+
+
+def cache_file(digest, embedder, cache_dir=None, prefix=""):
+    """Where the embeddings of the texts with `digest` under `embedder` are cached (a store's: prefix "store-")."""
     root = Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
     tag = hashlib.sha256(f"{embedder.path}|{embedder.max_length}".encode()).hexdigest()[:10]
-    return root / f"{texts_sha256(p['text'] for p in passages)[:24]}-{tag}.pt"
+    return root / f"{prefix}{digest[:24]}-{tag}.pt"
+
+
+def cache_path(passages, embedder, cache_dir=None):
+    """Where the embeddings of `passages` under `embedder` are cached."""
+    return cache_file(texts_sha256(p["text"] for p in passages), embedder, cache_dir)
 
 
 def check_passages(passages, source="corpus"):
@@ -200,9 +210,9 @@ def passage_index(passages, embedder, log_fn=log.info, cache_dir=None, source="c
     texts' hash and the encoder, then reused across claims and runs."""
     check_passages(passages, source)
     passages = [dict(p, id=str(p["id"]), url=p.get("url") or "") for p in passages]
-    key = {"texts_sha256": texts_sha256(p["text"] for p in passages), "embedder": embedder.path,
-           "max_length": embedder.max_length}
-    cache = cache_path(passages, embedder, cache_dir)
+    digest = texts_sha256(p["text"] for p in passages)  # once: the key and the file name both carry it
+    key = cache_key(digest, embedder)
+    cache = cache_file(digest, embedder, cache_dir)
     if cache.is_file():
         try:
             saved = torch.load(cache, map_location="cpu", weights_only=True)

@@ -11,16 +11,14 @@
   (`VectorCache`), only the sentences ever embedded, so a resumed or repeated retrieval and the courtroom's search of
   the same store embed nothing twice.
 """
-import hashlib
 import math
 import os
 import re
 from collections import Counter
-from pathlib import Path
 
 import torch
 
-from debate.engine import models, retrieval
+from debate.engine import retrieval
 
 DUPLICATE_COSINE = 0.97  # HerO's: TF-IDF cosine to the claim above which a sentence only restates it
 DUPLICATE_SHARE = 0.92  # HerO's: share of a sentence's length the claim may fill before it only restates it
@@ -88,11 +86,9 @@ class VectorCache:
 
     def __init__(self, texts, embedder, cache_dir=None):
         self.texts, self.embedder = texts, embedder
-        root = Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
         digest = retrieval.texts_sha256(texts)
-        self.key = {"texts_sha256": digest, "embedder": embedder.path, "max_length": embedder.max_length}
-        tag = hashlib.sha256(f"{embedder.path}|{embedder.max_length}".encode()).hexdigest()[:10]
-        self.path = root / f"store-{digest[:24]}-{tag}.pt"
+        self.key = retrieval.cache_key(digest, embedder)
+        self.path = retrieval.cache_file(digest, embedder, cache_dir, prefix="store-")
         self.rows = {}  # text position -> its vector
         if self.path.is_file():
             try:
