@@ -49,7 +49,8 @@ PAPER = {"rounds_total": 5.47, "rounds_total_no_reflection": 7.06, "rounds_prima
          "ks": "D1 1.14, D2 0.02, D3 0.46, D5 0.16"}
 
 
-def _mean(values):
+def mean_known(values):
+    """The mean of the values that are not None (a measure a record lacks is left out, never counted as 0)."""
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
@@ -72,7 +73,7 @@ def fleiss_kappa(rows):
         return None
     totals = Counter(v for r in rows for v in r)
     p_e = sum((count / (len(rows) * raters)) ** 2 for count in totals.values())
-    p_bar = _mean([(sum(c * c for c in Counter(r).values()) - raters) / (raters * (raters - 1)) for r in rows])
+    p_bar = mean_known([(sum(c * c for c in Counter(r).values()) - raters) / (raters * (raters - 1)) for r in rows])
     return 1.0 if p_e >= 1 - 1e-12 else (p_bar - p_e) / (1 - p_e)
 
 
@@ -89,7 +90,8 @@ def expected_calibration_error(confidences, corrects, edges=PAPER_ECE_EDGES):
         last = m == len(edges) - 2
         inside = [(c, ok) for c, ok in pairs if low <= c < high or (last and c == high)]
         bins.append({"low": low, "high": high, "n": len(inside),
-                     "accuracy": _mean([float(ok) for _, ok in inside]), "confidence": _mean([c for c, _ in inside])})
+                     "accuracy": mean_known([float(ok) for _, ok in inside]),
+                     "confidence": mean_known([c for c, _ in inside])})
     n = len(pairs)
     ece = sum(b["n"] / n * abs(b["accuracy"] - b["confidence"]) for b in bins if b["n"]) if n else None
     return {"ece": ece, "n": n, "bins": bins}
@@ -171,8 +173,9 @@ def reflection_changes(hearings_totals):
                     if t > 0:
                         absolute.append(abs(s - previous))
                 previous = s
-    return {"mean_abs_change": _mean(absolute), "pairs": len(absolute), "mean_signed_from_zero": _mean(signed),
-            "signed_by_round": {str(r): _mean(v) for r, v in sorted(by_round.items())}}
+    return {"mean_abs_change": mean_known(absolute), "pairs": len(absolute),
+            "mean_signed_from_zero": mean_known(signed),
+            "signed_by_round": {str(r): mean_known(v) for r, v in sorted(by_round.items())}}
 
 
 def concession_rate(texts):
@@ -187,7 +190,7 @@ def role_play_consistency(pairs):
     """Appendix O.1: the consistency analyzer's 0-10 score of each model across the role switch, averaged
     over claims: "plaintiff" is the model that argued for the claim first (Model A), "defense" the other
     (Model B), as the paper reports them. `pairs`: per claim (score A, score B), either None."""
-    return {"plaintiff": _mean([a for a, _ in pairs]), "defense": _mean([b for _, b in pairs]),
+    return {"plaintiff": mean_known([a for a, _ in pairs]), "defense": mean_known([b for _, b in pairs]),
             "claims": sum(a is not None or b is not None for a, b in pairs)}
 
 
@@ -204,9 +207,9 @@ def termination(predictions):
     primary = [p.get("stop_reason") for p in predictions]
     switched = [h.get("stop_reason") for p in predictions for h in (p.get("hearings") or [])[1:]]
     return {"primary": shares(primary), "switched": shares(switched), "all": shares(primary + switched),
-            "rounds_primary": _mean([p.get("rounds") for p in predictions]),
-            "rounds_switched": _mean([p.get("rounds_switched") for p in predictions]),
-            "rounds_total": _mean([p.get("total_rounds", p.get("rounds")) for p in predictions])}
+            "rounds_primary": mean_known([p.get("rounds") for p in predictions]),
+            "rounds_switched": mean_known([p.get("rounds_switched") for p in predictions]),
+            "rounds_total": mean_known([p.get("total_rounds", p.get("rounds")) for p in predictions])}
 
 
 # --- the records -----------------------------------------------------------------------------------------

@@ -94,11 +94,6 @@ def judge_gold_kappas(label_rows, golds):
     return out
 
 
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
 def _sum_tokens(preds):
     """Appendix P: tokens in and out summed over claims, in total, per role and per stage."""
     total = {"in": 0, "out": 0, "by_role": {}, "by_stage": {}}
@@ -124,7 +119,7 @@ def run_stats(predictions, references):
     stats = label_scores(golds, [p.get("label") for p in scored])
     stats.update(panel_stats([p.get("votes") or [] for p in scored]))
     stats["kappa_gt"] = judge_gold_kappas([p.get("judge_labels") or [] for p in scored], golds)
-    stats["mean_kappa_gt"] = _mean(list(stats["kappa_gt"].values()))
+    stats["mean_kappa_gt"] = proclaim_measures.mean_known(list(stats["kappa_gt"].values()))
     stats["fleiss_kappa"] = proclaim_measures.fleiss_kappa([p.get("votes") or [] for p in scored])
     return stats
 
@@ -134,12 +129,12 @@ def efficiency(predictions):
     returned by all retrieval calls, the authors' count; and the distinct passages of the pools),
     retrieval calls, tokens."""
     return {"claims": len(predictions),
-            "avg_rounds": _mean([p.get("total_rounds", p.get("rounds")) for p in predictions]),
-            "avg_rounds_primary": _mean([p.get("rounds") for p in predictions]),
-            "avg_rounds_switched": _mean([p.get("rounds_switched") for p in predictions]),
-            "avg_evidence": _mean([p.get("retrieved") for p in predictions]),
-            "avg_evidence_pool": _mean([p.get("evidence_pool") for p in predictions]),
-            "avg_retrieval_calls": _mean([p.get("retrieval_calls") for p in predictions]),
+            "avg_rounds": proclaim_measures.mean_known([p.get("total_rounds", p.get("rounds")) for p in predictions]),
+            "avg_rounds_primary": proclaim_measures.mean_known([p.get("rounds") for p in predictions]),
+            "avg_rounds_switched": proclaim_measures.mean_known([p.get("rounds_switched") for p in predictions]),
+            "avg_evidence": proclaim_measures.mean_known([p.get("retrieved") for p in predictions]),
+            "avg_evidence_pool": proclaim_measures.mean_known([p.get("evidence_pool") for p in predictions]),
+            "avg_retrieval_calls": proclaim_measures.mean_known([p.get("retrieval_calls") for p in predictions]),
             "tokens": _sum_tokens(predictions)}
 
 
@@ -181,7 +176,7 @@ def table3(runs, references, digests=None):
     pooled = [p for run in by_run for p in run.values()]
     return {"runs": per_run, "majority_vote": run_stats(majority, references),
             "weighted_total": run_stats(pooled, references), "oracle": run_stats(oracle, references),
-            "mean_over_runs": {key: _mean([r[key] for r in per_run])
+            "mean_over_runs": {key: proclaim_measures.mean_known([r[key] for r in per_run])
                                for key in ("accuracy", "macro_f1", "mean_kappa", "raw_agreement")},
             "efficiency": efficiency(pooled), "n_runs": len(runs), "claims": len(claims),
             "measures": proclaim_measures.measures(pooled, references, digests and [
