@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.pipeline import cli, records, runner  # noqa: E402
+from debate.pipeline import cli, method_table, records  # noqa: E402
 from debate.data import averitec as averitec_data, claims as data, jsonl
 from debate.engine import engine, models
 from debate.methods import madr, turns
@@ -38,10 +38,10 @@ from eval import averitec  # noqa: E402
 def run_method(name, flags, claims, refine_iterations, log):
     """(records before MADR, records after, seconds of the method, seconds of MADR)."""
     config = cli.parse_run_args(["--method", name, *flags])
-    method, _, options = runner.METHODS[name]
+    method, _, options = method_table.METHODS[name]
     kwargs = options(config)
-    roles = dict(runner.model_roles(config), **madr.MODEL_OF)
-    agents = runner.load_agents(config, roles)
+    roles = dict(method_table.model_roles(config), **madr.MODEL_OF)
+    agents = method_table.load_agents(config, roles)
     g = config.generation
     settings = engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed)
     streams = turns.Streams(next(next(iter(agents.values())).model.parameters()).device)

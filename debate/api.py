@@ -19,7 +19,7 @@ from debate.data import datasets, prompts
 from debate.engine import models
 from debate.data.inputs import DataError
 from debate.methods import turns
-from debate.pipeline import evidence, runner, stops
+from debate.pipeline import evidence, method_table, runner, stops
 from debate.pipeline.config import COURTROOM_METHODS
 from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
@@ -45,7 +45,7 @@ def courtroom_corpus(config):
     its split's evidence instead (debate.pipeline.evidence); a Verifier's claims come batch by batch."""
     if config.method.method not in COURTROOM_METHODS or config.courtroom.corpus:
         return None
-    return evidence.own_corpus(config)
+    return evidence.own_corpus(datasets.get(config.data.dataset), config.data.data_dir)
 
 
 class Verifier:
@@ -65,10 +65,10 @@ class Verifier:
         models.set_offline()
         prompts.use_prompt_dir(self.config.method.prompts)
         runner.check_run(self.config, [])
-        self.agents = runner.load_agents(self.config, runner.model_roles(self.config))
-        self.settings = runner.settings_of(self.config)
-        runner.check_schemas(self.config, self.agents, self.settings, self.labels)
-        self.options = runner.method_options(self.config, self.labels, courtroom_corpus(self.config))
+        self.agents = method_table.load_agents(self.config, method_table.model_roles(self.config))
+        self.settings = method_table.settings_of(self.config)
+        method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
+        self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
         self.streams = turns.Streams(turns.device_of(self.agents))
 
     def verify(self, claims):

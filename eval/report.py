@@ -87,7 +87,7 @@ def summary_table(metrics, rescore="score the predictions again to add them."):
 
 
 def trials_table(summary):
-    """The headline metrics of a `runner.trial_summary` as mean +- standard deviation over trials."""
+    """The headline metrics of a `scoring.trial_summary` as mean +- standard deviation over trials."""
     def stat(node):
         if isinstance(node, dict) and "mean" in node and "std" in node:
             return f"{100 * node['mean']:5.1f} +- {100 * node['std']:4.1f}"

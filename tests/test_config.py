@@ -98,8 +98,8 @@ def test_a_config_json_written_before_the_config_type_still_loads_and_resumes(tm
     loaded = config.load(out / records.CONFIG)
     assert loaded.generation == cfg.generation and loaded.models.moderator_model == "x"
     # Today's config.json of the same run leaves the courtroom out: those keys are not compared.
-    from debate.pipeline import runner
-    now = runner.config_json(cfg, runner.model_roles(cfg), {"quantized": False, "dtype": "float32"})
+    from debate.pipeline import config_file, method_table
+    now = config_file.config_json(cfg, method_table.model_roles(cfg), {"quantized": False, "dtype": "float32"})
     assert "counsel_temperature" not in now and set(records.check(out, now)) == {0}
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from debate.pipeline import config, runner
+from debate.pipeline import config, method_table
 from debate.methods.courtroom import case, rules, trial
 from debate.engine import engine, retrieval
 from debate.methods import turns
@@ -664,13 +664,13 @@ def test_ablation_and_heterogeneity_flags_build_their_config():
     every = build("--debater-model", "P", "--defense-model", "D", "--court-model", "C", "--critic-model", "K",
                   "--witness-model", "W", "--judge-models", "J1", "J2", "J3", "--plaintiff-temperature", "0.6",
                   "--judge-temperatures", "0.1", "0.2")
-    roles, _ = runner.role_models(every, runner.model_roles(every))
+    roles, _ = method_table.role_models(every, method_table.model_roles(every))
     assert roles == {"plaintiff": "P", "defense": "D", "court": "C", "critic": "K", "witness": "W",
                      "judge_1": "J1", "judge_2": "J2", "judge_3": "J3"}
     opts = every.courtroom
     assert [opts.temperature_of(r) for r in ("plaintiff", "defense", "judge_1", "judge_2", "judge_3")] == \
         [0.6, 0.5, 0.1, 0.2, 0.3]
-    defaults, _ = runner.role_models(build(), runner.model_roles(build()))
+    defaults, _ = method_table.role_models(build(), method_table.model_roles(build()))
     assert set(defaults.values()) == {"m"}  # one path: models.load_roles loads it once for every role
 
 

@@ -8,7 +8,7 @@ import pytest
 from debate.engine import engine
 from debate.methods import explain, turns
 from debate.data.prompts import load_prompt
-from debate.pipeline import config as run_config, runner
+from debate.pipeline import config as run_config, config_file, method_table, runner
 from debate.pipeline.config import ConfigError
 from tests import scripted as engine_script
 
@@ -153,12 +153,12 @@ def test_the_run_settings_of_the_explanation_task():
     built = run_config.build(task="explain", method="madr", split="demo", model="m")
     assert built.generation.temperature == 0.0 and built.madr.madr_temperature == 0.0
     assert built.output.output_dir == "runs/demo-golden-explain-madr"
-    assert runner.model_roles(built) == {"explainer": "moderator", **{r: "refine" for r in (
+    assert method_table.model_roles(built) == {"explainer": "moderator", **{r: "refine" for r in (
         "madr_typology", "madr_free", "madr_judge", "madr_refiner")}}
     assert run_config.build(task="explain", method="cot", model="m", temperature=0.5).generation.temperature == 0.5
     assert run_config.build(method="debatecv", model="m").generation.temperature == 0.7  # verification unchanged
-    saved = runner.config_json(run_config.build(task="explain", method="zero-shot", model="m"),
-                               runner.model_roles(run_config.build(task="explain", method="zero-shot", model="m")))
+    saved = config_file.config_json(run_config.build(task="explain", method="zero-shot", model="m"),
+                               method_table.model_roles(run_config.build(task="explain", method="zero-shot", model="m")))
     assert saved["task"] == "explain" and "madr_iterations" not in saved and "self_refine_iterations" not in saved
     for settings, message in [({"task": "explain"}, "--task explain takes --method"),
                               ({"task": "explain", "method": "madr", "refine": "madr"}, "MADR is --method madr"),
@@ -187,6 +187,6 @@ def test_the_continuous_and_fixed_runners_hand_every_explanation_to_write(script
                                  batch_size=2)
         written = []
         runner.verify_claims(built, agents, CLAIMS, engine.Settings(), turns.Streams(),
-                             runner.method_entry(built)[2](built), written.append)
+                             method_table.method_entry(built)[2](built), written.append)
         assert sorted(r["prediction"]["claim_id"] for r in written) == [0, 1, 2]
         assert all(r["prediction"]["self_refine"]["revisions"] == 1 for r in written)

@@ -148,7 +148,7 @@ def test_the_readme_demo_runs_without_wordnet_and_a_rerun_adds_its_meteor_scores
     assert "3 claims, 3 already done" in second.stdout and "not computed:" not in second.stdout
     rescored = json.loads((out / records.METRICS).read_text())
     _assert_computed(rescored)
-    # A run that had WordNet from the start scores these predictions with the same scorer call (runner.finish).
+    # A run that had WordNet from the start scores these predictions with the same scorer call (scoring.finish).
     claims = demo_data.load_split("demo", None)[:3]
     submission = json.loads((out / records.SUBMISSION).read_text())
     expected = averitec.score(submission, claim_data.as_references(claims), meteor=True)

@@ -8,7 +8,7 @@ import pytest
 
 import run_debate
 from debate.data import prompts
-from debate.pipeline import records, runner
+from debate.pipeline import records, scoring
 from eval import compare
 from eval.averitec import InputError
 from tests.tiny_models import build_tiny_llama
@@ -38,7 +38,7 @@ def read(path):
 # --- the summary over trials -----------------------------------------------------------------------
 
 def test_trial_summary_gives_mean_and_sample_deviation_by_hand():
-    summary = runner.trial_summary([
+    summary = scoring.trial_summary([
         {"n": 4, "accuracy": 0.5, "averitec": {"0.25": 0.25}, "fpr": {"NEE": None}, "evidence_condition": "golden"},
         {"n": 4, "accuracy": 0.75, "averitec": {"0.25": 0.5}, "fpr": {"NEE": 0.1}, "evidence_condition": "golden"},
         {"n": 4, "accuracy": 1.0, "averitec": {"0.25": 0.0}, "fpr": {"NEE": 0.2}, "evidence_condition": "golden"},

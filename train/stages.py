@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate.pipeline import config, evidence, lock, records, runner, stops
+from debate.pipeline import config, config_file, evidence, lock, method_table, records, runner, stops
 from debate.engine import engine, models
 from debate.data import prompts
 from train import corrector, examples, lora, loop, losses, syndec
@@ -290,7 +290,7 @@ def check(args, todo):
         runner.check_run(synth_run, evidence.read(synth_run).claims)
         precision = models.precision(synth_run.models.use_4bit)
         records.check(synth_run.output.output_dir,
-                      runner.config_json(synth_run, runner.model_roles(synth_run), precision),
+                      config_file.config_json(synth_run, method_table.model_roles(synth_run), precision),
                       overwrite=args.overwrite)
     if "correct" in todo and "synth" not in todo:
         syndec.load(p["syndec"])

@@ -13,7 +13,7 @@ its own schema or none); resume each of those claims with its reply, which runs 
 to its end. A claim that ends frees its place at once for the next one: no claim waits for the slowest
 claim of a batch, and no model call waits for a whole batch of claims to reach the same turn.
 
-Methods are written once, as functions over a list of claims; `run_batches` in debate/pipeline/runner.py still
+Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
 """
 import itertools

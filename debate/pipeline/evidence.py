@@ -35,7 +35,9 @@ class Inputs:
 
 
 def read(config):
-    """The run's Inputs; every problem of the data raises DataError before any model loads."""
+    """The run's Inputs in one pass over its dataset, looked up once: the split read, cut to --limit, its labels,
+    then the evidence of the run's condition from the one source it comes from (see the module doc). Every problem
+    of the data raises DataError before any model loads."""
     d = config.data
     dataset = datasets.get(d.dataset)
     split = dataset.read(d.split, d.data_dir)
@@ -46,17 +48,17 @@ def read(config):
     if d.evidence == "golden" and claims and not any(c["gold_evidence"] for c in claims):
         raise DataError(f"--evidence golden: {where} has no annotated evidence; run it with --evidence "
                         f"{' or '.join(c for c in dataset.conditions if c != 'golden')}")
-    inputs, path, corpus = None, None, None
     if d.evidence == "retrieved" and config.retrieval.knowledge_store:
         # A store given on the command line wins: the evidence is retrieved from it (`retrieve`, store_retrieval).
         return Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, notes=notes,
                       source=f"the knowledge store {config.retrieval.knowledge_store}")
+    path, corpus = None, None
     if d.evidence == "retrieved":
         path = d.retrieved_file or (dataset.retrieved_file(d.split, d.data_dir) if dataset.retrieved_file else None)
         if path is None and config.courtroom.corpus:
             corpus = retrieval.load_corpus(config.courtroom.corpus)
         elif path is None and dataset.corpus is not None:
-            corpus = own_corpus(config)
+            corpus = own_corpus(dataset, d.data_dir)
         elif path is None and d.split != averitec.DEMO_SPLIT:  # the demo set's retrieved is its golden (config)
             raise DataError(f"--evidence retrieved: {where} has no retrieved evidence of its own; give "
                             "--retrieved-file (evidence keyed by claim_id) or --corpus (JSONL passages to retrieve from)")
@@ -67,15 +69,14 @@ def read(config):
         inputs = Inputs(records.attach_evidence(claims, d.evidence, path), labels, dataset, notes=notes,
                         source=f"the file {path}" if path else None)
     if config.method.method in COURTROOM_METHODS and not config.courtroom.corpus:
-        own = corpus if corpus is not None else own_corpus(config)  # read once where retrieval used it too
+        own = corpus if corpus is not None else own_corpus(dataset, d.data_dir)  # read once where retrieval used it
         inputs.passages = own if own is not None else pooled(records.attach_evidence(split, d.evidence, path))
     return inputs
 
 
-def own_corpus(config):
-    """The config's dataset's own retrieval corpus as passages (Check-COVID's abstracts), or None where it has none."""
-    dataset = datasets.get(config.data.dataset)
-    return dataset.corpus(dataset.data_dir(config.data.data_dir)) if dataset.corpus is not None else None
+def own_corpus(dataset, data_dir=None):
+    """The dataset's own retrieval corpus as passages (Check-COVID's abstracts), or None where it has none."""
+    return dataset.corpus(dataset.data_dir(data_dir)) if dataset.corpus is not None else None
 
 
 def _limited(claims, d):

@@ -1,192 +1,37 @@
-"""One verification run: claims in, a resumable output directory with predictions and scores out."""
+"""One verification run: claims in, a resumable output directory with predictions and scores out.
+
+The run reads top to bottom here: its checks, the lock, retrieval, the trials, each trial verified claim by
+claim. Which function a method runs and on which models is method_table.py; config.json is config_file.py; scores
+and reports are scoring.py."""
 import contextlib
 import json
-import platform
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import fields, replace
-from importlib import metadata
+from dataclasses import replace
 from pathlib import Path
 
-from debate.methods import baselines, debatecv, explain, madr, proclaim_baselines, turns
-from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.data import claims as data, prompts
-from debate.engine import engine, models, retrieval, scheduler
+from debate.engine import models, retrieval, scheduler
+from debate.methods import madr, turns
 from debate.pipeline import evidence, lock, progress, records, shards, stops, store_retrieval
-from debate.pipeline.config import COURTROOM_METHODS, ConfigError, Courtroom, to_dict
+from debate.pipeline.config import COURTROOM_METHODS, ConfigError
+from debate.pipeline.method_table import (EXPLAIN_TURNS_AT_MOST, TURNS_AT_MOST, check_schemas, load_agents,
+                                          method_entry, method_options, model_roles, role_models, settings_of)
+from debate.pipeline.config_file import config_json, saved_config
+from debate.pipeline.scoring import finish, finish_trials, score_retrieved, scoring_notes
 from debate.data.prompts import PromptError
 from debate.data.inputs import DataError
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
-from eval import (averitec, evidence as evidence_scores, faithfulness, metrics as label_scores, proclaim_measures,
-                  report, trials as trial_metrics)
 from eval.averitec import InputError
-from eval import wordnet
 from eval.wordnet import WordNetMissingError
-
-
-def _fixed(table):
-    return lambda config: dict(table)
-
-
-# The JSON answers each method asks for, checked against --max-new-tokens before any claim runs.
-SCHEMAS = {"debatecv": debatecv.SCHEMAS, **baselines.SCHEMAS, "courtroom": courtroom.SCHEMAS,
-           **proclaim_baselines.SCHEMAS}
-
-# name -> (function over a batch of claims, its roles -> model flag, its keyword options from the config)
-METHODS = {
-    "debatecv": (debatecv.run_batch, _fixed(debatecv.MODEL_OF), lambda c: {"max_rounds": c.generation.max_rounds}),
-    "rag-cot": (baselines.rag_cot, _fixed(baselines.RAG_COT_MODELS), lambda c: {}),
-    "majority": (baselines.majority, _fixed(baselines.RAG_COT_MODELS), lambda c: {"voters": c.method.voters}),
-    "cooperation": (baselines.cooperation, _fixed(baselines.COOPERATION_MODELS),
-                    lambda c: {"max_rounds": c.generation.max_rounds}),
-    # The courtroom and PROClaim's Table 4 baselines also get their retrieval library (method_options).
-    "courtroom": (courtroom.run_batch, lambda c: courtroom.model_of(len(c.models.judge_models)),
-                  lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom}),
-    "standard-mad": (proclaim_baselines.standard_mad, _fixed(proclaim_baselines.STANDARD_MAD_MODELS),
-                     lambda c: {"max_rounds": c.generation.max_rounds, "options": c.courtroom}),
-    "single-call": (proclaim_baselines.single_call, _fixed(proclaim_baselines.SINGLE_CALL_MODELS),
-                    lambda c: {"options": c.courtroom}),
-}
-
-
-# --task explain: name -> (function over a batch of claims, its roles -> model flag, its keyword options)
-EXPLAIN_METHODS = {
-    "zero-shot": (explain.zero_shot, _fixed(explain.EXPLAINER), lambda c: {}),
-    "cot": (explain.cot, _fixed(explain.EXPLAINER), lambda c: {}),
-    "self-refine": (explain.self_refine, _fixed(explain.SELF_REFINE_MODELS),
-                    lambda c: {"max_iterations": c.madr.self_refine_iterations}),
-    "madr": (madr.explain, _fixed(madr.EXPLAIN_MODELS),
-             lambda c: {"max_iterations": c.madr.madr_iterations, "temperature": c.madr.madr_temperature}),
-}
-EXPLAIN_SCHEMAS = {**explain.SCHEMAS, "madr": explain.SCHEMAS["zero-shot"] + madr.SCHEMAS}
-
-
-def method_entry(config):
-    """(function, roles, options) of the config's method, from its task's table."""
-    return (EXPLAIN_METHODS if config.method.task == "explain" else METHODS)[config.method.method]
-
-
-# The most turns one claim can take, per method, for the time left before a batch has finished (an
-# upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
-TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
-                 "majority": lambda c: c.method.voters, "cooperation": lambda c: 2 * c.generation.max_rounds + 1}
-EXPLAIN_TURNS_AT_MOST = {"zero-shot": lambda c: 1, "cot": lambda c: 1,
-                         "self-refine": lambda c: 1 + 2 * c.madr.self_refine_iterations,
-                         "madr": lambda c: 1 + 2 + 3 * c.madr.madr_iterations + 1}
-
-
-# Model flag of a role (as model_roles names it) -> the setting holding its path.
-FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defense": "defense_model",
-             "refine": "refine_model", "court": "court_model", "critic": "critic_model", "witness": "witness_model"}
-
-
-def _unused_options(config):
-    """The method settings this run's method and refinement never read: they are left out of config.json."""
-    unused = [] if config.method.method in COURTROOM_METHODS else [f.name for f in fields(Courtroom)]
-    unused += [] if config.method.method == "majority" else ["voters"]
-    madr_runs = config.method.refine == "madr" or (config.method.task, config.method.method) == ("explain", "madr")
-    unused += [] if madr_runs else ["madr_iterations", "madr_temperature"]
-    unused += [] if (config.method.task, config.method.method) == ("explain", "self-refine") else [
-        "self_refine_iterations"]
-    return unused
-
-
-def config_json(config, roles=None, precision=None):
-    """config.json: every setting of the run (flat, by flag name), with what identifies the software it ran on.
-
-    With `roles`, only the model settings those roles use are kept (a DebateCV run names no judges), the
-    adapter only when the Moderator's model is used, and only the options of the method and refinement
-    run; with `precision` (models.precision), `use_4bit` says whether 4-bit was really used and
-    `precision` how the weights are held.
-    """
-    saved = to_dict(config)
-    if roles is not None:
-        used = {FLAG_ARGS.get(flag, "judge_models") for flag in roles.values()}
-        if used & {"court_model", "critic_model"}:
-            used.add("moderator_model")  # their default, and the model --moderator-adapter goes on
-        for key in (*FLAG_ARGS.values(), "judge_models"):
-            if key not in used:
-                saved.pop(key, None)
-        if "moderator_model" not in used:
-            saved.pop("moderator_adapter", None)
-        for key in _unused_options(config):
-            saved.pop(key, None)
-    if precision is not None:
-        saved["use_4bit"] = precision["quantized"]
-        saved["precision"] = "nf4" if precision["quantized"] else precision["dtype"]
-    saved["versions"] = {"python": platform.python_version()}
-    for package in ("debatecv", "torch", "transformers", "peft", "bitsandbytes", "accelerate"):
-        try:
-            saved["versions"][package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    saved["git_commit"] = None
-    checkout = Path(__file__).resolve().parents[2]
-    # Only a checkout has a commit: an installed wheel's site-packages may sit inside some other repository.
-    if (checkout / ".git").exists():
-        try:
-            saved["git_commit"] = subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True,
-                timeout=10).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return saved
-
-
-def method_options(config, labels, passages=None, log=print):
-    """The keyword options of the config's method: its table's (method_entry), the dataset's labels (every
-    method's verdicts, or the label an explanation explains, are among them), and for the courtroom's methods
-    their retrieval library over --corpus or `passages` (evidence.Inputs.passages); building it loads the encoder."""
-    kwargs = dict(method_entry(config)[2](config), labels=labels)
-    if config.method.task == "verify" and config.method.method in COURTROOM_METHODS:
-        store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
-        kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log, store=store)
-    return kwargs
 
 
 def load_claims(config, log=print):
     """The run's claims with their evidence (debate/pipeline/evidence.py); loads the encoder when the retrieved
     evidence comes from a corpus, so call it once the run's checks have passed."""
     return evidence.retrieve(evidence.read(config), config, log).claims
-
-
-def model_roles(config):
-    """{role: model flag} of the chosen method, plus MADR's roles when refining."""
-    roles = method_entry(config)[1](config)
-    if config.method.refine == "madr":
-        roles.update(madr.MODEL_OF)
-    return roles
-
-
-def role_models(config, roles):
-    """({role: model path}, {role: adapter}) of `roles` ({role: model flag}) under the config's models."""
-    m = config.models
-    paths = {"debater": m.debater_model, "moderator": m.moderator_model, "defense": m.defense_model,
-             "refine": m.refine_model, "court": m.court_model, "critic": m.critic_model, "witness": m.witness_model,
-             **{f"judge_{i + 1}": p for i, p in enumerate(m.judge_models)}}
-    role_paths = {role: paths[flag] for role, flag in roles.items()}
-    # The adapter goes on the Moderator's roles, and on the courtroom's court and critic while they run on
-    # the Moderator's model (their default).
-    adapters = {role: m.moderator_adapter for role, flag in roles.items()
-                if flag == "moderator" or (flag in ("court", "critic") and paths[flag] == m.moderator_model)}
-    return role_paths, adapters
-
-
-def load_agents(config, roles):
-    role_paths, adapters = role_models(config, roles)
-    return models.load_roles(role_paths, adapters, use_4bit=config.models.use_4bit,
-                             device_map=config.models.device_map)
-
-
-def settings_of(config):
-    """The engine's generation settings of a run."""
-    g = config.generation
-    return engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed,
-                           reuse_cache=g.reuse_cache, structured=g.structured,
-                           gpu_memory_fraction=g.gpu_memory_fraction)
 
 
 def check_run(config, claims, encoder_needed=False):
@@ -211,27 +56,6 @@ def check_run(config, claims, encoder_needed=False):
             raise RetrievalError(f"cannot load sentence encoder {encoder}: not a model directory (no config.json)")
         if config.courtroom.corpus:
             retrieval.load_corpus(config.courtroom.corpus)  # a bad line is named now, not after the encoder has loaded
-
-
-def meteor_scored(config, claims):
-    """Whether finish() would compute METEOR-based scores for this run (AVeriTeC with gold labels)."""
-    return (config.method.task != "explain" and config.data.dataset == "averitec"
-            and any(c.get("label") for c in claims))
-
-
-def scoring_notes(config, claims):
-    """What the run will not score, said before any model loads: without WordNet, the METEOR-based scores
-    (the run itself needs none; RESCORE adds them later)."""
-    if meteor_scored(config, claims) and not averitec.meteor_available():
-        return [f"{wordnet.missing_reason()} The run goes on: AVeriTeC@k, the evidence score and justification "
-                "METEOR will be saved as not computed, every other score as usual."]
-    return []
-
-
-# How a run scored without WordNet gets its METEOR-based scores: the same command again finds every claim done,
-# so it loads no model and debates nothing (_verify), and finish() scores the predictions anew.
-RESCORE = ("run the same command again to add them: every claim is done, so nothing is debated and no model "
-           "loads.")
 
 
 def run(config, log=print):
@@ -286,22 +110,6 @@ def run(config, log=print):
             shards.stop(world)
 
 
-def score_retrieved(config, claims, log=print):
-    """--retrieve-only: the evidence-only scores of the saved file (eval/evidence.py) where the claims have golden
-    AVeriTeC pairs, written to OUTPUT_DIR/retrieved.scores.json; None where there are none to score against."""
-    references = data.as_references([c for c in claims if c.get("questions")])
-    path = store_retrieval.retrieved_path(config)
-    if not references:
-        log(f"retrieved evidence saved in {path}; the split has no golden question-answer pairs to score it against")
-        return None
-    wordnet.load_wordnet()
-    rows = [(f"line {n}", row) for n, row in enumerate(records.read_jsonl(path), start=1)]
-    scores = evidence_scores.score(rows, [(f"claim {r['claim_id']}", r) for r in references], (str(path), "the split"))
-    records.write_json(path.with_name("retrieved.scores.json"), {k: v for k, v in scores.items() if k != "per_claim"})
-    log(evidence_scores.summary_line(scores))
-    return scores
-
-
 def kept(config, claims, world=shards.World()):
     """What a run that ends early keeps, in words: "3 of 8 claims written to DIR" for the directory it was
     writing (the last trial begun, this rank's shard)."""
@@ -342,55 +150,11 @@ def _run_trials(config, inputs, prompt_info, world, log):
     records.write_json(top / records.CONFIG, saved)
     if any(m is None for m in results):
         return None
-    summary = trial_summary(results)
-    if config.method.method in COURTROOM_METHODS:
-        # PROClaim's Table 3 over the trials (eval/trials.py): each run, the vote over runs, the oracle.
-        references = {c["claim_id"]: c.get("label") for c in inputs.claims if c.get("label")}
-        runs = [records.read_predictions(top / f"trial-{k}") for k in range(1, trials + 1)]
-        # The paper's other measures read the counsels' arguments from each trial's transcripts too.
-        wanted = {c["claim_id"] for c in inputs.claims}
-        digests = [proclaim_measures.read_digests(top / f"trial-{k}", wanted) for k in range(1, trials + 1)]
-        summary["table3"] = trial_metrics.table3(runs, references, digests)
-        log(trial_metrics.table3_text(summary["table3"]))
-    records.write_json(top / records.METRICS, summary)
-    log(report.trials_table(summary))
-    if summary.get("not_computed"):
-        log(wordnet.not_computed_line(RESCORE))
-    return summary
-
-
-def trial_summary(results):
-    """Every numeric metric of the trials' metrics, as {"mean", "std", "values"}; nested dicts keep their shape.
-
-    std is the sample standard deviation (n - 1 in the denominator), 0 for one trial. A value that is not
-    a number in every trial (a label name, a list, a key some trial lacks) is kept as is when all trials
-    agree on it, else as the list of the trials' values.
-    """
-    def merge(values):
-        if all(isinstance(v, dict) for v in values):
-            keys = list(dict.fromkeys(k for v in values for k in v))  # a key some trials lack gets None there
-            return {k: merge([v.get(k) for v in values]) for k in keys}
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            mean = sum(values) / len(values)
-            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
-            return {"mean": mean, "std": var ** 0.5, "values": list(values)}
-        return values[0] if all(v == values[0] for v in values) else list(values)
-
-    return dict(merge(results), trials=len(results))
+    return finish_trials(config, inputs.claims, top, results, log)
 
 
 def _quiet(*args, **kwargs):
     """The log of ranks other than 0: rank 0 speaks for the run."""
-
-
-def _saved_config(config, prompt_info, labels):
-    """The config.json of a run (before its models are loaded); `labels`: the dataset's LabelSet."""
-    saved = config_json(config, model_roles(config), models.precision(config.models.use_4bit))
-    saved["labels"] = list(labels.labels)
-    if prompt_info:
-        # The files' hash, not the directory's name, identifies the prompts a run used.
-        saved.update(prompts_hash=prompt_info["hash"], prompt_files=prompt_info["files"])
-    return saved
 
 
 def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
@@ -413,7 +177,7 @@ def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
     if world.rank:
         return None
     shards.merge(out_dir, world.size)
-    saved = dict(_saved_config(config, prompt_info, inputs.labels), shards=world.size)
+    saved = dict(saved_config(config, prompt_info, inputs.labels), shards=world.size)
     shard_config = shards.shard_dir(out_dir, world) / records.CONFIG
     if shard_config.exists():
         saved["models"] = json.loads(shard_config.read_text(encoding="utf-8")).get("models")  # rank 0's devices
@@ -425,7 +189,7 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
     """Verify the claims not yet done in the config's output directory, claim by claim into its files."""
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     roles, labels = model_roles(config), inputs.labels
-    saved = _saved_config(config, prompt_info, labels)
+    saved = saved_config(config, prompt_info, labels)
     done = records.check(out_dir, saved, overwrite=overwrite)
     if not overwrite:
         records.recover(out_dir)  # every check has passed: what a killed --overwrite left can be settled
@@ -462,13 +226,6 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
         log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
 
 
-def check_schemas(config, agents, settings, labels):
-    """Refuse a --max-new-tokens too short for the JSON answers the method (and MADR) ask for."""
-    table = EXPLAIN_SCHEMAS if config.method.task == "explain" else SCHEMAS
-    names = table[config.method.method] + (madr.SCHEMAS if config.method.refine == "madr" else ())
-    turns.check_schemas(agents, names, settings, labels)
-
-
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     """Verify `claims` with the config's method (and MADR); `write(record)` gets each claim's record as it is
     decided. `kwargs`: the method's options (`method_options`).
@@ -493,56 +250,6 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     else:
         for i in range(0, len(claims), size):
             verify(claims[i:i + size])
-
-
-def finish(config, claims, log=print, labels=None):
-    """Score the run directory's predictions against the claims' gold labels and write the reports: AVeriTeC's
-    scorer (labels, evidence score, justification METEOR) and submission.json on AVeriTeC, the label metrics
-    (eval.metrics) under the dataset's `labels` elsewhere; an explanation run's explanations are summed up
-    (their faithfulness is debatecv-geval's to score: debate.pipeline.faithfulness)."""
-    out = Path(config.output.output_dir)
-    wanted = {c["claim_id"] for c in claims}
-    # A directory resumed with a smaller --limit holds more claims than this run asked for.
-    predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
-    if config.method.task == "explain":
-        metrics = faithfulness.explanation_stats(predictions)
-        records.write_json(out / records.METRICS, metrics)
-        log(faithfulness.stats_line(metrics))
-        log(f"faithfulness: debatecv-geval {out} --judge-model MODEL --protocol all")
-        return metrics
-    averitec_run = config.data.dataset == "averitec"
-    if averitec_run:
-        submission = records.submission(predictions, claims)
-        records.write_json(out / records.SUBMISSION, submission)
-    references = [c for c in claims if c.get("label")]
-    if not references:
-        log("no gold labels for this split: predictions written, nothing scored")
-        return None
-    if averitec_run:
-        metrics = averitec.score(submission, data.as_references(references))
-    else:
-        metrics = label_scores.score(predictions, references, labels)
-    metrics["dataset"] = config.data.dataset
-    metrics["evidence_condition"] = config.data.evidence
-    if config.method.method in COURTROOM_METHODS:
-        # The panel's agreement, Table 5's evidence and rounds, Appendix P's tokens (eval/trials.py), and the
-        # paper's other measures (eval/proclaim_measures.py, which also reads the transcripts).
-        metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references},
-                                                proclaim_measures.read_digests(out, wanted)))
-    records.write_json(out / records.METRICS, metrics)
-    log(report.summary_table(metrics, rescore=RESCORE))
-    if "proclaim" in metrics and config.generation.trials == 1:
-        log(proclaim_measures.measures_text(metrics["proclaim"]["measures"]))
-    if config.data.split == "demo":
-        log(next_step(out))
-    return metrics
-
-
-def next_step(out):
-    """The demo's last line: where its outputs are, how to see them, how to run on one's own claims and model."""
-    return (f"next: outputs in {out} (predictions.jsonl, transcripts.jsonl, metrics.json); see them with "
-            f"`python -m eval.view {out} -o report.html`; your own claims and model: `python run_debate.py "
-            "--dataset jsonl --data-dir DIR --split NAME --model PATH` (DIR/NAME.jsonl beside a card.json)")
 
 
 def main_guard(fn):
