@@ -212,6 +212,27 @@ def termination(predictions):
             "rounds_total": mean_known([p.get("total_rounds", p.get("rounds")) for p in predictions])}
 
 
+def discovery_by_round(predictions):
+    """P-RAG's discovery round by round (Figure 3 and Table 5's pool), from each hearing's round_log: for the
+    primary and the role-switched hearings apart, per round number, how many hearings held that round, and
+    their mean passages retrieved and admitted that round, pool size after it, and novelty of what was
+    retrieved (None where no hearing of that round retrieved). None for a run without round logs."""
+    phases = {"primary": {}, "switched": {}}
+    for p in predictions:
+        for k, hearing in enumerate(p.get("hearings") or []):
+            for r in hearing.get("round_log") or []:
+                phases["primary" if k == 0 else "switched"].setdefault(r["round"], []).append(r)
+    if not any(phases.values()):
+        return None
+    return {phase: {str(n): {"hearings": len(rows),  # JSON's keys are text
+                        "retrieved": mean_known([sum(q.get("retrieved", 0) for q in r["queries"]) for r in rows]),
+                        "admitted": mean_known([len(r.get("admitted") or []) for r in rows]),
+                        "pool_size": mean_known([r.get("pool_size") for r in rows]),
+                        "novelty": mean_known([r.get("novelty") for r in rows])}
+                    for n, rows in sorted(by_round.items())}
+            for phase, by_round in phases.items()}
+
+
 # --- the records -----------------------------------------------------------------------------------------
 
 def _template(name):
@@ -274,6 +295,7 @@ def measures(predictions, references, digests=None):
     per_round = [aggregate_rounds(p, "round_confidence") for p in predictions]
     finals = [p["confidence"] for p in predictions if p.get("confidence") is not None]
     out = {"claims": len(predictions), "termination": termination(predictions),
+           "discovery_by_round": discovery_by_round(predictions),
            "fleiss_kappa": fleiss_kappa([p.get("votes") or [] for p in predictions]),
            "calibration": calibration(predictions, references),
            "ks_stability": ks_stability([r for r in per_round if r], finals) or None,
@@ -311,6 +333,14 @@ def measures_text(m):
     if term["switched"]["n"]:
         lines.append("role-switched ended by     " + ", ".join(
             f"{r} {_f(s, percent=True)}" for r, s in term["switched"]["shares"].items()))
+    found = m.get("discovery_by_round")
+    for phase in ("primary", "switched"):
+        rounds = (found or {}).get(phase)
+        if rounds:
+            lines.append(f"P-RAG by round, {phase + ' ' * (8 - len(phase))} " + " | ".join(
+                f"r{n}: pool {_f(v['pool_size'], 1)}, +{_f(v['admitted'], 1)} of {_f(v['retrieved'], 1)}, "
+                f"novelty {_f(v['novelty'], 2)} ({v['hearings']})" for n, v in rounds.items())
+                + ("   (paper: pool 67.5 a claim; novelty near 0.20 from round 4)" if phase == "primary" else ""))
     lines.append(f"Fleiss' kappa       {_f(m['fleiss_kappa'], 4)}   (paper {PAPER['fleiss_kappa']})")
     cal = m["calibration"]
     lines.append(f"ECE (Eq. 9)         {_f(cal['ece'], 4)} over {cal['n']} claims, bins "

@@ -165,6 +165,33 @@ def test_termination_shares_and_mean_rounds():
     assert (t["rounds_primary"], t["rounds_switched"], t["rounds_total"]) == (2.5, 1.5, 4.0)
 
 
+
+def _round(n, retrieved, admitted, pool, novelty):
+    return {"round": n, "queries": [{"retrieved": k} for k in retrieved], "admitted": list(range(admitted)),
+            "pool_size": pool, "novelty": novelty}
+
+
+def test_discovery_by_round_averages_each_round_over_the_hearings_that_held_it():
+    preds = [{"claim_id": 1, "hearings": [{"round_log": [_round(1, [3, 3], 4, 9, 0.5), _round(2, [3, 3], 2, 11, 0.3),
+                                          _round(3, [3, 3], 0, 11, 0.1)]},
+                           {"round_log": [_round(1, [3], 1, 12, 0.2)]}]},
+             {"claim_id": 2, "hearings": [{"round_log": [_round(1, [3, 3], 2, 7, 0.7), _round(2, [], 0, 7, None)]}]},
+             {"claim_id": 3, "hearings": [{}]}]  # an older record: no round log, left out
+    d = pm.discovery_by_round(preds)
+    # Round 1 of the primary hearings: retrieved (6 + 6) / 2, admitted (4 + 2) / 2, pool (9 + 7) / 2,
+    # novelty (0.5 + 0.7) / 2. Round 2: novelty only from the hearing that retrieved (None is unknown).
+    assert d["primary"]["1"] == {"hearings": 2, "retrieved": 6.0, "admitted": 3.0, "pool_size": 8.0,
+                                 "novelty": pytest.approx(0.6)}
+    assert d["primary"]["2"] == {"hearings": 2, "retrieved": 3.0, "admitted": 1.0, "pool_size": 9.0,
+                                 "novelty": pytest.approx(0.3)}
+    assert d["primary"]["3"]["hearings"] == 1 and d["primary"]["3"]["admitted"] == 0.0
+    assert d["switched"] == {"1": {"hearings": 1, "retrieved": 3.0, "admitted": 1.0, "pool_size": 12.0,
+                                   "novelty": 0.2}}
+    assert pm.discovery_by_round([{"hearings": [{}]}]) is None
+    text = pm.measures_text(pm.measures(preds, {}))
+    assert "P-RAG by round, primary  r1: pool 8.0, +3.0 of 6.0, novelty 0.60 (2) | r2: pool 9.0" in text
+
+
 # --- re-scoring a saved run ------------------------------------------------------------------------------
 
 GOLD = {1: "SUPPORT", 2: "REFUTE"}
