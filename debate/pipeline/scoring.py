@@ -26,7 +26,7 @@ def scoring_notes(config, claims):
 
 
 # How a run scored without WordNet gets its METEOR-based scores: the same command again finds every claim done,
-# so it loads no model and debates nothing (_verify), and finish() scores the predictions anew.
+# so it loads no model and debates nothing (runner._verify), and finish() scores the predictions anew.
 RESCORE = ("run the same command again to add them: every claim is done, so nothing is debated and no model "
            "loads.")
 
