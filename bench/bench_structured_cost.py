@@ -1,0 +1,121 @@
+"""What structured answers cost in the courtroom: seconds and tokens fed per turn and per reflection, the
+most rows any model call ran, and the process's peak memory (issue 37).
+
+    python bench/bench_structured_cost.py --limit 2 --out bench/out/structured-cost \
+        -- --max-new-tokens 96
+    python bench/bench_structured_cost.py --tree /tmp/base ...      # the same run on another commit's code
+
+Runs `run_debate.py --method courtroom` once (one trial, the paper's caps, Check-COVID's binary test claims
+by default) with the engine's batch function timed: every call of `debate.engine.generator.run` is one batch
+of turns, and a forward hook on its model counts the calls and the positions fed (padding included: a
+padded position costs what a real one does). A turn is one row of a batch; a reflection is a row whose
+answer schema is the counsels' self-reflection. `--tree DIR` imports the code from DIR instead (a commit
+unpacked with `git archive COMMIT | tar -x -C DIR`), so two commits run the same measurement one after the
+other. The timing wraps a function both commits have, so the script itself never changes what it times.
+"""
+import argparse
+import json
+import resource
+import shlex
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFLECTION = "counsel_reflection"
+DEFAULT_DATA = "--dataset check-covid --split test-binary --data-dir ../shared/data/check-covid"
+
+
+def instrument(generator_module, calls):
+    """Wrap generator.run so each batch appends {seconds, rows, schemas, forwards, fed, max_rows} to `calls`."""
+    original = generator_module.run
+
+    def timed(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas, pad_id):
+        seen = {"forwards": 0, "fed": 0, "max_rows": 0}
+
+        def hook(_module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None:
+                seen["forwards"] += 1
+                seen["fed"] += ids.numel()
+                seen["max_rows"] = max(seen["max_rows"], ids.shape[0])
+
+        handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+        start = time.perf_counter()
+        try:
+            return original(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas, pad_id)
+        finally:
+            handle.remove()
+            names = [None if s is None else s.spec.name for s in (schemas or [None] * len(convs))]
+            calls.append({"seconds": time.perf_counter() - start, "rows": len(convs), "schemas": names,
+                          "context": [len(t) for t in targets], **seen})
+
+    generator_module.run = timed
+
+
+def summarise(calls):
+    """Per turn, per reflection, per schema: seconds and positions fed, split evenly over a batch's rows."""
+    by_schema = defaultdict(lambda: {"turns": 0, "seconds": 0.0, "fed": 0, "forwards": 0, "context": 0})
+    for c in calls:
+        for name, context in zip(c["schemas"], c["context"]):
+            s = by_schema[name or "free text"]
+            s["turns"] += 1
+            s["seconds"] += c["seconds"] / c["rows"]
+            s["fed"] += c["fed"] / c["rows"]
+            s["forwards"] += c["forwards"] / c["rows"]
+            s["context"] += context
+    turns = sum(c["rows"] for c in calls)
+    total = sum(c["seconds"] for c in calls)
+    reflection = by_schema.get(REFLECTION, {"turns": 0})
+    per = (lambda s, k: s[k] / s["turns"] if s["turns"] else None)
+    return {
+        "batches": len(calls), "turns": turns, "generate_seconds": total,
+        "seconds_per_turn": total / turns if turns else None,
+        "reflections": reflection["turns"],
+        "seconds_per_reflection": per(reflection, "seconds") if reflection["turns"] else None,
+        "fed_per_reflection": per(reflection, "fed") if reflection["turns"] else None,
+        "forwards_per_reflection": per(reflection, "forwards") if reflection["turns"] else None,
+        "prompt_per_reflection": per(reflection, "context") if reflection["turns"] else None,
+        "max_rows_in_a_call": max((c["max_rows"] for c in calls), default=0),
+        "max_rows_in_a_batch": max((c["rows"] for c in calls), default=0),
+        "by_schema": {k: {"turns": v["turns"], "seconds_per_turn": v["seconds"] / v["turns"],
+                          "fed_per_turn": v["fed"] / v["turns"], "prompt_per_turn": v["context"] / v["turns"]}
+                      for k, v in sorted(by_schema.items())},
+    }
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="flags after -- go to run_debate.py")
+    p.add_argument("--tree", help="import the code from this directory (another commit unpacked) instead")
+    p.add_argument("--out", default=str(ROOT / "bench" / "out" / "structured-cost"))
+    p.add_argument("--data", default=DEFAULT_DATA, help=f"the data flags (default: {DEFAULT_DATA!r})")
+    p.add_argument("--limit", type=int, default=2, help="the first N claims (default: 2)")
+    return p
+
+
+def main(argv=None):
+    args, extra = build_parser().parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    tree = Path(args.tree).resolve() if args.tree else ROOT
+    sys.path.insert(0, str(tree))
+    import run_debate
+    from debate.engine import generator as generator_module
+    assert Path(generator_module.__file__).resolve().is_relative_to(tree), generator_module.__file__
+    calls = []
+    instrument(generator_module, calls)
+    argv = ["--method", "courtroom", *shlex.split(args.data), "--limit", str(args.limit),
+            "--output-dir", args.out, "--overwrite", *extra]
+    start = time.perf_counter()
+    run_debate.main(argv)
+    wall = time.perf_counter() - start
+    result = {"tree": str(tree), "argv": argv, "wall_seconds": wall,
+              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **summarise(calls)}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "cost.json").write_text(json.dumps({**result, "calls": calls}, indent=1) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
