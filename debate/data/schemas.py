@@ -16,9 +16,9 @@ tokenizer and decoded by the engine (debate.engine.schema).
 - text: the model's own words inside quotes; a token that would break the string (a quote not at its
   start, a backslash, a control character) is never chosen; a token starting with a quote, or an
   end-of-turn token, closes the field.
-- choice: one of `values` ("labels": the run's dataset's labels, filled in when the schema is compiled), picked from the model's probability of
-  each whole value (every token of it, plus the token that closes it): greedy takes the most probable,
-  sampling draws from them; the probabilities are kept (`label_probs`).
+- choice: one of `values` ("labels": the run's dataset's labels, filled in when the schema is compiled),
+  picked from the model's probability of each whole value (every token of it, plus the token that closes
+  it): greedy takes the most probable, sampling draws from them; the probabilities are kept (`label_probs`).
 - number: one of min, min+step, ..., max, written as a JSON number and generated token by token like text,
   at the role's temperature (greedy at 0), each token limited to those that keep the text on the way to an
   allowed value; no probabilities are kept. `"scored": true` makes it a choice instead (every value scored
