@@ -40,17 +40,25 @@ def cache_kwarg(model, cache):
     return {_cache_name_of(type(base)): cache}
 
 
-def _layer_masks(model, visible, sliding_visible):
-    """The attention mask the model's layers take for a side pass: one 4-D tensor where every layer sees
-    the same, else {layer type: tensor} (a model with sliding-window and full-attention layers, Gemma 3)."""
+def _layer_masks(model, seen, distance, dtype, device):
+    """The additive attention mask(s) of a side pass: `seen[q, k]` says whether token q may attend to column k,
+    `distance[q, k]` is q's position minus k's. One 4-D tensor where every layer sees alike, else {layer
+    type: tensor} (sliding-window beside full-attention layers, as Gemma 3 has; transformers takes either
+    as given and builds no mask of its own)."""
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    types = set(getattr(config, "layer_types", None) or
-                ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"])
-    by_type = {"full_attention": visible, "sliding_attention": sliding_visible}
-    unknown = types - set(by_type)
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"])
+    unknown = types - {"full_attention", "sliding_attention"}
     if unknown:
         raise NotImplementedError(f"choice scoring: layers of type {', '.join(sorted(unknown))} are not supported")
-    return by_type[types.pop()] if len(types) == 1 else {t: by_type[t] for t in types}
+
+    def additive(allowed):
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None].to(
+            device)
+
+    # A sliding-window layer sees a key less than `window` positions back (transformers' own rule).
+    masks = {t: additive(seen if t == "full_attention" else seen & (distance < window)) for t in types}
+    return masks.popitem()[1] if len(masks) == 1 else masks
 
 
 def tree_logprobs(model, cache, row, start, candidates, first_logits):
@@ -77,7 +85,8 @@ def tree_logprobs(model, cache, row, start, candidates, first_logits):
     view = kv_store.BatchCache(0, [kv_store.BufferLayer(layer.capacity, layer.buffer_keys[row:row + 1],
                                                         layer.buffer_values[row:row + 1], filled=filled)
                                    for layer in layers])
-    # Who each tree token sees: the row's context (columns start..filled-1) and its ancestors (itself included).
+    # Who each tree token sees: the row's context (columns start..filled-1) and its ancestors (itself included);
+    # a token at depth d sits at position filled + d in the row's columns, as in its candidate.
     ancestor = torch.eye(n, dtype=torch.bool)
     for m, p in enumerate(parents):
         if p >= 0:
@@ -86,19 +95,13 @@ def tree_logprobs(model, cache, row, start, candidates, first_logits):
     seen = torch.zeros((n, filled + n), dtype=torch.bool)
     seen[:, start:filled] = True
     seen[:, filled:] = ancestor
-    # A sliding-window layer sees the last `window` positions, counted from the token's own (filled + depth).
-    window = getattr(model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config")
-                     else model.config, "sliding_window", None) or (filled + n + 1)
     column = torch.arange(filled + n)
-    query_at = filled + depth[:, None]
-    key_at = torch.where(column < filled, column, filled + depth[(column - filled).clamp(min=0)])[None]
-    sliding = seen & (key_at > query_at - window)
-    dtype = layers[0].buffer_keys.dtype
-    as_mask = lambda allowed: torch.zeros(allowed.shape, dtype=dtype).masked_fill(  # noqa: E731
-        ~allowed, torch.finfo(dtype).min)[None, None].to(device)
+    key_at = torch.where(column < filled, column, filled + depth[(column - filled).clamp(min=0)])
+    distance = (filled + depth)[:, None] - key_at[None]
+    masks = _layer_masks(model, seen, distance, layers[0].buffer_keys.dtype, device)
     positions = (filled - start + depth)[None].to(device)
     out = model(input_ids=torch.tensor([tokens], device=device), position_ids=positions, use_cache=True,
-                attention_mask=_layer_masks(model, as_mask(seen), as_mask(sliding)), **cache_kwarg(model, view))
+                attention_mask=masks, **cache_kwarg(model, view))
     tree_logp = torch.log_softmax(out.logits[0].float(), dim=-1)
     at, picks, owner = [], [], []
     for j, c in enumerate(candidates):
