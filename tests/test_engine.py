@@ -155,12 +155,14 @@ def test_an_out_of_memory_error_splits_the_batch_and_retries_it_with_the_same_to
     assert [c.completion_tokens for c in retried] == [c.completion_tokens for c in whole]
 
 
-def test_greedy_structured_replies_equal_the_reference_path_for_llama_and_gemma(family):
-    """Under a schema too: forced keys, masked free text and whole-value choices, scored by the engine from
-    its batch cache and by the reference with fresh full passes."""
+@pytest.mark.parametrize("name", ["moderator_round", "counsel_reflection"])
+def test_greedy_structured_replies_equal_the_reference_path_for_llama_and_gemma(family, name):
+    """Under a schema too: forced keys, masked free text, whole-value choices (a verdict, a list's go-on or
+    close) scored by the engine in one tree pass over its batch cache and by the reference with fresh full
+    passes, numbers generated inside their value trie (a reflection's three 0.00-1.00 scores)."""
     model, tok = family
-    limit = schema.compile_for("moderator_round", tok).fixed_cost + 16
-    kwargs = dict(turns=1, max_new_tokens=limit, schema_name="moderator_round", systems=SYSTEMS[:4])
+    limit = schema.compile_for(name, tok).fixed_cost + 16
+    kwargs = dict(turns=1, max_new_tokens=limit, schema_name=name, systems=SYSTEMS[:4])
     want = debate_like(model, tok, False, 1, generate=reference.generate, **kwargs)
     for reuse, batch_size in ((True, 4), (False, 3)):
         got = debate_like(model, tok, reuse, batch_size, **kwargs)

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
 from debate.data import schemas
-from debate.engine import chat, engine, generator, schema
+from debate.engine import chat, engine, schema
 from debate.methods import turns
 from debate.data.labels import LABELS
 from debate.data.prompts import PROMPT_DIR, PromptError, raw_prompt
@@ -70,13 +70,21 @@ def test_a_bad_schema_file_is_refused_with_its_file_and_field(tmp_path, monkeypa
             {"key": "A", "type": "text", "when": {"B": "Yes"}}, {"key": "B", "type": "choice", "values": ["Yes"]}]}))
         with pytest.raises(PromptError, match="earlier fields"):
             schemas.load("late")
+        (tmp_path / "odd.schema.json").write_text(json.dumps({"fields": [
+            {"key": "A", "type": "choice", "values": ["Yes", "No"], "scored": True}]}))
+        with pytest.raises(PromptError, match=r"odd\.schema\.json: fields\[0\].*'scored'.*number field only"):
+            schemas.load("odd")
     finally:
         schemas.load.cache_clear()
 
 
-def test_numbers_are_choices_over_their_range():
+def test_numbers_take_the_values_of_their_range_and_only_g_evals_are_scored():
     assert schemas.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
     assert schemas.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
+    # G-Eval's score is the probability-weighted mean of 1-5: its distribution is read, so it is scored.
+    numbers = {(n, f.key): f.scored for n in SCHEMA_NAMES for f in schemas.load(n).fields if f.kind == "number"}
+    assert {k for k, scored in numbers.items() if scored} == {("geval_document", "Faithfulness"),
+                                                              ("geval_sentence", "Faithfulness")}
 
 
 def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
@@ -174,23 +182,6 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
     assert 0.01 < max(expected) < 0.99  # the test means something: the choice was not a foregone one
 
 
-def test_candidates_of_one_and_of_several_tokens_are_scored_together(tiny):
-    """A list's "go on" and "close" pieces can differ in length; each is scored as its own whole."""
-    model, tok = tiny
-    ids = chat.context_ids(tok, engine.Conversation(system="s", messages=[{"role": "user", "content": "x"}]))
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), use_cache=True)
-        logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        first = int(logp.argmax())
-        past = out.cache if "cache" in out else out.past_key_values  # the name of the installed transformers
-        totals = generator.choice_logprobs(model, past, 0, 0, [[first], [first, 5, 7]],
-                                           out.logits[0, -1], 0)
-        longer = torch.log_softmax(model(input_ids=torch.tensor([ids + [first, 5]])).logits[0].float(), dim=-1)
-    assert totals[0] == pytest.approx(float(logp[first]), abs=1e-5)
-    expected = float(logp[first] + longer[len(ids) - 1 + 1, 5] + longer[len(ids) + 1, 7])
-    assert totals[1] == pytest.approx(expected, abs=1e-4)
-
-
 def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch):
     model, tok = soft
     monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
@@ -204,29 +195,6 @@ def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch
     counts = {v: sum(c.structured["fields"]["Word"] == v for c in convs) for v in probs}
     # Identical rows, so one distribution; greedy would give all of them its top value.
     assert max(probs.values()) < 0.9 and len([v for v in counts if counts[v]]) > 1
-
-
-def test_a_long_choice_scored_in_chunks_gives_the_same_probabilities(soft, tmp_path, monkeypatch):
-    # 101 values (a 0-1 score in steps of 0.01, as the counsels' self-reflection asks) are scored
-    # CHOICE_CHUNK candidates per side pass; the chunking must not change any value's probability.
-    from debate.engine import generator
-    model, tok = soft
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
-    (tmp_path / "score.schema.json").write_text(json.dumps({"fields": [
-        {"key": "Logic", "type": "number", "min": 0, "max": 1, "step": 0.01}]}))
-    compiled = schema.compile_for("score", tok)
-    assert len(compiled.spec.fields[0].values) == 101 and "0.37" in compiled.spec.fields[0].values
-
-    def probs(chunk):
-        monkeypatch.setattr(generator, "CHOICE_CHUNK", chunk)
-        conv = engine.Conversation(system="You score an argument.")
-        engine.generate(model, tok, [conv], ["How logical was it?"], engine.Settings(max_new_tokens=40),
-                        schemas=[compiled])
-        return conv.structured["probs"]["Logic"]
-
-    whole, chunked = probs(1000), probs(7)
-    assert list(chunked) == list(whole) and list(chunked.values()) == pytest.approx(list(whole.values()), abs=1e-5)
-    assert max(whole.values()) < 0.99  # spread out, so a wrong chunk would show
 
 
 def structured_turns(model, tok, reuse, batch_size, name="moderator_round", turns_=2, max_new_tokens=120):

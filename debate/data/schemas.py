@@ -10,15 +10,19 @@ tokenizer and decoded by the engine (debate.engine.schema).
        {"key": "Proceeding Necessity", "type": "choice", "values": ["Yes", "No"]},
        {"key": "Verdict", "type": "choice", "values": "labels", "when": {"Proceeding Necessity": "No"}},
        {"key": "Relevance", "type": "number", "min": 0, "max": 1, "step": 0.1},
+       {"key": "Faithfulness", "type": "number", "min": 1, "max": 5, "step": 1, "scored": true},
        {"key": "Premises", "type": "list", "max_items": 5, "share": 2}]}
 
 - text: the model's own words inside quotes; a token that would break the string (a quote not at its
   start, a backslash, a control character) is never chosen; a token starting with a quote, or an
   end-of-turn token, closes the field.
-- choice: one of `values` ("labels": the run's dataset's labels, filled in when the schema is compiled), picked from the model's probability of
-  each whole value (every token of it, plus the token that closes it): greedy takes the most probable,
-  sampling draws from them; the probabilities are kept (`label_probs`).
-- number: a choice among min, min+step, ..., max, written as a JSON number.
+- choice: one of `values` ("labels": the run's dataset's labels, filled in when the schema is compiled),
+  picked from the model's probability of each whole value (every token of it, plus the token that closes
+  it): greedy takes the most probable, sampling draws from them; the probabilities are kept (`label_probs`).
+- number: one of min, min+step, ..., max, written as a JSON number and generated token by token like text,
+  at the role's temperature (greedy at 0), each token limited to those that keep the text on the way to an
+  allowed value; no probabilities are kept. `"scored": true` makes it a choice instead (every value scored
+  whole, the probabilities kept): for a score whose distribution is read, as G-Eval's 1-5 is.
 - list: text items, at most `max_items`; after each item a choice between going on and closing the list.
 - when: the field is written empty ("") unless the earlier fields named hold those values.
 """
@@ -38,6 +42,7 @@ class Field:
     kind: str
     values: tuple = ()  # choice and number: the values as written (none for a named list)
     named: str = None  # choice: the named value list it takes ("labels"), filled in when compiled
+    scored: bool = False  # number: scored as a choice (its probabilities kept) rather than generated
     share: float = 1.0  # text and list: part of the free tokens
     max_items: int = 1  # list
     when: tuple = ()  # ((key, value), ...) that must hold, else the field is written empty
@@ -99,12 +104,15 @@ def load(name):
                                   f"{', '.join(NAMED_VALUES)}")
         elif kind == "number":
             values = _number_values(spec, where)
+        scored = spec.get("scored", False)
+        if not isinstance(scored, bool) or (scored and kind != "number"):
+            raise PromptError(f"{where}: 'scored' is true or false, on a number field only (choices are always scored)")
         when = spec.get("when") or {}
         if not isinstance(when, dict) or any(k not in [f.key for f in fields] for k in when):
             raise PromptError(f"{where}: 'when' must name earlier fields")
         if when and kind not in ("text", "choice"):
             raise PromptError(f"{where}: only text and choice fields can be conditional (they are left empty)")
-        fields.append(Field(key=spec["key"], kind=kind, values=tuple(values), named=named,
+        fields.append(Field(key=spec["key"], kind=kind, values=tuple(values), named=named, scored=scored,
                             share=float(spec.get("share", 1)),
                             max_items=int(spec.get("max_items", 1)), when=tuple(when.items())))
     if not fields:

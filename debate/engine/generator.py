@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-from transformers import DynamicCache
-
 from debate.engine import kv_store, schema as schemas_mod
 from debate.engine.sampling import next_tokens
 from debate.engine.structured import SchemaRow
@@ -42,41 +40,79 @@ def cache_kwarg(model, cache):
     return {_cache_name_of(type(base)): cache}
 
 
-# Candidates scored per side pass: each needs its own copy of the row's cache, so a long choice (a 0-1
-# score in steps of 0.01 has 101 values) is scored in chunks to keep that copy small.
-CHOICE_CHUNK = 16
+def _layer_masks(model, seen, distance, dtype, device):
+    """The additive attention mask(s) of a side pass: `seen[q, k]` says whether token q may attend to column k,
+    `distance[q, k]` is q's position minus k's. One 4-D tensor where every layer sees alike, else {layer
+    type: tensor} (sliding-window beside full-attention layers, as Gemma 3 has; transformers takes either
+    as given and builds no mask of its own)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"])
+    unknown = types - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise NotImplementedError(f"choice scoring: layers of type {', '.join(sorted(unknown))} are not supported")
+
+    def additive(allowed):
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None].to(
+            device)
+
+    # A sliding-window layer sees a key less than `window` positions back (transformers' own rule).
+    masks = {t: additive(seen if t == "full_attention" else seen & (distance < window)) for t in types}
+    return masks.popitem()[1] if len(masks) == 1 else masks
 
 
-def choice_logprobs(model, cache, row, start, candidates, first_logits, pad_id):
-    """Each candidate id list's summed log-probability after `row`'s context, whose keys/values fill
-    `cache` from column `start` on. The first tokens are scored from `first_logits` (the row's logits
-    now); the rest in side passes over copies of the row's cache (CHOICE_CHUNK candidates each), which
-    leave the batch untouched."""
+def tree_logprobs(model, cache, row, start, candidates, first_logits):
+    """Each candidate id list's summed log-probability after `row`'s context, whose keys/values fill the
+    columns from `start` to the end of `cache` (a kv_store.BatchCache).
+
+    The first tokens are scored from `first_logits` (the row's logits now); the rest in one side pass that
+    feeds the candidates' distinct prefixes as a tree (schema.prefix_tree): each fed token attends to the
+    row's context and to its own ancestors, at the position it would have in its candidate. The pass runs
+    on the row alone, over views of its cache: the tree's keys/values go to the columns past the row's end,
+    which no one reads and the next decode step overwrites; no cache is copied, no other row is touched.
+    """
     logp = torch.log_softmax(first_logits.float(), dim=-1)
     totals = [float(logp[c[0]]) for c in candidates]
-    longer = [j for j, c in enumerate(candidates) if len(c) > 1]  # a one-token candidate: its first token
-    device = first_logits.device
-    for at in range(0, len(longer), CHOICE_CHUNK):
-        chunk = [candidates[j] for j in longer[at:at + CHOICE_CHUNK]]
-        k, width = len(chunk), max(len(c) for c in chunk) - 1
-        layers = [(layer.keys[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous(),
-                   layer.values[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous())
-                  for layer in cache.layers]
-        past = layers[0][0].shape[2]
-        ids = torch.full((k, width), pad_id, dtype=torch.long)
-        mask = torch.ones((k, past + width), dtype=torch.long)
-        for j, c in enumerate(chunk):
-            ids[j, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-            mask[j, past + len(c) - 1:] = 0  # right padding: only positions after a candidate's end see it
-        positions = torch.arange(past, past + width)[None].expand(k, -1)
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                    use_cache=True, **cache_kwarg(model, DynamicCache(ddp_cache_data=layers)))
-        chunk_logp = torch.log_softmax(out.logits.float(), dim=-1)
-        for j, c in enumerate(chunk):
-            picks = chunk_logp[j, torch.arange(len(c) - 1, device=device),
-                               torch.tensor(c[1:], dtype=torch.long, device=device)]
-            totals[longer[at + j]] += float(picks.sum())
-    return totals
+    tokens, parents, depths, node = schemas_mod.prefix_tree(candidates)
+    if not tokens:
+        return totals
+    device, n = first_logits.device, len(tokens)
+    layers = cache.layers
+    filled = layers[0].filled
+    if filled + n > layers[0].capacity:
+        raise RuntimeError(f"choice scoring needs {n} free cache columns past column {filled}, the batch has "
+                           f"{layers[0].capacity - filled}")  # run() reserves them: a bug if it happens
+    view = kv_store.BatchCache(0, [kv_store.BufferLayer(layer.capacity, layer.buffer_keys[row:row + 1],
+                                                        layer.buffer_values[row:row + 1], filled=filled)
+                                   for layer in layers])
+    # Who each tree token sees: the row's context (columns start..filled-1) and its ancestors (itself included);
+    # a token at depth d sits at position filled + d in the row's columns, as in its candidate.
+    ancestor = torch.eye(n, dtype=torch.bool)
+    for m, p in enumerate(parents):
+        if p >= 0:
+            ancestor[m] |= ancestor[p]
+    depth = torch.tensor(depths)
+    seen = torch.zeros((n, filled + n), dtype=torch.bool)
+    seen[:, start:filled] = True
+    seen[:, filled:] = ancestor
+    column = torch.arange(filled + n)
+    key_at = torch.where(column < filled, column, filled + depth[(column - filled).clamp(min=0)])
+    distance = (filled + depth)[:, None] - key_at[None]
+    masks = _layer_masks(model, seen, distance, layers[0].buffer_keys.dtype, device)
+    positions = (filled - start + depth)[None].to(device)
+    out = model(input_ids=torch.tensor([tokens], device=device), position_ids=positions, use_cache=True,
+                attention_mask=masks, **cache_kwarg(model, view))
+    tree_logp = torch.log_softmax(out.logits[0].float(), dim=-1)
+    at, picks, owner = [], [], []
+    for j, c in enumerate(candidates):
+        for k in range(1, len(c)):
+            at.append(node[tuple(c[:k])])
+            picks.append(c[k])
+            owner.append(j)
+    scores = tree_logp[torch.tensor(at, device=device), torch.tensor(picks, device=device)]
+    sums = torch.zeros(len(candidates), device=device, dtype=scores.dtype).index_add_(
+        0, torch.tensor(owner, device=device), scores)
+    return [t + s for t, s in zip(totals, sums.tolist())]
 
 
 @torch.inference_mode()
@@ -86,7 +122,9 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
     rows = len(convs)
     plan = kv_store.layout(targets, [kv_store.usable(c, t, settings.reuse_cache) for c, t in zip(convs, targets)])
     width, chunk = plan.width, plan.chunk
-    capacity = width + chunk + settings.max_new_tokens
+    # Past the turn's columns, room for the largest tree a choice feeds (tree_logprobs), never a copy.
+    scratch = max((c.scratch_columns for c in schemas or () if c is not None), default=0)
+    capacity = width + chunk + settings.max_new_tokens + scratch
 
     input_ids = torch.full((rows, chunk), pad_id, dtype=torch.long)
     mask = torch.zeros((rows, capacity), dtype=torch.long)  # the whole turn's mask, filled column by column
@@ -107,8 +145,8 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         for row, compiled in enumerate(schemas):
             if compiled is not None:
                 start = plan.start(row, len(targets[row]))  # the row's first column in the cache, for good
-                score = (lambda row, start: lambda candidates, logits: choice_logprobs(
-                    model, cache, row, start, candidates, logits, pad_id))(row, start)
+                score = (lambda row, start: lambda candidates, logits: tree_logprobs(
+                    model, cache, row, start, candidates, logits))(row, start)
                 driven[row] = SchemaRow(compiled, settings.max_new_tokens - 1, masks, settings, generator, score)
     free_rows = any(d is None for d in driven)
     generated = [[] for _ in range(rows)]

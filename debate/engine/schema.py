@@ -10,11 +10,17 @@ the tokens an object needs besides free text are known in advance: free text get
     ("text", cap, mode)       sample under `mode`'s mask ("text" or "reasoning") until a closing token or
                               `cap` tokens; send back the ids
     ("choose", candidates)    score each candidate id list as a whole; send back (index, probabilities)
-and returns {"schema", "reasoning", "fields", "probs", "offsets"} (offsets: where each choice's value starts
-within the reply's ids).
+    ("generate", trie)        sample a value token by token inside `trie` (see `trie`), feeding each; send
+                              back the index of the value reached (its closing token is the next forced id)
+and returns {"schema", "reasoning", "fields", "probs", "offsets"} (probs: each choice's probabilities;
+offsets: where each choice's or number's value starts within the reply's ids).
+
+Choices (and numbers declared `scored`) are scored as whole candidates; other numbers are generated. A
+generated number feeds exactly the ids a scored one would: the trie is built over the same tokenisation
+of each value, so only the way of picking the value differs.
 """
-import functools
 import json
+import weakref
 from dataclasses import dataclass, field as dataclass_field
 
 import torch
@@ -38,11 +44,12 @@ def _quoted(f):
 class Compiled:
     """A schema tokenised for one tokenizer: the forced pieces, the choices' ids and the fixed cost."""
     spec: Spec
-    tokenizer: object
+    tokenizer_ref: object  # weakref.ref to the tokenizer: a compiled schema must not keep it alive
     prefix: list  # per field: ids of what comes before its value ('{\n  "Key": "' or ',\n  "Key": ')
     suffix: list  # per field: ids after its value ('"' for quoted fields, nothing for numbers)
     candidates: list  # per field: choice/number -> list of candidate id lists (value + closing token)
     values: list  # per field: choice/number -> value ids (what is fed once chosen)
+    tries: list  # per field: generated number -> trie over its candidates (see `trie`), else None
     list_go_on: list = dataclass_field(default_factory=list)  # ids of '", "' (another item)
     list_close: list = dataclass_field(default_factory=list)  # ids of '"]'
     end: list = dataclass_field(default_factory=list)  # ids of '\n}'
@@ -62,6 +69,56 @@ class Compiled:
         """Tokens the object needs besides free text, at most."""
         return self.field_cost(0) + self.rest[0]
 
+    @property
+    def tokenizer(self):
+        return self.tokenizer_ref()
+
+    @property
+    def scratch_columns(self):
+        """The most tokens one scoring pass feeds (the largest prefix tree of a scored choice): the cache
+        columns a batch keeps free past its end for it."""
+        scored = [c for f, c in zip(self.spec.fields, self.candidates) if c is not None and not generated(f)]
+        if any(f.kind == "list" and f.max_items > 1 for f in self.spec.fields):
+            scored.append([self.list_go_on, self.list_close])
+        return max((len(prefix_tree(c)[0]) for c in scored), default=0)
+
+
+def generated(f):
+    """Whether field `f`'s value is generated token by token (a number not declared `scored`)."""
+    return f.kind == "number" and not f.scored
+
+
+def prefix_tree(candidates):
+    """The candidates' distinct proper prefixes as a tree to feed in one pass: (tokens, parents, depths, node)
+    where prefix c[:k] (k >= 1) is fed as `tokens[m]` (its last token), m = node[tuple(c[:k])], under parent
+    node `parents[m]` (-1 for a first token), `depths[m]` = k - 1. The logits at node m score c[k]."""
+    tokens, parents, depths, node = [], [], [], {}
+    for c in candidates:
+        for k in range(1, len(c)):
+            prefix = tuple(c[:k])
+            if prefix not in node:
+                node[prefix] = len(tokens)
+                tokens.append(c[k - 1])
+                parents.append(node[prefix[:-1]] if k > 1 else -1)
+                depths.append(k - 1)
+    return tokens, parents, depths, node
+
+
+def trie(candidates, where):
+    """The candidates (value ids + closing token) as nested dicts {id: child}; a leaf is the value's index.
+    A candidate that is a prefix of another could not be told apart while generating: refused."""
+    root = {}
+    for index, c in enumerate(candidates):
+        node = root
+        for token in c[:-1]:
+            node = node.setdefault(token, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{where}: value {index} runs past the end of another value's tokens")
+        if c[-1] in node:
+            raise ValueError(f"{where}: value {index} ends where another value's tokens go on")
+        node[c[-1]] = index
+    return root
+
 
 def _ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -70,24 +127,28 @@ def _ids(tokenizer, text):
 def compile_for(name, tokenizer, labels=LABELS):
     """The schema of prompt `name` tokenised for `tokenizer`, a "labels" choice among `labels` (the dataset's
     label strings; AVeriTeC's by default); cached per tokenizer."""
-    cache = _compiled_cache(tokenizer)
+    cache = _per_tokenizer(tokenizer)["compiled"]
     key = (name, tuple(labels))
     if key not in cache:
         cache[key] = _compile(schemas.resolve(schemas.load(name), labels), tokenizer)
     return cache[key]
 
 
-_BY_TOKENIZER = {}
+# What is worked out once per tokenizer (compiled schemas, vocabulary masks, token texts), held only as long
+# as the tokenizer lives: one loaded tokenizer is shared by every role of a model, and a dropped model's is
+# freed with it. Nothing stored here refers back to the tokenizer (Compiled holds a weak reference).
+_BY_TOKENIZER = weakref.WeakKeyDictionary()
 
 
-def _compiled_cache(tokenizer):
-    # Keyed by identity: one loaded tokenizer is shared by every role of a model.
-    return _BY_TOKENIZER.setdefault(id(tokenizer), (tokenizer, {}))[1]
+def _per_tokenizer(tokenizer):
+    if tokenizer not in _BY_TOKENIZER:
+        _BY_TOKENIZER[tokenizer] = {"compiled": {}, "masks": {}, "texts": {}}
+    return _BY_TOKENIZER[tokenizer]
 
 
 def _compile(spec, tokenizer):
     fields = spec.fields
-    prefix, suffix, candidates, values = [], [], [], []
+    prefix, suffix, candidates, values, tries = [], [], [], [], []
     for i, f in enumerate(fields):
         lead = "{" if i == 0 else ","
         opening = {"text": '"', "choice": '"', "number": "", "list": '["'}[f.kind]
@@ -102,11 +163,14 @@ def _compile(spec, tokenizer):
             after = suffix[i] if _quoted(f) else (prefix[i + 1] if i + 1 < len(fields) else end)
             candidates.append([v + after[:1] for v in vals])
             values.append(vals)
+            tries.append(trie(candidates[-1], f"schema {spec.name!r}, field {f.key!r}") if generated(f) else None)
         else:
             candidates.append(None)
             values.append(None)
-    c = Compiled(spec=spec, tokenizer=tokenizer, prefix=prefix, suffix=suffix, candidates=candidates,
-                 values=values, list_go_on=_ids(tokenizer, '", "'), list_close=_ids(tokenizer, '"]'), end=end)
+            tries.append(None)
+    c = Compiled(spec=spec, tokenizer_ref=weakref.ref(tokenizer), prefix=prefix, suffix=suffix,
+                 candidates=candidates, values=values, tries=tries, list_go_on=_ids(tokenizer, '", "'),
+                 list_close=_ids(tokenizer, '"]'), end=end)
     rest, total = [0] * len(fields), len(end)
     for i in range(len(fields) - 1, -1, -1):
         rest[i] = total
@@ -162,6 +226,11 @@ def program(c, limit):
             used += len(ids)
             shares -= f.share
             result["fields"][f.key] = decode(ids)
+        elif generated(f):
+            result["offsets"][f.key] = used
+            index = yield ("generate", c.tries[i])  # its ids are fed as they are sampled
+            used += len(c.values[i][index])
+            result["fields"][f.key] = json.loads(f.values[index])
         elif f.kind in ("choice", "number"):
             index, probs = yield ("choose", c.candidates[i])
             result["offsets"][f.key] = used
@@ -194,12 +263,6 @@ def program(c, limit):
     return result
 
 
-@functools.lru_cache(maxsize=8)
-def _token_texts(tokenizer_id, size):
-    tokenizer = _BY_TOKENIZER[tokenizer_id][0]
-    return tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False)
-
-
 def masks(tokenizer, vocab_size, stop_ids, device):
     """{"text": (banned, closing), "reasoning": (banned, closing)} as bool tensors over the vocabulary.
 
@@ -207,11 +270,13 @@ def masks(tokenizer, vocab_size, stop_ids, device):
     banned; a token starting with a quote closes it. In reasoning before the object: a token with '{'
     closes it. Special tokens are banned in both, except the end-of-turn ones, which close.
     """
-    key = (id(tokenizer), vocab_size, tuple(stop_ids), str(device))
-    if key not in _MASKS:
-        _compiled_cache(tokenizer)
+    cache = _per_tokenizer(tokenizer)
+    key = (vocab_size, tuple(stop_ids), str(device))
+    if key not in cache["masks"]:
         size = min(len(tokenizer), vocab_size)
-        texts = _token_texts(id(tokenizer), size)
+        if size not in cache["texts"]:
+            cache["texts"][size] = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False)
+        texts = cache["texts"][size]
         special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
         stops = set(stop_ids)
         bad = set(chr(i) for i in range(32)) | {chr(127), "\\"}
@@ -230,9 +295,6 @@ def masks(tokenizer, vocab_size, stop_ids, device):
                 else:
                     text_banned[i] = '"' in t or not bad.isdisjoint(t)
         as_tensor = lambda values: torch.tensor(values, dtype=torch.bool, device=device)  # noqa: E731
-        _MASKS[key] = {"text": (as_tensor(text_banned), as_tensor(text_close)),
-                       "reasoning": (as_tensor(reason_banned), as_tensor(reason_close))}
-    return _MASKS[key]
-
-
-_MASKS = {}
+        cache["masks"][key] = {"text": (as_tensor(text_banned), as_tensor(text_close)),
+                               "reasoning": (as_tensor(reason_banned), as_tensor(reason_close))}
+    return cache["masks"][key]

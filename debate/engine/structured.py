@@ -2,6 +2,8 @@
 
 The generator (and the reference path) feed a row's logits in and get the id it feeds next; how a
 choice's candidates are scored is theirs to say (`score`), since it depends on how the context is held.
+A generated number needs nothing but the row's logits: each step samples among the ids its value trie
+allows there, with the role's own settings (debate.engine.sampling), so it costs one step per token.
 """
 import torch
 
@@ -11,7 +13,8 @@ from debate.engine.sampling import next_tokens
 
 class SchemaRow:
     """Drives one row's schema program (debate.engine.schema.program) step by step: forced ids one per step,
-    masked free text, whole-value choices scored by `score(candidates, logits) -> totals`."""
+    masked free text, numbers sampled inside their value trie, whole-value choices scored by
+    `score(candidates, logits) -> totals`."""
 
     def __init__(self, compiled, limit, masks, settings, generator, score):
         self.program = schemas_mod.program(compiled, limit)
@@ -30,6 +33,25 @@ class SchemaRow:
         elif self.op[0] == "text":
             _, self.cap, self.mode = self.op
             self.text = []
+        elif self.op[0] == "generate":
+            self.node = self.op[1]
+
+    def _generate(self, logits):
+        """The next id of a number in its trie, or None once its closing id is picked (the value's index is
+        then sent: the schema forces the closing id, which the trie and the schema spell alike)."""
+        options = list(self.node)
+        if len(options) == 1:
+            token = options[0]  # the only way on: no draw needed
+        else:
+            allowed = torch.tensor(options, device=logits.device)
+            masked = torch.full_like(logits, float("-inf"))
+            masked[allowed] = logits[allowed]
+            token = int(next_tokens(masked[None], self.settings, self.generator)[0])
+        self.node = self.node[token]
+        if isinstance(self.node, int):
+            self._send(self.node)
+            return None
+        return token
 
     def _choose(self, candidates, logits):
         totals = torch.tensor(self.score(candidates, logits))
@@ -56,6 +78,11 @@ class SchemaRow:
             if kind == "choose":
                 self._send(self._choose(self.op[1], logits))
                 continue
+            if kind == "generate":
+                token = self._generate(logits)
+                if token is None:
+                    continue
+                return token
             if self.cap <= 0:
                 self._send(self.text)
                 continue
