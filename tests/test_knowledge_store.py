@@ -379,8 +379,8 @@ def test_the_courtroom_searches_bm25s_best_of_the_claims_own_store(tmp_path, mon
     monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
     pages = [{"url": "https://a", "url2text": ["The bridge opened in 1932.", "It cost 10 million."]},
              {"url": "https://b", "url2text": ["Tigers are striped cats."]}]
-    pages += [{"url": f"https://n{i}", "url2text": [f"Noise sentence {i} about the river bridge {j}." for j in range(9)]}
-              for i in range(30)]
+    pages += [{"url": f"https://n{i}", "url2text": [f"Noise sentence {i} about the river bridge {j}."
+                                                    for j in range(9)]} for i in range(30)]
     write(tmp_path / "7.json", *pages)
     embedded = []
     real = retrieval.embed
@@ -450,7 +450,8 @@ def test_an_answer_comes_with_its_pages_neighbours_read_back_from_the_file(tmp_p
     assert [(c.position, c.text, c.url, c.line) for c in found.candidates] == [(1, "Second stone.", "a", 1),
                                                                              (3, "Fourth stone.", "c", 3)]
     assert found.empty_pages == [2] and found.sentences == 4
-    assert [found.answer(c, 1) for c in found.candidates] == ["First. Second stone. Third.", "second stone. Fourth stone."]
+    assert [found.answer(c, 1) for c in found.candidates] == ["First. Second stone. Third.",
+                                                              "second stone. Fourth stone."]
     assert [found.answer(c, 0) for c in found.candidates] == ["Second stone.", "Fourth stone."]
 
 
