@@ -6,9 +6,11 @@ with memory that grows with the store's sentence count (about 10 bytes a sentenc
   scored as bm25s scores it (`bm25s_scores` in the tests holds our scores against it), streamed from the file
   in three passes, none of which holds the store (`bm25_candidates`):
   1. which sentences are distinct: a 64-bit hash of each sentence's lower-cased text, the first of equal hashes
-     kept (8 bytes a sentence; two distinct sentences share a hash about once in 10^12 stores of 10^6);
+     kept (8 bytes a sentence; two distinct sentences of a million-sentence store share a hash, and the second is
+     dropped, about once in 40 million stores);
   2. the sentence count, their mean length and the document frequency of the query's words alone;
-  3. each sentence's score, chunk by chunk, keeping the best `k` (their text, url and page) and nothing else.
+  3. each sentence's score, 20,000 sentences at a time, keeping the best `k` (their text, url and page)
+     and nothing else.
   Ties keep store order. A query word counts as often as the query holds it, as bm25s counts it.
 - Re-ranking embeds the query texts (the claim and its hypothetical articles) with the sentence encoder
   (debate.engine.retrieval), averages them into one query vector, and orders BM25's candidates by cosine to it.
@@ -35,7 +37,7 @@ from debate.engine import retrieval
 DUPLICATE_COSINE = 0.97  # HerO's: TF-IDF cosine to the claim above which a sentence only restates it
 DUPLICATE_SHARE = 0.92  # HerO's: share of a sentence's length the claim may fill before it only restates it
 K1, B = 1.5, 0.75
-CHUNK = 50000  # sentences scored at once: bounded, and large enough that numpy's per-call cost vanishes
+CHUNK = 20000  # sentences scored at once: a few MB, and enough that numpy's per-call cost vanishes
 _WORD = re.compile(r"(?u)\b\w\w+\b")
 _NOT_WORD = re.compile(r"[^\w\s]+")
 
@@ -115,16 +117,15 @@ def bm25_candidates(path, query, k):
     weights = Counter(tokens(query))
     words = list(weights)
     ids = {w: i for i, w in enumerate(words)}
-    df = np.zeros(len(words), dtype=np.int64)
+    df = [0] * len(words)
     n = total = 0
+    known = ids.keys()
     for _, _, text in _sentences(path, keep):
         found = tokens(text)
         n += 1
         total += len(found)
-        for w in set(found):
-            i = ids.get(w)
-            if i is not None:
-                df[i] += 1
+        for w in known & found:  # the query's words in the sentence, each once
+            df[ids[w]] += 1
     found = Found(path, [], n, pages, empty, digest)
     if not n or not k or not words:
         return found
@@ -149,17 +150,19 @@ def _score_chunk(chunk, ids, idf, count, avg, k, best):
     """Score a chunk's sentences as bm25s does and keep the best `k` of them and of `best` in `best`."""
     if not chunk:
         return
-    rows, cols, tfs, lengths = [], [], [], np.empty(len(chunk), dtype=np.float64)
+    rows, cols, tfs, lengths = array("i"), array("i"), array("f"), array("d")  # 4-8 bytes an entry, not 36
     for r, (_, _, _, text) in enumerate(chunk):
         found = tokens(text)
-        lengths[r] = len(found)
-        for w, tf in Counter(w for w in found if w in ids).items():
+        lengths.append(len(found))
+        matched = [w for w in found if w in ids]
+        for w, tf in Counter(matched).items() if matched else ():
             rows.append(r)
             cols.append(ids[w])
             tfs.append(tf)
     if not rows:
         return
-    rows, cols, tf = np.array(rows), np.array(cols), np.array(tfs, dtype=np.float32)
+    rows, cols, tf = np.frombuffer(rows, np.int32), np.frombuffer(cols, np.int32), np.frombuffer(tfs, np.float32)
+    lengths = np.frombuffer(lengths, np.float64)
     # bm25s: term frequency as float32, the length norm in float64, each term's score rounded to float32
     norm = K1 * ((1 - B) + B * lengths[rows] / avg)
     term = (idf[cols].astype(np.float64) * (tf / (norm + tf))).astype(np.float32)
