@@ -100,11 +100,12 @@ def _distinct(path):
 
 
 def _sentences(path, keep):
-    """(page, place in the page, text) of each distinct sentence, in store order."""
+    """(page, place in the page, text) of each distinct sentence, in store order; the text's spaces as the file
+    has them (its words are the same)."""
     i = 0
-    for page in knowledge_store.pages(path):
+    for page in knowledge_store.pages(path, tidy=False):
         for at, text in enumerate(page.sentences):
-            if text:
+            if text and not text.isspace():
                 if keep[i]:
                     yield page, at, text
                 i += 1
@@ -150,18 +151,20 @@ def _score_chunk(chunk, ids, idf, count, avg, k, best):
     """Score a chunk's sentences as bm25s does and keep the best `k` of them and of `best` in `best`."""
     if not chunk:
         return
-    rows, cols, tfs, lengths = array("i"), array("i"), array("f"), array("d")  # 4-8 bytes an entry, not 36
+    rows, cols, lengths = array("i"), array("i"), array("d")  # 4-8 bytes an entry, where a list takes 36
+    get = ids.get
     for r, (_, _, _, text) in enumerate(chunk):
         found = tokens(text)
         lengths.append(len(found))
-        matched = [w for w in found if w in ids]
-        for w, tf in Counter(matched).items() if matched else ():
-            rows.append(r)
-            cols.append(ids[w])
-            tfs.append(tf)
+        matched = [i for i in map(get, found) if i is not None]
+        if matched:
+            cols.extend(matched)
+            rows.extend([r] * len(matched))
     if not rows:
         return
-    rows, cols, tf = np.frombuffer(rows, np.int32), np.frombuffer(cols, np.int32), np.frombuffer(tfs, np.float32)
+    pairs, tf = np.unique(np.frombuffer(rows, np.int32).astype(np.int64) * len(ids) + np.frombuffer(cols, np.int32),
+                          return_counts=True)  # each (sentence, word) once, with its count
+    rows, cols, tf = pairs // len(ids), pairs % len(ids), tf.astype(np.float32)
     lengths = np.frombuffer(lengths, np.float64)
     # bm25s: term frequency as float32, the length norm in float64, each term's score rounded to float32
     norm = K1 * ((1 - B) + B * lengths[rows] / avg)
@@ -171,8 +174,8 @@ def _score_chunk(chunk, ids, idf, count, avg, k, best):
     floor = best[0][0] if len(best) >= k else 0.0
     for r in np.nonzero(scores > floor)[0] if floor > 0 else np.nonzero(scores > 0)[0]:
         position, page, at, text = chunk[r]
-        entry = (float(scores[r]), -position, Candidate(position, float(scores[r]), text, page.url, page.number,
-                                                        page.offset, at))
+        entry = (float(scores[r]), -position, Candidate(position, float(scores[r]), " ".join(text.split()), page.url,
+                                                        page.number, page.offset, at))
         if len(best) < k:
             heapq.heappush(best, entry)
         elif entry[:2] > best[0][:2]:

@@ -101,6 +101,8 @@ def run(config, log=print):
             metrics = _run_trials(config, inputs, prompt_info, world, log)
             if store:
                 score_retrieved(config, inputs.claims, log)  # the evidence alone, beside the verdicts' scores
+            if config.method.method in COURTROOM_METHODS and config.method.task == "verify" and not world.rank:
+                log(retrieval.cache_summary())  # what the courtroom's searches left in the embedding cache
             return metrics
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
             # The same command with --overwrite would start over; without it, it resumes what is kept.
