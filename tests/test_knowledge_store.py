@@ -266,6 +266,23 @@ def test_a_store_bigger_than_the_memory_allows_is_warned_about_in_one_line(tmp_p
     assert said == []
 
 
+def test_the_memory_warning_comes_before_any_model_loads(world, tmp_path, capsys, monkeypatch):
+    from debate.engine import models, ram
+
+    class Loaded(Exception):
+        pass
+
+    def load_roles(*a, **k):
+        raise Loaded(capsys.readouterr().out)  # what was said before the first model loads
+
+    monkeypatch.setattr(ram, "available", lambda *a, **k: 1000)
+    monkeypatch.setattr(models, "load_roles", load_roles)
+    with pytest.raises(Loaded) as said:
+        run_debate.main(argv(world, tmp_path / "run", "--retrieve-only", "--missing-store", "skip"))
+    warned = [line for line in str(said.value).splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and "the largest store" in warned[0] and "more than the 0 MB this process" in warned[0]
+
+
 def test_a_bad_store_is_named_before_any_model_loads(world, tmp_path, capsys, monkeypatch):
     from debate.engine import models
 
