@@ -13,8 +13,9 @@ articles are as long: up to 512 tokens each).
 Per claim and per --bm25-k: reading the store and BM25 over it (streamed, duplicates dropped: since issue 38 one
 step, `bm25_candidates`; the "read" and "BM25 query" columns of older rows are inside it), the re-ranking of BM25's
 best with a cold embedding cache (every candidate embedded) and again with a warm one (a resumed or repeated
-retrieval, or the courtroom's later search). bench/bench_store_size.py times stores of a real store's size. Peak memory is the process's peak resident set (ru_maxrss),
-with the encoder's and torch's own share measured before the first claim.
+retrieval, or the courtroom's later search). bench/bench_store_size.py times stores of a real store's size.
+Peak memory is the process's peak resident set (ru_maxrss), with the encoder's and torch's own share measured
+before the first claim.
 """
 import argparse
 import datetime
