@@ -10,10 +10,12 @@ another so that all are distinct, as a real claim's ~1,000 scraped pages are. Th
 stage builds: the claim and, standing in for the eight HyDE-FC articles, its gold justification eight times (real
 articles are as long: up to 512 tokens each).
 
-Per claim and per --bm25-k: reading the store (streamed, duplicates dropped), the BM25 index, the BM25 query, the
-re-ranking of BM25's best with a cold embedding cache (every candidate embedded) and again with a warm one (a resumed
-or repeated retrieval, or the courtroom's later search). Peak memory is the process's peak resident set (ru_maxrss),
-with the encoder's and torch's own share measured before the first claim.
+Per claim and per --bm25-k: reading the store and BM25 over it (streamed, duplicates dropped: since issue 38 one
+step, `bm25_candidates`; the "read" and "BM25 query" columns of older rows are inside it), the re-ranking of BM25's
+best with a cold embedding cache (every candidate embedded) and again with a warm one (a resumed or repeated
+retrieval, or the courtroom's later search). bench/bench_store_size.py times stores of a real store's size.
+Peak memory is the process's peak resident set (ru_maxrss), with the encoder's and torch's own share measured
+before the first claim.
 """
 import argparse
 import datetime
@@ -32,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.data import knowledge_store  # noqa: E402
 from debate.engine import retrieval, store_search  # noqa: E402
 from tests.tiny_models import averitec_dir  # noqa: E402
 
@@ -100,30 +101,24 @@ def main(argv=None):
             claim = dev[cid]["claim"]
             articles = [dev[cid].get("justification") or claim] * 8
             t0 = time.time()
-            store = knowledge_store.read_store(folder / f"{cid}.json")
-            t1 = time.time()
-            index = store_search.bm25_index(store.texts)
-            t2 = time.time()
             query = store_search.query_vector(embedder, [claim, *articles])
-            t3 = time.time()
+            t1 = time.time()
             for k in args.bm25_k:
+                t2 = time.time()
+                found = store_search.bm25_candidates(folder / f"{cid}.json", " ".join([claim, *articles]), k)
+                t3 = time.time()
+                cold = store_search.VectorCache(found.digest, embedder, cache_dir=f"{cache_dir}/{k}")
+                store_search.rerank(cold, query, found.candidates, args.rerank_k, claim)
                 t4 = time.time()
-                candidates = store_search.bm25_top(index, " ".join([claim, *articles]), k)
+                warm = store_search.VectorCache(found.digest, embedder, cache_dir=f"{cache_dir}/{k}")
+                store_search.rerank(warm, query, found.candidates, args.rerank_k, claim)
                 t5 = time.time()
-                cold = store_search.VectorCache(store.texts, embedder, cache_dir=f"{cache_dir}/{k}")
-                store_search.rerank(cold, query, candidates, args.rerank_k, claim)
-                t6 = time.time()
-                warm = store_search.VectorCache(store.texts, embedder, cache_dir=f"{cache_dir}/{k}")
-                store_search.rerank(warm, query, candidates, args.rerank_k, claim)
-                t7 = time.time()
-                row = {"claim_id": cid, "sentences": len(store.texts), "pages": len(store.pages), "bm25_k": k,
-                       "read_s": t1 - t0, "bm25_index_s": t2 - t1, "query_embed_s": t3 - t2, "bm25_query_s": t5 - t4,
-                       "rerank_cold_s": t6 - t5, "rerank_warm_s": t7 - t6,
-                       "total_cold_s": (t1 - t0) + (t2 - t1) + (t3 - t2) + (t5 - t4) + (t6 - t5),
-                       "total_warm_s": (t1 - t0) + (t2 - t1) + (t3 - t2) + (t5 - t4) + (t7 - t6)}
+                row = {"claim_id": cid, "sentences": found.sentences, "pages": found.pages, "bm25_k": k,
+                       "query_embed_s": t1 - t0, "read_bm25_s": t3 - t2, "rerank_cold_s": t4 - t3,
+                       "rerank_warm_s": t5 - t4, "total_cold_s": (t1 - t0) + (t3 - t2) + (t4 - t3),
+                       "total_warm_s": (t1 - t0) + (t3 - t2) + (t5 - t4)}
                 rows.append(row)
                 print(json.dumps({k2: round(v, 3) if isinstance(v, float) else v for k2, v in row.items()}))
-            del store, index
     summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, "
                f"{torch.get_num_threads()} torch threads", "encoder": embedder.path,
                "peak_rss_mib": round(peak_mib()), "rss_before_first_claim_mib": round(base), "rows": rows}

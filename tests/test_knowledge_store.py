@@ -137,27 +137,33 @@ def test_store_run_debates_on_the_retrieved_evidence_and_the_file_reads_back(wor
     assert lines(back / "predictions.jsonl") == lines(run / "predictions.jsonl")
 
 
-def test_a_retrieval_stopped_half_way_resumes_to_the_same_file(world, retrieved, tmp_path, capsys):
+def test_a_retrieval_stopped_half_way_resumes_to_the_same_file(world, retrieved, tmp_path, capsys, monkeypatch):
+    from debate.engine import store_search
+
     out, _ = retrieved
-    broken = tmp_path / "store"
-    broken.mkdir()
-    for f in world["store"].iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
-    third = broken / f"{world['claims'][2]['claim_id']}.json"
-    good = third.read_text(encoding="utf-8")
-    third.write_text(good + '{"url": "x", "url2text": ["a"]\n', encoding="utf-8")  # the last line is torn
+    third = knowledge_store.store_file(world["store"], world["claims"][2]["claim_id"])
+    real = store_search.bm25_candidates
+
+    def torn_after_the_check(path, query, k):  # the file changed on disk after the run checked it
+        if str(path) == str(third):
+            raise StoreError(f"{third}: line 9: not valid JSON (Expecting value at column 1)")
+        return real(path, query, k)
+
+    monkeypatch.setattr(store_search, "bm25_candidates", torn_after_the_check)
     run = tmp_path / "run"
-    flags = argv(world, run, "--retrieve-only", "--missing-store", "skip", store=broken)
+    flags = argv(world, run, "--retrieve-only", "--missing-store", "skip")
     with pytest.raises(SystemExit) as stop:
         run_debate.main(flags)
     assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert f"{third}: line {good.count(chr(10)) + 1}: not valid JSON" in err
+    assert f"{third}: line 9: not valid JSON" in capsys.readouterr().err
     # the first batch (two claims) was retrieved before the bad line and is kept
     assert [r["claim_id"] for r in lines(run / store_retrieval.RETRIEVED)] == [c["claim_id"] for c in world["claims"][:2]]
-    third.write_text(good, encoding="utf-8")
+    monkeypatch.undo()
+    searched = []
+    monkeypatch.setattr(store_search, "bm25_candidates", lambda path, q, k: searched.append(path) or real(path, q, k))
     run_debate.main(flags)
     assert "2 of 5 claims already retrieved" in capsys.readouterr().out
+    assert [Path(p).name for p in searched] == [f"{c['claim_id']}.json" for c in world["claims"][2:4]]
 
     def evidence(path):
         return [(r["claim_id"], r["evidence"]) for r in lines(path)]
@@ -186,14 +192,114 @@ def write(path, *rows):
 
 def test_bad_lines_name_the_file_line_and_field(tmp_path):
     page = {"url": "u", "url2text": ["One sentence.", "Two."]}
+    check = knowledge_store.check_store
     with pytest.raises(StoreError, match=r"1\.json: line 2: not valid JSON"):
-        knowledge_store.read_store(write(tmp_path / "1.json", page, "{not json"))
+        check(write(tmp_path / "1.json", page, "{not json"))
     with pytest.raises(StoreError, match=r"2\.json: line 2: missing field 'url2text'"):
-        knowledge_store.read_store(write(tmp_path / "2.json", page, {"url": "v", "type": "pdf"}))
-    with pytest.raises(StoreError, match=r"3\.json: line 1: field 'url2text': expected a list of strings"):
-        knowledge_store.read_store(write(tmp_path / "3.json", {"url": "v", "url2text": "text"}))
+        check(write(tmp_path / "2.json", page, {"url": "v", "type": "pdf"}))
+    with pytest.raises(StoreError, match=r"3\.json: line 1: field 'url2text': expected a list of strings, got a str"):
+        check(write(tmp_path / "3.json", {"url": "v", "url2text": "text"}))
     with pytest.raises(StoreError, match=r"4\.json: line 1: field 'url': expected a string"):
-        knowledge_store.read_store(write(tmp_path / "4.json", {"url": 3, "url2text": []}))
+        check(write(tmp_path / "4.json", {"url": 3, "url2text": []}))
+    # a null among the sentences is named by its index
+    null = r"5\.json: line 3: field 'url2text': url2text\[3\] is null, expected a string$"
+    with pytest.raises(StoreError, match=null):
+        check(write(tmp_path / "5.json", page, page, {"url": "w", "url2text": ["a", "b", "c", None]}))
+    # a torn line: the column is counted on the line itself (29 characters: the break is at column 30)
+    torn = '{"url": "x", "url2text": ["a"]'
+    with pytest.raises(StoreError, match=r"6\.json: line 2: not valid JSON \(Expecting ',' delimiter at column 31 "
+                                         r"\(the end of the line"):
+        check(write(tmp_path / "6.json", page, torn))
+    with pytest.raises(StoreError, match=r"7\.json: line 1: not valid JSON \(Expecting ',' delimiter at column 13\)$"):
+        check(write(tmp_path / "7.json", '{"url": "x" "url2text": []}'))
+
+
+def test_bytes_that_are_not_utf8_are_named_on_their_own_line(tmp_path):
+    path = tmp_path / "8.json"
+    good = (json.dumps({"url": "u", "url2text": ["caf\u00e9 " * 200]}, ensure_ascii=False) + "\n").encode()
+    bad = b'{"url": "v", "url2text": ["ab\xffcd"]}\n'
+    # 120 long good lines first: a decoder reading ahead of the lines would name an earlier one
+    path.write_bytes(b"\xef\xbb\xbf" + good * 120 + bad + good)
+    with pytest.raises(StoreError) as e:
+        knowledge_store.check_store(path)
+    at = bad.index(b"\xff")
+    offset = 3 + len(good) * 120 + at
+    assert str(e.value) == (f"{path}: line 121: not UTF-8 text (byte 0xff at byte {at + 1} of the line, offset "
+                            f"{offset} of the file: invalid start byte)")
+    assert path.read_bytes()[offset] == 0xff
+
+
+def test_an_empty_store_is_named_empty_or_counted_as_empty(tmp_path):
+    from types import SimpleNamespace
+
+    (tmp_path / "1.json").write_bytes(b"")
+    write(tmp_path / "2.json", {"url": "a", "url2text": []}, {"url": "b", "url2text": ["  "]})
+    write(tmp_path / "3.json", {"url": "a", "url2text": ["A sentence."]})
+    claims = [{"claim_id": k} for k in (1, 2, 3)]
+
+    def config(missing):
+        return SimpleNamespace(retrieval=SimpleNamespace(knowledge_store=str(tmp_path), missing_store=missing))
+
+    said = []
+    with pytest.raises(StoreError, match=r"1\.json: an empty file; --missing-store skip retrieves nothing"):
+        store_retrieval.check_stores(config("error"), claims, said.append, available=1 << 40)
+    with pytest.raises(StoreError, match=r"2\.json: no sentence in any of its 2 lines"):
+        store_retrieval.check_stores(config("error"), claims[1:], said.append, available=1 << 40)
+    store_retrieval.check_stores(config("skip"), claims, said.append, available=1 << 40)
+    assert [store_retrieval._status(config("skip"), c) for c in claims] == ["empty_store", "empty_store", "present"]
+    assert said == []
+
+
+def test_a_store_bigger_than_the_memory_allows_is_warned_about_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    big = write(tmp_path / "1.json", *[{"url": "a", "url2text": [f"Sentence {i} of the store."] * 20}
+                                       for i in range(50)])
+    write(tmp_path / "2.json", {"url": "a", "url2text": ["Small."]})
+    config = SimpleNamespace(retrieval=SimpleNamespace(knowledge_store=str(tmp_path), missing_store="error"))
+    claims = [{"claim_id": 1}, {"claim_id": 2}]
+    said = []
+    room = int(big.stat().st_size * store_retrieval.MEMORY_PER_STORE_BYTE) - 1
+    store_retrieval.check_stores(config, claims, said.append, available=room)
+    assert len(said) == 1 and said[0].startswith(f"warning: {big} (") and "the largest store" in said[0]
+    said.clear()
+    store_retrieval.check_stores(config, claims, said.append, available=room + 2)
+    assert said == []
+
+
+def test_the_memory_warning_comes_before_any_model_loads(world, tmp_path, capsys, monkeypatch):
+    from debate.engine import models, ram
+
+    class Loaded(Exception):
+        pass
+
+    def load_roles(*a, **k):
+        raise Loaded(capsys.readouterr().out)  # what was said before the first model loads
+
+    monkeypatch.setattr(ram, "available", lambda *a, **k: 1000)
+    monkeypatch.setattr(models, "load_roles", load_roles)
+    with pytest.raises(Loaded) as said:
+        run_debate.main(argv(world, tmp_path / "run", "--retrieve-only", "--missing-store", "skip"))
+    warned = [line for line in str(said.value).splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and "the largest store" in warned[0] and "more than the 0 MB this process" in warned[0]
+
+
+def test_a_bad_store_is_named_before_any_model_loads(world, tmp_path, capsys, monkeypatch):
+    from debate.engine import models
+
+    broken = tmp_path / "store"
+    broken.mkdir()
+    for f in world["store"].iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    last = broken / f"{world['claims'][3]['claim_id']}.json"
+    last.write_text(last.read_text(encoding="utf-8") + '{"url": "x", "url2text": [null]}\n', encoding="utf-8")
+    monkeypatch.setattr(models, "load_roles", lambda *a, **k: pytest.fail("a model loaded"))
+    with pytest.raises(SystemExit) as stop:
+        run_debate.main(argv(world, tmp_path / "run", "--retrieve-only", "--missing-store", "skip", store=broken))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    n = last.read_text(encoding="utf-8").count("\n")
+    assert err[-1].endswith(f"{last}: line {n}: field 'url2text': url2text[0] is null, expected a string")
 
 
 def test_empty_pages_are_skipped_and_counted_and_duplicates_kept_once(tmp_path):
@@ -216,7 +322,7 @@ def test_missing_files_and_a_store_of_other_claims(tmp_path):
         knowledge_store.check_directory(tmp_path / "nowhere", [1])
 
 
-def test_bad_store_stops_the_run_before_any_model_loads(world, tmp_path, capsys):
+def test_bad_store_directory_stops_the_run_before_any_model_loads(world, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         run_debate.main(argv(world, tmp_path / "run", store=tmp_path))  # an empty folder: a store for no claim
     assert stop.value.code == 2
@@ -284,25 +390,141 @@ def test_evidence_scores_against_a_hand_worked_example():
     assert result["question_answer"] == pytest.approx(0.5 * (1 - 0.5 / 216), abs=1e-4)
 
 
-def test_the_courtroom_searches_the_claims_own_store(tmp_path, monkeypatch):
+def test_the_courtroom_searches_bm25s_best_of_the_claims_own_store(tmp_path, monkeypatch):
     from debate.engine import retrieval
     from debate.methods.courtroom.case import Library, index_for
 
-    write(tmp_path / "7.json", {"url": "https://a", "url2text": ["The bridge opened in 1932.", "It cost 10 million."]},
-          {"url": "https://b", "url2text": ["Tigers are striped cats."]})
-    library = Library(retrieval.load_embedder(), store=str(tmp_path), log=lambda *a: None)
+    monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
+    pages = [{"url": "https://a", "url2text": ["The bridge opened in 1932.", "It cost 10 million."]},
+             {"url": "https://b", "url2text": ["Tigers are striped cats."]}]
+    pages += [{"url": f"https://n{i}", "url2text": [f"Noise sentence {i} about the river bridge {j}."
+                                                    for j in range(9)]} for i in range(30)]
+    write(tmp_path / "7.json", *pages)
+    embedded = []
+    real = retrieval.embed
+    monkeypatch.setattr(retrieval, "embed", lambda e, texts, **kw: embedded.extend(texts) or real(e, texts, **kw))
+    library = Library(retrieval.load_embedder(), store=str(tmp_path), log=lambda *a: None, bm25_k=12)
     claim = {"claim_id": 7, "claim": "The bridge opened in 1932", "evidence": [{"text": "own evidence", "url": ""}]}
     index = index_for(library, claim)
-    assert [p["text"] for p in index.passages] == ["The bridge opened in 1932.", "It cost 10 million.",
-                                                   "Tigers are striped cats."]
-    hits = retrieval.search(index, retrieval.embed(library.embedder, ["When did the bridge open?"]), 1)[0]
+    # BM25's 12 best for the claim of the store's 273 sentences, and only they, are embedded: never the store
+    assert len(index.passages) == 12 and len(embedded) == 12 and index.vectors.shape[0] == 12
+    assert index.passages[0] == {"id": "0", "text": "The bridge opened in 1932.", "url": "https://a"}
+    assert "Tigers are striped cats." not in embedded and "It cost 10 million." not in embedded
+    hits = retrieval.search(index, real(library.embedder, ["When did the bridge open?"]), 1)[0]
     assert index.passages[hits[0][0]]["url"] == "https://a"
     # embedded once: the second index of the same store takes every vector from the cache
-    monkeypatch.setattr(retrieval, "embed", lambda *a, **k: pytest.fail("embedded again"))
-    assert index_for(library, claim).vectors.shape == index.vectors.shape
+    assert index_for(library, claim).vectors.shape == index.vectors.shape and len(embedded) == 12
     # a claim without a store file (--missing-store skip) searches its own evidence
-    monkeypatch.undo()
     assert [p["text"] for p in index_for(library, dict(claim, claim_id=8)).passages] == ["own evidence"]
+
+
+# ---------------------------------------------------------------- streamed BM25 against bm25s
+
+
+def test_streamed_bm25_finds_what_bm25s_finds(tmp_path, monkeypatch):
+    import bm25s
+    from debate.engine import store_search
+
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(80)] + ["the", "of", "a", "I", "x9"]
+    rows = []
+    for p in range(150):
+        sentences = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 14))) for _ in range(rng.randint(0, 9))]
+        sentences += ["The W1  w2 of"] * (rng.random() < 0.3)  # repeated, in another case: kept once
+        rows.append({"url": f"https://p{p}", "url2text": sentences})
+    path = write(tmp_path / "1.json", *rows)
+    store = knowledge_store.read_store(path)
+    index = store_search.bm25_index(store.texts)
+    monkeypatch.setattr(store_search, "CHUNK", 97)  # many chunks: the running best must merge them right
+    for query in ("w1 w2 w3 the the of w50 zz w7 w7 W7", "x9", "nothing known here", "w5 " * 30 + "w6"):
+        words = [w for w in bm25s.tokenize([query], stopwords=None, show_progress=False, return_ids=False)[0]
+                 if w in index.vocab_dict]
+        oracle = index.get_scores(words) if words else None
+        for k in (1, 10, 60, 5000):
+            found = store_search.bm25_candidates(path, query, k)
+            assert found.sentences == len(store.texts) and found.pages == 150
+            old = store_search.bm25_top(index, query, k)
+            got = [c.position for c in found.candidates]
+            assert len(got) == len(old)
+            if not old:
+                continue
+            assert all(c.text == store.texts[c.position] and c.url == store.urls[c.position] for c in found.candidates)
+            # the same scores, rank by rank (float32, as bm25s keeps them); ties keep store order
+            assert [c.score for c in found.candidates] == pytest.approx([float(oracle[i]) for i in old], rel=1e-6)
+            pairs = zip(found.candidates, found.candidates[1:])
+            assert all(a.score > b.score or a.score == b.score and a.position < b.position for a, b in pairs)
+            # the same sentences, but for those tied with the last one kept (bm25s orders ties as it likes)
+            last = found.candidates[-1].score
+            assert {p for p in got if oracle[p] > last + 1e-5} == {p for p in old if oracle[p] > last + 1e-5}
+            assert got == sorted(range(len(oracle)), key=lambda i: (-oracle[i], i))[:len(got)]
+
+
+def test_an_answer_comes_with_its_pages_neighbours_read_back_from_the_file(tmp_path):
+    from debate.engine import store_search
+
+    path = write(tmp_path / "1.json", {"url": "a", "url2text": ["First.", "Second stone.", "Third."]},
+                 {"url": "b", "url2text": []}, {"url": "c", "url2text": ["  second stone. ", "Fourth stone."]})
+    found = store_search.bm25_candidates(path, "stone", 5)
+    assert [(c.position, c.text, c.url, c.line) for c in found.candidates] == [(1, "Second stone.", "a", 1),
+                                                                             (3, "Fourth stone.", "c", 3)]
+    assert found.empty_pages == [2] and found.sentences == 4
+    assert [found.answer(c, 1) for c in found.candidates] == ["First. Second stone. Third.",
+                                                              "second stone. Fourth stone."]
+    assert [found.answer(c, 0) for c in found.candidates] == ["Second stone.", "Fourth stone."]
+
+
+# ---------------------------------------------------------------- the embedding cache
+
+
+def test_encoders_under_one_path_with_other_weights_never_share_embeddings(tmp_path, monkeypatch):
+    import shutil
+
+    from debate.engine import retrieval, store_search
+
+    monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "enc"
+    shutil.copytree(retrieval.default_embedder_path(), copy)
+    path = write(tmp_path / "1.json", {"url": "a", "url2text": ["The bridge opened in 1932.", "Bridges are old."]})
+    found = store_search.bm25_candidates(path, "bridge 1932", 5)
+    first = retrieval.load_embedder(str(copy))
+    before = store_search.VectorCache(found.digest, first).vectors(found.candidates)
+    assert store_search.VectorCache(found.digest, first).rows.keys() == {0}  # the second sees the first's rows
+    with torch.no_grad():  # retrained in place: the same directory, other weights
+        for p in first.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    first.model.save_pretrained(str(copy))
+    second = retrieval.load_embedder(str(copy))
+    assert second.path == first.path
+    cache = store_search.VectorCache(found.digest, second)
+    old = store_search.VectorCache(found.digest, first)  # the encoder loaded before: its own entries still
+    assert cache.rows == {} and cache.path != old.path and old.rows.keys() == {0}
+    after = cache.vectors(found.candidates)
+    assert not torch.allclose(before, after, atol=1e-3)
+
+
+def test_the_cache_stays_under_its_bound_the_oldest_going_first(tmp_path, monkeypatch):
+    from debate.engine import retrieval, store_search
+
+    monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
+    embedder = retrieval.load_embedder()
+    monkeypatch.setattr(retrieval, "_cache", dict(retrieval._cache, dropped=0, dropped_bytes=0, written=0))
+    one = None
+    made = []
+    for claim in range(12):
+        path = write(tmp_path / f"{claim}.json", {"url": "a", "url2text": [f"Claim {claim} sentence {j} here."
+                                                                          for j in range(6)]})
+        found = store_search.bm25_candidates(path, f"claim {claim} sentence", 6)
+        cache = store_search.VectorCache(found.digest, embedder)
+        cache.vectors(found.candidates)
+        made.append(cache.path)
+        if one is None:
+            one = cache.path.stat().st_size
+            retrieval.set_cache_limit(3.5 * one / 2**20)  # room for three stores' files
+        root = cache.path.parent
+        held = sorted(root.glob("*.pt"))
+        assert sum(p.stat().st_size for p in held) <= 3.5 * one
+    assert sorted(root.glob("*.pt")) == sorted(made[-3:])
+    assert "3 files (3 stores, 0 corpora)" in retrieval.cache_summary() and "dropped 9" in retrieval.cache_summary()
 
 
 def test_an_encoder_pools_as_its_directory_says(tmp_path):

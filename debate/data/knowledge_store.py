@@ -3,13 +3,17 @@ from.
 
 A store is a folder with one file per claim, `<claim_id>.json`, each line a JSON object for one web page:
 `url` (a string) and `url2text` (the page's sentences, a list of strings), plus fields we do not read (`type`,
-`query`, ...). A claim's sentences are read line by line (a real claim's store holds up to ~1,000 pages and 100k+
-sentences), stripped, and each text kept once: HerO drops a sentence whose stripped, lower-cased text it has seen
-before, keeping the first copy and its url. A page's sentence keeps its place in the page, so the answer can be
-given with its neighbours (`with_context`).
+`query`, ...). A real claim's store holds up to ~1,000 pages and a million sentences (hundreds of MB), so nothing
+here keeps a store in memory: `pages` streams it a line at a time from a binary read (each line decoded on its
+own, so a bad byte is named on its own line), `check_store` reads it once to refuse a bad line before any model
+loads, and `page_at` reads back one page by its byte offset (an answer's neighbours, `--context`). A sentence is
+stripped and its spaces collapsed; HerO drops a sentence whose lower-cased text it has seen before, keeping the
+first copy: a sentence's position is its place among the distinct ones, in store order (debate.engine.store_search
+finds them without a set of every text).
 
-Every problem names the file, the line and the field. A page with no sentences (a scrape that failed, common in
-the published stores) is skipped and counted, not refused: the stage says how many in its summary.
+Every problem names the file, the line and the field or byte. A page with no sentences (a scrape that failed,
+common in the published stores) is skipped and counted, not refused: the stage says how many in its summary.
+`read_store` holds a whole store in memory: for small stores and as the tests' reference only.
 """
 import json
 from dataclasses import dataclass, field
@@ -21,30 +25,29 @@ from debate.data.inputs import DataError
 SUFFIX = ".json"
 EXAMPLE_CHARS = 1500  # HerO cuts each few-shot example to this many characters
 NO_ANSWER = "No answer could be found."
+BOM = b"\xef\xbb\xbf"
 
 
 class StoreError(DataError):
-    """A store file the retrieval cannot read; the message names the file, the line and the field."""
+    """A store file the retrieval cannot read; the message names the file, the line and the field or byte."""
 
 
 @dataclass
-class Store:
-    """One claim's store: its distinct sentences with their page's url, and the pages for the neighbours."""
-    path: Path
-    texts: list  # distinct sentences, in store order
-    urls: list  # the url of each text's page (the first page it appeared on)
-    where: list  # (page number, position in the page) of each text
-    pages: list = field(default_factory=list)  # every page's sentences (stripped), in store order
-    lines: int = 0  # lines read (pages, empty ones included)
-    empty_pages: list = field(default_factory=list)  # line numbers of pages without a sentence
+class Page:
+    number: int  # line number in the file, from 1
+    offset: int  # byte offset of the line in the file
+    url: str
+    sentences: list  # stripped, spaces collapsed; "" where the page had only spaces
 
-    def with_context(self, i, window):
-        """Text i with `window` sentences of its page before and after it, joined by spaces (0: the text alone)."""
-        if window <= 0:
-            return self.texts[i]
-        page, at = self.where[i]
-        sentences = self.pages[page]
-        return " ".join(s for s in sentences[max(0, at - window):at + window + 1] if s)
+
+@dataclass
+class StoreInfo:
+    """What check_store found in one file."""
+    path: Path
+    bytes: int = 0
+    lines: int = 0  # lines read (pages, empty ones included; blank lines not counted)
+    sentences: int = 0  # non-empty sentences, duplicates included
+    empty_pages: int = 0  # pages without a sentence
 
 
 def store_file(directory, claim_id):
@@ -75,54 +78,131 @@ def check_directory(directory, claim_ids, missing="error"):
     return absent
 
 
-def read_store(path):
-    """The Store of one claim's file, read line by line; a bad line is one StoreError naming file, line and field."""
-    path = Path(path)
-    texts, urls, where, pages, empty, seen = [], [], [], [], [], set()
-    number = 0
+def _open(path):
     try:
-        f = open(path, encoding="utf-8-sig")
+        return open(path, "rb")
     except OSError as e:
         raise StoreError(f"{path}: cannot read the store file ({e.strerror})") from None
-    with f:
-        try:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                url, sentences = _page(path, number, line)
-                page = len(pages)
-                pages.append(sentences)
-                if not any(sentences):
-                    empty.append(number)
-                for at, text in enumerate(sentences):
-                    key = text.lower()
-                    if text and key not in seen:
-                        seen.add(key)
-                        texts.append(text)
-                        urls.append(url)
-                        where.append((page, at))
-        except UnicodeDecodeError as e:
-            raise StoreError(f"{path}: line {number + 1}: not UTF-8 text ({e.reason})") from None
-    return Store(path, texts, urls, where, pages, number, empty)
 
 
-def _page(path, number, line):
+def _decode(path, number, offset, raw):
+    """One line's text: decoded on its own, so an undecodable byte is named on its line, at its offset."""
+    if number == 1 and raw.startswith(BOM):
+        raw, offset = raw[len(BOM):], offset + len(BOM)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StoreError(f"{path}: line {number}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of "
+                         f"the line, offset {offset + e.start} of the file: {e.reason})") from None
+
+
+def pages(path, digest=None, tidy=True):
+    """Every page of a store file, in order (blank lines skipped), one line in memory at a time; `digest` (a
+    hashlib object) is fed every byte of the file; `tidy` False leaves each sentence's spaces as they are (what
+    only counts words does not need them collapsed). A bad line is one StoreError naming the file, line and field."""
+    path = Path(path)
+    offset = 0
+    with _open(path) as f:
+        for number, raw in enumerate(f, start=1):
+            if digest is not None:
+                digest.update(raw)
+            at, offset = offset, offset + len(raw)
+            text = _decode(path, number, at, raw)
+            if text.strip():
+                url, sentences = _page(path, number, text, tidy)
+                yield Page(number, at, url, sentences)
+
+
+def page_at(path, offset, number):
+    """The page on line `number`, read back at its byte `offset` (as `pages` gave it)."""
+    with _open(path) as f:
+        f.seek(offset)
+        raw = f.readline()
+    return Page(number, offset, *_page(path, number, _decode(path, number, offset, raw)))
+
+
+def check_store(path):
+    """StoreInfo of a store file, every line parsed and its fields checked; a bad line is one StoreError."""
+    info = StoreInfo(Path(path))
+    for page in pages(path):
+        info.lines += 1
+        n = sum(1 for s in page.sentences if s)
+        info.sentences += n
+        info.empty_pages += not n
+    try:
+        info.bytes = Path(path).stat().st_size
+    except OSError:
+        pass
+    return info
+
+
+def _page(path, number, line, tidy=True):
     where = f"{path}: line {number}"
+    line = line.rstrip("\r\n")  # a column counted from the line's own start, never from after its break
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise StoreError(f"{where}: not valid JSON ({json_problem(e)})") from None
+        end = " (the end of the line: is it cut short?)" if e.pos >= len(line) else ""
+        raise StoreError(f"{where}: not valid JSON ({json_problem(e)}{end})") from None
     if not isinstance(row, dict):
         raise StoreError(f"{where}: expected a JSON object (a page with url and url2text), got {kind_of(row)}")
     if "url2text" not in row:
         raise StoreError(f"{where}: missing field 'url2text' (the page's sentences)")
     sentences = row["url2text"]
-    if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
+    if not isinstance(sentences, list):
         raise StoreError(f"{where}: field 'url2text': expected a list of strings, got {kind_of(sentences)}")
+    for i, s in enumerate(sentences):
+        if not isinstance(s, str):
+            raise StoreError(f"{where}: field 'url2text': url2text[{i}] is {kind_of(s)}, expected a string")
     url = row.get("url")
     if url is not None and not isinstance(url, str):
         raise StoreError(f"{where}: field 'url': expected a string, got {kind_of(url)}")
-    return url or "", [" ".join(s.split()) for s in sentences]
+    return url or "", [" ".join(s.split()) for s in sentences] if tidy else sentences
+
+
+# ---------------------------------------------------------------- a whole store in memory (small stores, tests)
+
+
+@dataclass
+class Store:
+    """One claim's store held whole: its distinct sentences with their page's url, and the pages."""
+    path: Path
+    texts: list  # distinct sentences, in store order
+    urls: list  # the url of each text's page (the first page it appeared on)
+    where: list  # (page number, position in the page) of each text
+    pages: list = field(default_factory=list)  # every page's sentences (stripped), in store order
+    lines: int = 0  # pages read (empty ones included)
+    empty_pages: list = field(default_factory=list)  # line numbers of pages without a sentence
+
+    def with_context(self, i, window):
+        """Text i with `window` sentences of its page before and after it, joined by spaces (0: the text alone)."""
+        if window <= 0:
+            return self.texts[i]
+        page, at = self.where[i]
+        return context(self.pages[page], at, window)
+
+
+def context(sentences, at, window):
+    """Sentence `at` of a page with `window` sentences before and after it, joined by spaces."""
+    return " ".join(s for s in sentences[max(0, at - window):at + window + 1] if s)
+
+
+def read_store(path):
+    """The whole Store of one claim's file (memory grows with the store: small stores and tests only)."""
+    texts, urls, where, kept, empty, seen = [], [], [], [], [], set()
+    for page in pages(path):
+        number = len(kept)
+        kept.append(page.sentences)
+        if not any(page.sentences):
+            empty.append(page.number)
+        for at, text in enumerate(page.sentences):
+            key = text.lower()
+            if text and key not in seen:
+                seen.add(key)
+                texts.append(text)
+                urls.append(page.url)
+                where.append((number, at))
+    return Store(Path(path), texts, urls, where, kept, len(kept), empty)
 
 
 # ---------------------------------------------------------------- few-shot examples

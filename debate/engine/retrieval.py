@@ -6,8 +6,10 @@
 - A corpus is a list of passages {"id", "text", optional "url", "title", "date"; other fields are kept}:
   a JSONL file (--corpus) or a dataset's own passages. Its embeddings are computed once and cached in
   the debatecv cache directory (models.cache_root()/retrieval), keyed by the sha256 of the passages'
-  texts and by the encoder, so an edited corpus or another encoder is re-embedded, never mixed up, and
-  a read-only data directory is never written to.
+  texts and by the encoder's weights (a sha256 of its weight files, hashed once a process), so an edited
+  corpus or other weights under the same path are re-embedded, never mixed up, and a read-only data
+  directory is never written to. The directory is bounded (--embedding-cache-mb, default 2048): past the
+  bound the files used longest ago are dropped; `cache_summary` says what it holds.
 - Evidence items come in two shapes: question-answer {"question", "answer", "url"} (AVeriTeC) and
   passages {"text", "url"} (abstract or ruling sentences); a QA item's text is "question answer".
 - Novelty of a retrieved passage = 1 - its largest cosine to the evidence pool (1 for an empty pool).
@@ -16,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +46,7 @@ class Embedder:
     path: str
     max_length: int
     pooling: str = "mean"  # mean | cls | lasttoken: the directory's sentence-transformers Pooling module says which
+    weights: str = ""  # sha256 of the weight files as loaded (weights_sha256); "": computed when first needed
 
 
 @dataclass
@@ -81,7 +85,8 @@ def load_embedder(path=None, device=None):
         model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
     except Exception as e:
         raise RetrievalError(f"cannot load sentence encoder {path}: {type(e).__name__}: {e}") from None
-    return Embedder(model=model, tokenizer=tokenizer, path=path, max_length=max_length, pooling=pooling)
+    return Embedder(model=model, tokenizer=tokenizer, path=path, max_length=max_length, pooling=pooling,
+                    weights=weights_sha256(path))
 
 
 def _pooling_of(path):
@@ -169,16 +174,145 @@ def texts_sha256(texts):
     return digest.hexdigest()
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+CACHE_LIMIT_MB = 2048  # --embedding-cache-mb's default: the cache directory's files at most, oldest dropped first
+_cache = {"limit_mb": CACHE_LIMIT_MB, "dropped": 0, "dropped_bytes": 0, "written": 0}
+_file_hashes = {}  # (real path, size, mtime_ns) -> sha256 of the file: each weight file hashed once a process
+
+
+def weights_sha256(path):
+    """The sha256 of an encoder directory's weight files (names and contents, in name order): what its cached
+    embeddings are keyed by, so retrained weights under the same path are never mistaken for the old ones. Each
+    file is hashed once a process while its size and modification time stay the same."""
+    digest = hashlib.sha256()
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+    for file in files:
+        stat = file.stat()
+        key = (os.path.realpath(file), stat.st_size, stat.st_mtime_ns)
+        if key not in _file_hashes:
+            h = hashlib.sha256()
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            _file_hashes[key] = h.hexdigest()
+        digest.update(f"{file.relative_to(root).as_posix()}|{_file_hashes[key]}\n".encode())
+    return digest.hexdigest()
+
+
 def cache_key(digest, embedder):
-    """What a cached embedding file must hold to be used: the texts' digest (texts_sha256) and the encoder."""
-    return {"texts_sha256": digest, "embedder": embedder.path, "max_length": embedder.max_length}
+    """What a cached embedding file must hold to be used: the texts' digest (texts_sha256, or a store file's
+    sha256) and the encoder: its path, its weights' sha256 and its window."""
+    return {"texts_sha256": digest, "embedder": embedder.path, "weights": _weights(embedder),
+            "max_length": embedder.max_length}
+
+
+def _weights(embedder):
+    if not embedder.weights:
+        embedder.weights = weights_sha256(embedder.path)
+    return embedder.weights
+
+
+def cache_root(cache_dir=None):
+    return Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
 
 
 def cache_file(digest, embedder, cache_dir=None, prefix=""):
     """Where the embeddings of the texts with `digest` under `embedder` are cached (a store's: prefix "store-")."""
-    root = Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
-    tag = hashlib.sha256(f"{embedder.path}|{embedder.max_length}".encode()).hexdigest()[:10]
-    return root / f"{prefix}{digest[:24]}-{tag}.pt"
+    tag = hashlib.sha256(f"{embedder.path}|{_weights(embedder)}|{embedder.max_length}".encode()).hexdigest()[:10]
+    return cache_root(cache_dir) / f"{prefix}{digest[:24]}-{tag}.pt"
+
+
+def set_cache_limit(megabytes):
+    """Bound the embedding cache directory to `megabytes` (--embedding-cache-mb; 0: keep nothing on disk)."""
+    _cache["limit_mb"] = CACHE_LIMIT_MB if megabytes is None else megabytes
+
+
+def load_cached(path, key):
+    """The saved dict of a cache file holding `key`, else None (absent, torn or another key's); a file used is
+    marked as used now, so the oldest-used go first when the cache is over its bound."""
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a torn or foreign file: embed again, overwrite it
+        return None
+    if saved.get("key") != key:
+        return None
+    _touch(path)
+    return saved
+
+
+def _touch(path):
+    """Mark a cache file used now, each later than the last even within one clock tick (the bound drops the
+    oldest-used first)."""
+    stamp = max(time.time_ns(), _cache.get("stamp", 0) + 1)
+    _cache["stamp"] = stamp
+    try:
+        os.utime(path, ns=(stamp, stamp))
+    except OSError:
+        pass
+
+
+def save_cached(path, data):
+    """Write a cache file whole (a temporary file renamed), then drop the oldest files past the bound; an
+    unwritable cache is no error: the next run embeds again."""
+    limit = _cache["limit_mb"] * 2**20
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(data, tmp)
+        if tmp.stat().st_size > limit:  # bigger than the whole cache may be: not kept
+            tmp.unlink()
+            return False
+        os.replace(tmp, path)
+        _touch(path)
+        _cache["written"] += 1
+        prune(path.parent, limit, keep=path)
+        return True
+    except OSError as e:
+        log.warning("cannot write the embedding cache %s (%s); it is recomputed next run", path, e)
+        return False
+
+
+def _entries(root):
+    found = []
+    for p in Path(root).glob("*.pt"):
+        try:
+            stat = p.stat()
+        except OSError:
+            continue
+        found.append((stat.st_mtime_ns, p.name, stat.st_size, p))
+    return sorted(found)
+
+
+def prune(root, limit_bytes, keep=None):
+    """Drop the cache files of `root` used longest ago until they hold at most `limit_bytes` (never `keep`)."""
+    entries = _entries(root)
+    total = sum(e[2] for e in entries)
+    for _, _, size, p in entries:
+        if total <= limit_bytes:
+            break
+        if keep is not None and p == keep:
+            continue
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        total -= size
+        _cache["dropped"] += 1
+        _cache["dropped_bytes"] += size
+
+
+def cache_summary(cache_dir=None):
+    """One line: what the embedding cache holds, its bound, and what this process wrote and dropped."""
+    root = cache_root(cache_dir)
+    entries = _entries(root) if root.is_dir() else []
+    stores = sum(1 for e in entries if e[1].startswith("store-"))
+    held = sum(e[2] for e in entries) / 2**20
+    return (f"embedding cache {root}: {len(entries)} files ({stores} stores, {len(entries) - stores} corpora), "
+            f"{held:.1f} MB of its {_cache['limit_mb']} MB bound (--embedding-cache-mb); this run wrote "
+            f"{_cache['written']} and dropped {_cache['dropped']} ({_cache['dropped_bytes'] / 2**20:.1f} MB)")
 
 
 def cache_path(passages, embedder, cache_dir=None):
@@ -213,23 +347,12 @@ def passage_index(passages, embedder, log_fn=log.info, cache_dir=None, source="c
     digest = texts_sha256(p["text"] for p in passages)  # once: the key and the file name both carry it
     key = cache_key(digest, embedder)
     cache = cache_file(digest, embedder, cache_dir)
-    if cache.is_file():
-        try:
-            saved = torch.load(cache, map_location="cpu", weights_only=True)
-        except Exception as e:  # a torn or foreign file: embed again and overwrite it
-            saved = {}
-            log_fn(f"{cache}: unreadable ({type(e).__name__}); embedding again")
-        if saved.get("key") == key and saved["vectors"].shape[0] == len(passages):
-            return Index(passages, saved["vectors"])
+    saved = load_cached(cache, key)
+    if saved is not None and saved["vectors"].shape[0] == len(passages):
+        return Index(passages, saved["vectors"])
     log_fn(f"embedding {len(passages)} passages of {source} (once; cached in {cache})")
     vectors = embed(embedder, [p["text"] for p in passages], progress=True)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"key": key, "vectors": vectors}, tmp)
-        os.replace(tmp, cache)
-    except OSError as e:
-        log_fn(f"cannot write the embedding cache {cache} ({e}); it is recomputed next run")
+    save_cached(cache, {"key": key, "vectors": vectors})
     return Index(passages, vectors)
 
 

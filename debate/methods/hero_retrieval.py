@@ -2,7 +2,7 @@
 need a language model, and the search between them.
 
     articles = hyde_articles(agent, claims, n, settings)                    # HyDE-FC, batched over claims
-    found = search(claim, store, articles, embedder, cache, bm25_k, rerank_k) # BM25, then dense re-ranking
+    hits, found = search(claim, path, articles, embedder, bm25_k, rerank_k)  # BM25, then dense re-ranking
     asks = questions(agent, items, settings)                               # one question per answer, batched
 
 - HyDE-FC: the model writes `n` hypothetical fact-checking articles per claim (prompts/hyde_fc.txt), sampled.
@@ -46,12 +46,13 @@ def _article(reply):
     return text[len("Passage:"):].strip() if text.lower().startswith("passage:") else text
 
 
-def search(claim, store, articles, cache, bm25_k, rerank_k, embedder):
-    """The `rerank_k` store sentences HerO would answer with: [(text position, cosine)], best first."""
-    bm25 = store_search.bm25_index(store.texts)
-    candidates = store_search.bm25_top(bm25, " ".join([claim["claim"], *articles]), bm25_k)
+def search(claim, path, articles, embedder, bm25_k, rerank_k):
+    """(the `rerank_k` sentences of the store file at `path` HerO would answer with: [(store_search.Candidate,
+    cosine)], best first; BM25's store_search.Found): the store streamed, never held."""
+    found = store_search.bm25_candidates(path, " ".join([claim["claim"], *articles]), bm25_k)
     query = store_search.query_vector(embedder, [claim["claim"], *articles])
-    return store_search.rerank(cache, query, candidates, rerank_k, claim["claim"])
+    cache = store_search.VectorCache(found.digest, embedder)
+    return store_search.rerank(cache, query, found.candidates, rerank_k, claim["claim"]), found
 
 
 def few_shot_index(pool):

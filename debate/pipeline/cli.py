@@ -177,6 +177,8 @@ def run_parser(description=None):
     k.add_argument("--bm25-k", type=int, help="sentences BM25 passes to dense re-ranking (default: 10000 on a GPU, "
                    "HerO's; 500 on a CPU, ours, to stay near 10 s a claim)")
     k.add_argument("--rerank-k", type=int, help="evidence items kept per claim")
+    k.add_argument("--embedding-cache-mb", type=int, help="the on-disk embedding cache of stores and corpora at most, "
+                   "in MB; past it the files used longest ago are dropped (default: 2048; 0: nothing kept)")
     k.add_argument("--context", type=int, help="sentences of the page given with an answer on each side of it "
                    "(0: the sentence alone, as HerO's code gives it)")
     k.add_argument("--few-shot", type=int, help="question-generation examples per sentence, chosen by BM25 among "

@@ -154,6 +154,7 @@ class Retrieval:
     few_shot: int = identity(10)  # question-generation examples chosen by BM25 (HerO's 10)
     few_shot_split: str = identity()  # labelled split whose golden pairs are the examples; None: train (HerO's)
     question_max_tokens: int = identity(64)  # HerO allows 512 and keeps the text up to the first "?" (ours)
+    embedding_cache_mb: int = 2048  # the embedding cache directory at most (MB); past it the oldest-used go first
 
 
 @dataclass(frozen=True)
@@ -369,7 +370,7 @@ def _check_retrieval(s):
     """Refuse retrieval settings that make no run (the store's own problems are the stage's to name)."""
     if s["missing_store"] not in ("error", "skip"):
         raise ConfigError(f"--missing-store must be error or skip, not {s['missing_store']!r}")
-    for name in ("hyde_docs", "context", "few_shot"):
+    for name in ("hyde_docs", "context", "few_shot", "embedding_cache_mb"):
         if s[name] < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 0")
     if s["hyde_temperature"] < 0:

@@ -80,11 +80,12 @@ def run(config, log=print):
     inputs = evidence.read(config)
     store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None)
+    retrieval.set_cache_limit(config.retrieval.embedding_cache_mb)
     if store:
         if world.size > 1:
             raise ConfigError("--knowledge-store retrieves in one process: run it once with --retrieve-only, then "
                               "launch the debate with --retrieved-file OUTPUT_DIR/retrieved.jsonl")
-        store_retrieval.check(config, inputs.claims)  # a bad store directory is named before any model loads
+        store_retrieval.check(config, inputs.claims, log)  # a bad store is named before any model loads
     elif inputs.source:
         log(f"evidence: retrieved, from {inputs.source}")
     for note in (*inputs.notes, *scoring_notes(config, inputs.claims)):
@@ -100,6 +101,8 @@ def run(config, log=print):
             metrics = _run_trials(config, inputs, prompt_info, world, log)
             if store:
                 score_retrieved(config, inputs.claims, log)  # the evidence alone, beside the verdicts' scores
+            if config.method.method in COURTROOM_METHODS and config.method.task == "verify" and not world.rank:
+                log(retrieval.cache_summary())  # what the courtroom's searches left in the embedding cache
             return metrics
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
             # The same command with --overwrite would start over; without it, it resumes what is kept.

@@ -9,6 +9,11 @@ A claim is done once its line is on disk (flushed and synced), so a killed retri
 yet written; a torn last line is cut off. A file retrieved under other settings is never mixed with new lines: the
 run stops and says which settings changed. The file is kept under --overwrite too: a debate started over does not
 pay for the retrieval again (delete the file to retrieve again).
+
+Memory is bounded by one claim's work: every store the run will read is checked before any model loads (each
+line parsed, its fields typed; a store bigger than the memory this process may take is warned about), then each
+batch's HyDE-FC articles are written, and each claim's store is streamed, searched and let go before the next
+(debate.engine.store_search): no store is ever held, and no page text is kept beyond the answers.
 """
 import json
 import os
@@ -20,7 +25,7 @@ from tqdm import tqdm
 
 from debate.data import datasets, knowledge_store
 from debate.data.inputs import DataError
-from debate.engine import models, retrieval, store_search
+from debate.engine import models, ram, retrieval
 from debate.methods import hero_retrieval
 from debate.pipeline import records
 
@@ -28,26 +33,64 @@ RETRIEVED = "retrieved.jsonl"
 SETTINGS = "retrieved.settings.json"
 GPU_BM25_K, CPU_BM25_K = 10000, 500  # --bm25-k's default: HerO's on a GPU; ours on a CPU (docs/BENCHMARKS.md)
 FEW_SHOT_SPLIT = "train"
+# Peak memory of a store's search above the model, per byte of the store file (measured: docs/retrieval.md)
+MEMORY_PER_STORE_BYTE = 1.0  # measured 0.6 at 20 MB (docs/retrieval.md): the warning keeps a margin
+_checked = {}  # store path -> its StoreInfo (check_stores), so the stage knows the empty ones without reading again
 
 
 def retrieved_path(config):
     return Path(config.output.output_dir) / RETRIEVED
 
 
-def check(config, claims):
-    """Every check of the stage that needs no model: the store directory and each claim's file (the ids without
-    one under --missing-store skip), and the few-shot split. Raises DataError naming the file or flag."""
+def check(config, claims, log=print):
+    """Every check of the stage that needs no model: the store directory, each store file a claim still to be
+    retrieved will read (check_stores), and the few-shot split. Raises DataError naming the file, line or flag;
+    returns the claim ids without a store file (--missing-store skip)."""
     r = config.retrieval
     missing = knowledge_store.check_directory(r.knowledge_store, [c["claim_id"] for c in claims], r.missing_store)
-    if r.few_shot and not _done_already(config, claims):
+    done = _done_ids(config)
+    absent = {str(m) for m in missing}
+    todo = [c for c in claims if str(c["claim_id"]) not in done and str(c["claim_id"]) not in absent]
+    check_stores(config, todo, log)
+    if r.few_shot and any(str(c["claim_id"]) not in done for c in claims):
         few_shot_claims(config)
     return missing
 
 
-def _done_already(config, claims):
+def check_stores(config, claims, log=print, available=None):
+    """Parse every line of the store files of `claims` (a bad one is one StoreError naming the file, the line and
+    the field or byte), refuse an empty store (under --missing-store skip it is counted, and retrieves nothing), and
+    warn in one line when the largest store may need more memory to search than this process may take
+    (`available`: bytes, default debate.engine.ram's figure)."""
+    r = config.retrieval
+    largest = None
+    for claim in tqdm(claims, unit="store", desc="checking stores", dynamic_ncols=True, disable=len(claims) < 50):
+        path = knowledge_store.store_file(r.knowledge_store, claim["claim_id"])
+        info = knowledge_store.check_store(path)
+        _checked[str(path)] = info
+        if not info.sentences and r.missing_store != "skip":
+            what = "an empty file" if not info.lines else (f"no sentence in any of its {info.lines} lines (field "
+                                                            "'url2text' empty everywhere)")
+            raise knowledge_store.StoreError(f"{path}: {what}; --missing-store skip retrieves nothing for the claim "
+                                             "and counts it")
+        if largest is None or info.bytes > largest.bytes:
+            largest = info
+    if largest is None:
+        return
+    room = ram.available() if available is None else available
+    need = MEMORY_PER_STORE_BYTE * largest.bytes
+    if room is not None and need > room:
+        log(f"warning: {largest.path} ({largest.bytes / 2**20:.0f} MB, the largest store) may need about "
+            f"{need / 2**20:.0f} MB to search ({MEMORY_PER_STORE_BYTE}x its size) beyond the model, more than the "
+            f"{room / 2**20:.0f} MB this process may take now; the run may be killed for memory on that claim")
+
+
+def _done_ids(config):
     path = retrieved_path(config)
-    done = {str(row.get("claim_id")) for row in records.read_jsonl(path, repair=False)} if path.is_file() else set()
-    return all(str(c["claim_id"]) in done for c in claims)
+    try:
+        return {str(row.get("claim_id")) for row in records.read_jsonl(path, repair=False)} if path.is_file() else set()
+    except Exception:  # a file the stage itself refuses later, with its own words
+        return set()
 
 
 def few_shot_claims(config):
@@ -62,10 +105,16 @@ def few_shot_claims(config):
                         "pairs, or --few-shot 0)") from None
 
 
+def bm25_k_of(config, device=None):
+    """--bm25-k, or its default on this device (GPU_BM25_K on a GPU, CPU_BM25_K else)."""
+    device = device or models.precision(config.models.use_4bit)["device"]
+    return config.retrieval.bm25_k or (GPU_BM25_K if device.startswith("cuda") else CPU_BM25_K)
+
+
 def settings_of(config, device):
     """What the retrieved file depends on, resolved (the encoder's path, --bm25-k's default on this device)."""
     r = config.retrieval
-    bm25_k = r.bm25_k or (GPU_BM25_K if device.startswith("cuda") else CPU_BM25_K)
+    bm25_k = bm25_k_of(config, device)
     return {"knowledge_store": str(Path(r.knowledge_store).resolve()), "dataset": config.data.dataset,
             "split": config.data.split, "model": config.models.moderator_model, "use_4bit": config.models.use_4bit,
             "embedder": config.courtroom.embedder or retrieval.default_embedder_path(), "seed": config.generation.seed,
@@ -103,7 +152,7 @@ def run(config, claims, log=print):
     todo = [c for c in claims if str(c["claim_id"]) not in done]
     log(f"evidence: retrieved from the knowledge store {r.knowledge_store} (HerO's strategy), saved in {path}; "
         f"{len(claims) - len(todo)} of {len(claims)} claims already retrieved")
-    summary = {"claims": len(claims), "missing_store": 0, "empty_pages": 0, "seconds": 0.0}
+    summary = {"claims": len(claims), "missing_store": 0, "empty_store": 0, "empty_pages": 0, "seconds": 0.0}
     if todo:
         summary.update(_retrieve(config, settings, todo, path, done, log))
     by_id = {**done, **_read(path)}
@@ -111,9 +160,13 @@ def run(config, claims, log=print):
     summary["missing_store"] = sum(1 for c in claims if by_id[str(c["claim_id"])].get("retrieval", {})
                                    .get("missing_store"))
     out = [dict(c, evidence=list(by_id[str(c["claim_id"])]["evidence"])) for c in claims]
+    summary["empty_store"] = sum(1 for c in claims if by_id[str(c["claim_id"])].get("retrieval", {})
+                                 .get("empty_store"))
     summary["retrieved"] = sum(1 for c in out if c["evidence"])
     log(f"retrieval: {summary['retrieved']} of {len(claims)} claims have evidence; {summary['missing_store']} without "
-        f"a store file (--missing-store skip), {summary['empty_pages']} empty pages skipped")
+        f"a store file and {summary['empty_store']} with an empty one (--missing-store skip), "
+        f"{summary['empty_pages']} empty pages skipped")
+    log(retrieval.cache_summary())
     return out, summary
 
 
@@ -131,47 +184,44 @@ def _retrieve(config, settings, todo, path, done, log):
     base = replace(_engine_settings(config), top_p=1.0)
     hyde_settings = replace(base, max_new_tokens=r.hyde_max_tokens, temperature=r.hyde_temperature)
     question_settings = replace(base, max_new_tokens=r.question_max_tokens, temperature=0.0)
-    counts = {"missing_store": 0, "empty_pages": 0, "seconds": 0.0, "search_seconds": 0.0}
+    counts = {"missing_store": 0, "empty_store": 0, "empty_pages": 0, "seconds": 0.0, "search_seconds": 0.0}
     start = time.time()
     bar = tqdm(total=len(todo) + len(done), initial=len(done), unit="claim", desc="retrieval", dynamic_ncols=True)
     with bar, open(path, "a", encoding="utf-8") as out:
         for at in range(0, len(todo), g.batch_size):
             batch = todo[at:at + g.batch_size]
-            stores = [_store(config, c) for c in batch]
-            counts["empty_pages"] += sum(len(s.empty_pages) for s in stores if s is not None)
-            present = [c for c, s in zip(batch, stores) if s is not None]
+            status = {id(c): _status(config, c) for c in batch}
+            present = [c for c in batch if status[id(c)] == "present"]
+            # HyDE for the whole batch first; then each store is streamed, searched and let go, one at a time
             articles, hyde_tokens = hero_retrieval.hyde_articles(agent, present, r.hyde_docs, hyde_settings)
             articles, hyde_tokens = dict(zip(map(id, present), articles)), dict(zip(map(id, present), hyde_tokens))
             found, items = {}, []
-            for claim, store in zip(batch, stores):
-                if store is None:
-                    continue
+            for claim in present:
                 t = time.time()
-                cache = store_search.VectorCache(store.texts, embedder)
-                hits = hero_retrieval.search(claim, store, articles[id(claim)], cache, settings["bm25_k"],
-                                             r.rerank_k, embedder)
-                found[id(claim)] = (store, hits, time.time() - t)
+                hits, store = hero_retrieval.search(claim, status_path(config, claim), articles[id(claim)], embedder,
+                                                    settings["bm25_k"], r.rerank_k)
+                answers = [store.answer(c, r.context) for c, _ in hits]
+                found[id(claim)] = (store, hits, answers, time.time() - t)
                 counts["search_seconds"] += time.time() - t
-                for position, _ in hits:
-                    answer = store.with_context(position, r.context)
+                counts["empty_pages"] += len(store.empty_pages)
+                for (candidate, _), answer in zip(hits, answers):
                     items.append({"claim": claim["claim"], "evidence": answer, "claim_id": claim["claim_id"],
                                   "examples": [e["text"] for e in hero_retrieval.examples_for(
-                                      pool, pool_index, store.texts[position], claim["claim_id"], r.few_shot)]})
+                                      pool, pool_index, candidate.text, claim["claim_id"], r.few_shot)]})
             asked = iter(zip(*hero_retrieval.questions(agent, items, question_settings)))  # (question, tokens)
-            for claim, store in zip(batch, stores):
+            for claim in batch:
                 line = {"claim_id": claim["claim_id"], "claim": claim["claim"], "evidence": []}
-                if store is None:
-                    counts["missing_store"] += 1
-                    line["retrieval"] = {"missing_store": True}
+                if status[id(claim)] != "present":
+                    counts[status[id(claim)]] += 1
+                    line["retrieval"] = {status[id(claim)]: True}
                 else:
-                    store, hits, seconds = found[id(claim)]
+                    store, hits, answers, seconds = found[id(claim)]
                     spent = 0
-                    for position, score in hits:
+                    for (candidate, score), answer in zip(hits, answers):
                         question, tokens = next(asked)
                         spent += tokens
-                        answer = store.with_context(position, r.context)
-                        line["evidence"].append({"question": question, "answer": answer, "url": store.urls[position]})
-                    line["retrieval"] = {"sentences": len(store.texts), "pages": len(store.pages),
+                        line["evidence"].append({"question": question, "answer": answer, "url": candidate.url})
+                    line["retrieval"] = {"sentences": store.sentences, "pages": store.pages,
                                          "search_seconds": round(seconds, 3), "hyde_tokens": hyde_tokens[id(claim)],
                                          "question_tokens": spent}
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -191,20 +241,22 @@ def _engine_settings(config):
     return engine.Settings(seed=g.seed, reuse_cache=False, structured=False, gpu_memory_fraction=g.gpu_memory_fraction)
 
 
-def _store(config, claim):
-    """The claim's Store, or None where it has no file (--missing-store skip: checked before any model loaded) or
-    no sentence at all under skip; a store without a sentence is an error otherwise."""
+def status_path(config, claim):
+    return knowledge_store.store_file(config.retrieval.knowledge_store, claim["claim_id"])
+
+
+def _status(config, claim):
+    """"present", or where the claim retrieves nothing under --missing-store skip: "missing_store" (no file) or
+    "empty_store" (no sentence at all; checked before any model loaded). Without skip, both are errors."""
     r = config.retrieval
-    path = knowledge_store.store_file(r.knowledge_store, claim["claim_id"])
+    path = status_path(config, claim)
     if not path.is_file():
         if r.missing_store == "skip":
-            return None
+            return "missing_store"
         raise knowledge_store.StoreError(f"{path}: no such store file; --missing-store skip retrieves nothing for "
                                          "the claim and goes on")
-    store = knowledge_store.read_store(path)
-    if not store.texts:
-        if r.missing_store == "skip":
-            return None
-        raise knowledge_store.StoreError(f"{path}: no sentence in any of its {store.lines} lines (field 'url2text' "
-                                         "empty everywhere); --missing-store skip retrieves nothing for the claim")
-    return store
+    info = _checked.get(str(path))
+    if info is None:  # the stage run without its check (a caller of its own): check the file now
+        check_stores(config, [claim])
+        info = _checked[str(path)]
+    return "present" if info.sentences else "empty_store"

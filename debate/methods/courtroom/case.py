@@ -34,17 +34,18 @@ class Library:
     source: str = "claim evidence"  # what the corpus is, for the record
     store: str = None  # a --knowledge-store directory: each claim searches its own store file instead
     log: object = print
+    bm25_k: int = 500  # a store's sentences BM25 passes to the dense search (the stage's --bm25-k)
 
 
-def library_from(options, passages=None, log=print, store=None):
+def library_from(options, passages=None, log=print, store=None, bm25_k=500):
     """The encoder and corpus index of `options` (a Courtroom config): the --corpus file, else `passages`
     (the dataset's own corpus, a list of {id, text, url?, title?}), else none; --claim-evidence-only: none.
-    With `store` (--knowledge-store) each claim searches the sentences of its own store file."""
+    With `store` (--knowledge-store) each claim searches BM25's `bm25_k` best sentences of its own store file."""
     embedder = retrieval.load_embedder(options.embedder)
     if options.claim_evidence_only:
         return Library(embedder)
     if store:
-        return Library(embedder, source=f"knowledge store {store}", store=str(store), log=log)
+        return Library(embedder, source=f"knowledge store {store}", store=str(store), log=log, bm25_k=bm25_k)
     if options.corpus:
         return Library(embedder, retrieval.corpus_index(options.corpus, embedder, log), str(options.corpus))
     if passages:
@@ -61,14 +62,13 @@ def index_for(library, claim):
 
 
 def _store_index(library, claim):
-    """The dense index of every sentence of the claim's store (embeddings cached on disk by the store's content);
-    a claim without a store file (--missing-store skip) searches its own evidence."""
+    """The dense index of the claim's store as the debate stage searches it: BM25's `library.bm25_k` best sentences
+    for the claim, streamed from the file, and only those embedded (cached on disk by the file's content); a claim
+    without a store file (--missing-store skip) searches its own evidence."""
     path = knowledge_store.store_file(library.store, claim["claim_id"])
     if not path.is_file():
         return retrieval.index_of(retrieval.evidence_passages(claim), library.embedder)
-    store = knowledge_store.read_store(path)
-    cache = store_search.VectorCache(store.texts, library.embedder)
-    return store_search.store_index(store.texts, store.urls, cache, library.log, source=str(path))
+    return store_search.store_index(path, claim["claim"], library.bm25_k, library.embedder, library.log)
 
 
 @dataclass
