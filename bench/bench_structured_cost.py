@@ -12,6 +12,11 @@ padded position costs what a real one does). A turn is one row of a batch; a ref
 answer schema is the counsels' self-reflection. `--tree DIR` imports the code from DIR instead (a commit
 unpacked with `git archive COMMIT | tar -x -C DIR`), so two commits run the same measurement one after the
 other. The timing wraps a function both commits have, so the script itself never changes what it times.
+
+`--reflection-tokens N` times one counsel's self-reflection alone instead (the issue's 140 s case): the embedded
+model, the reflection prompt file filled with Check-COVID corpus sentences up to about N tokens, its schema,
+greedy, 96 new tokens, `--repeat` times; printed: seconds (each and the median), model calls, positions fed and
+the most rows of a call.
 """
 import argparse
 import json
@@ -85,12 +90,47 @@ def summarise(calls):
     }
 
 
+def reflection_only(args, calls):
+    """One reflection at a ~N-token prompt through engine.generate, as a counsel turn makes it."""
+    import statistics
+    from debate.engine import engine, gguf, models, schema
+    loaded = models.load_model(gguf.default_model_path())
+    model, tok = loaded.model, loaded.tokenizer
+    docs = [json.loads(line) for line in Path(args.corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
+    sentences = [s for doc in docs for s in doc.get("abstract", []) if isinstance(s, str)]
+    template = (Path(args.tree or ROOT) / "prompts" / "counsel_reflection.txt").read_text(encoding="utf-8")
+    filler, used = [], 0
+    for s in sentences:  # the counsel's arguments so far, long enough to make the prompt about N tokens
+        if used >= args.reflection_tokens:
+            break
+        filler.append(s)
+        used += len(tok(s, add_special_tokens=False)["input_ids"]) + 1
+    text = template.format_map(defaultdict(str, side="plaintiff", opponent="defense", round=3,
+                                           claim="Masks reduce the spread of COVID-19.", own=" ".join(filler)))
+    compiled = schema.compile_for("counsel_reflection", tok)
+    settings = engine.Settings(max_new_tokens=96, temperature=0.0)
+    seconds = []
+    for _ in range(args.repeat):
+        conv = engine.Conversation(system="You are counsel in a courtroom debate about a claim.")
+        before = len(calls)
+        engine.generate(model, tok, [conv], [text], settings, schemas=[compiled])
+        seconds.append(sum(c["seconds"] for c in calls[before:]))
+    last = calls[-1]
+    return {"prompt_tokens": last["context"][0], "seconds": seconds, "median_seconds": statistics.median(seconds),
+            "forwards": last["forwards"], "fed": last["fed"], "max_rows_in_a_call": last["max_rows"],
+            "fields": conv.structured and conv.structured.get("fields")}
+
+
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="flags after -- go to run_debate.py")
     p.add_argument("--tree", help="import the code from this directory (another commit unpacked) instead")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "structured-cost"))
     p.add_argument("--data", default=DEFAULT_DATA, help=f"the data flags (default: {DEFAULT_DATA!r})")
     p.add_argument("--limit", type=int, default=2, help="the first N claims (default: 2)")
+    p.add_argument("--reflection-tokens", type=int, help="time one reflection at a prompt of about N tokens instead")
+    p.add_argument("--repeat", type=int, default=3, help="with --reflection-tokens: how many times (default: 3)")
+    p.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "check-covid" / "corpus.json"),
+                   help="with --reflection-tokens: the sentences that fill the prompt")
     return p
 
 
@@ -104,6 +144,11 @@ def main(argv=None):
     assert Path(generator_module.__file__).resolve().is_relative_to(tree), generator_module.__file__
     calls = []
     instrument(generator_module, calls)
+    if args.reflection_tokens:
+        result = {"tree": str(tree), "peak_rss_mib": None, **reflection_only(args, calls)}
+        result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result, indent=2))
+        return result
     argv = ["--method", "courtroom", *shlex.split(args.data), "--limit", str(args.limit),
             "--output-dir", args.out, "--overwrite", *extra]
     start = time.perf_counter()
