@@ -330,8 +330,8 @@ def test_train_moderator_dpo_with_4bit_trains_and_saves_an_adapter(smooth, tmp_p
 
 # --- the GPU's settings on a CPU: bf16 compute under NF4, the training step under bf16 autocast -----------------
 
-BF16_LOGIT_TOLERANCE = 0.05  # NF4 with bf16 compute vs float32 compute, measured (see the test)
-BF16_LOSS_TOLERANCE = 0.02  # the same training steps' losses, bf16 autocast vs float32, measured (see the test)
+BF16_LOGIT_TOLERANCE = 0.08  # NF4 with bf16 compute vs float32 compute: measured 0.026
+BF16_LOSS_TOLERANCE = 1e-3  # the same two training steps' losses, bf16 autocast vs float32: measured 2.7e-5
 PROBS_TOLERANCE = 0.02  # a verdict's label probabilities, NF4 vs float32 weights: measured 0.0065
 
 
@@ -342,7 +342,7 @@ def test_nf4_with_bf16_compute_gives_the_float32_compute_logits_to_bf16_rounding
     ids = tokens()
     a, b = logits(bf16.model, ids), logits(fp32.model, ids)
     # bf16 keeps 8 significant bits: each product and sum rounds by up to 2^-9 of its size, and the logits
-    # (within +-0.7) move by a few hundredths after two layers; the bound is ~3x the measured gap.
+    # (within +-0.7) move by a few hundredths after two layers (measured 0.026); the bound is ~3x that.
     diff = (a - b).abs().max().item()
     assert 0 < diff < BF16_LOGIT_TOLERANCE, diff
 
@@ -371,11 +371,11 @@ def test_the_training_step_under_bf16_autocast_matches_float32(smooth, tmp_path)
     # The loop's autocast ran the bf16 model in bf16 (the GPU's path), the float32 one in float32.
     assert bf16_dtypes == {torch.bfloat16} and fp32_dtypes == {torch.float32}
     assert len(bf16) == len(fp32) == 2 and all(m["grad_norm"] > 0 for m in bf16)
-    # Losses are means of ~6-nat token losses over the target tokens; bf16's per-logit error (above) moves each
-    # by a few thousandths and they average: the bound is ~3x the measured gap, and a step that ran anything
-    # but these weights (or lost its gradient) is off by far more.
+    # A loss is the mean of the target tokens' losses; bf16's per-logit errors (above) are of either sign and
+    # average out over the tokens (measured 2.7e-5 at both steps). 1e-3 leaves room for other CPUs' kernels
+    # and is still far below what a step on other weights, or one that lost its gradient, would show.
     gaps = [abs(a["loss"] - b["loss"]) for a, b in zip(bf16, fp32)]
-    assert max(gaps) < BF16_LOSS_TOLERANCE and bf16 != fp32, gaps
+    assert 0 < max(gaps) < BF16_LOSS_TOLERANCE, gaps
 
 
 def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeypatch):
