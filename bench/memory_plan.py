@@ -178,7 +178,8 @@ def check_cpu(args):
     print(f"  weights: formula {(quantised + rest) / 2**20:.2f} MiB (NF4 part {quantised / 2**20:.2f}), measured "
           "(parameters' and block scales' bytes) "
           f"{measured['weights_bytes'] / 2**20:.2f} MiB")
-    print(f"  one D-DPO step above the loaded model: formula {step / 2**20:.1f} MiB, measured (ru_maxrss after less the resident set before) "
+    print(f"  one D-DPO step above the loaded model: formula {step / 2**20:.1f} MiB, measured (ru_maxrss after "
+          "less the resident set before) "
           f"{measured['step_peak_bytes'] / 2**20:.1f} MiB")
 
 

@@ -224,7 +224,8 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
             for i, indices in enumerate(group):
                 batch = make_batch([examples[j] for j in indices])
                 sync = i == len(group) - 1
-                with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), autocast(accelerator.device, model):
+                no_sync = contextlib.nullcontext() if sync else accelerator.no_sync(model)
+                with no_sync, autocast(accelerator.device, model):
                     loss, metrics, n = step_loss(model, batch)
                 accelerator.backward(loss / len(group))
                 tokens += int(batch["attention_mask"].sum())  # every token through the model
