@@ -23,12 +23,13 @@ import torch
 
 import run_debate
 import train_moderator
-from debate.engine import models
+from debate.engine import engine, models, schema
+from debate.methods import debatecv
 from debate.pipeline import records
 from debate.data.labels import LABELS
 from tests import syndec_task
 from tests.tiny_models import build_tiny_llama
-from train import examples, losses, lora, stages, syndec
+from train import examples, loop, losses, lora, stages, syndec
 
 LOGIT_TOLERANCE = 0.3  # NF4 vs float32, measured 0.086 (module docstring)
 ROUNDING_TOLERANCE = 0.01  # NF4 vs float32 holding the NF4-rounded weights, measured 0.0024
@@ -141,9 +142,20 @@ def debate(model, out, *extra):
 @pytest.fixture(scope="module")
 def debates(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("debates")
-    return {name: debate(tiny, root / name, *flags) for name, flags in
-            (("nf4", ["--4bit"]), ("fp32", ["--no-4bit"]), ("nf4-plain", ["--4bit", "--no-cache-reuse",
-                                                                           "--no-continuous"]))}
+    # A scripted Moderator decision: the tiny model's Moderator ends every debate after round 1, so nothing would
+    # be reused; here it always goes on, so every claim debates both rounds and then gets the final prompt. Its
+    # replies and tokens are still the model's own.
+    read_reply = debatecv._read
+
+    def going_on(debate, reply):
+        parsed = read_reply(debate, reply)
+        return {**parsed, "proceed": True} if debate.turns[-1]["round"] != "final" else parsed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(debatecv, "_read", going_on)
+        return {name: debate(tiny, root / name, *flags) for name, flags in
+                (("nf4", ["--4bit"]), ("fp32", ["--no-4bit"]), ("nf4-plain", ["--4bit", "--no-cache-reuse",
+                                                                               "--no-continuous"]))}
 
 
 def test_debatecv_in_nf4_records_its_precision_and_the_outputs_of_float32(debates):
@@ -174,6 +186,11 @@ def test_nf4_debates_reuse_the_kv_cache_and_batch_continuously_without_changing_
     said = lambda ts: {t["claim_id"]: [turn["response"] for turn in t["turns"]] for t in ts}  # noqa: E731
     assert said(transcripts) == said(plain_transcripts)
     assert [p["label"] for p in preds] == [p["label"] for p in plain_preds]
+    # Two rounds and the final prompt: later turns found their conversation cached and encoded only what is new.
+    assert all(p["rounds"] == 2 for p in preds + plain_preds)
+    assert all(p["encoded_tokens"] < p["prompt_tokens"] for p in preds)
+    assert all(p["encoded_tokens"] == p["prompt_tokens"] for p in plain_preds)
+    assert [p["completion_tokens"] for p in preds] == [p["completion_tokens"] for p in plain_preds]
 
 
 def test_courtroom_and_madr_run_on_nf4_agents(tiny, tmp_path):
@@ -309,3 +326,77 @@ def test_train_moderator_dpo_with_4bit_trains_and_saves_an_adapter(smooth, tmp_p
     assert any(abs(m["loss"] - metrics[0]["loss"]) > 1e-4 for m in metrics[1:])
     reloaded = models.load_roles({"moderator": smooth}, {"moderator": str(adapter)}, use_4bit=True)["moderator"]
     assert reloaded.loaded.quantized
+
+
+# --- the GPU's settings on a CPU: bf16 compute under NF4, the training step under bf16 autocast -----------------
+
+BF16_LOGIT_TOLERANCE = 0.08  # NF4 with bf16 compute vs float32 compute: measured 0.026
+BF16_LOSS_TOLERANCE = 1e-3  # the same two training steps' losses, bf16 autocast vs float32: measured 2.7e-5
+PROBS_TOLERANCE = 0.02  # a verdict's label probabilities, NF4 vs float32 weights: measured 0.0065
+
+
+def test_nf4_with_bf16_compute_gives_the_float32_compute_logits_to_bf16_rounding(smooth):
+    bf16 = models.load_model(smooth, use_4bit=True, dtype=torch.bfloat16)
+    fp32 = models.load_model(smooth, use_4bit=True)
+    assert bf16.quantized and bf16.dtype == torch.bfloat16
+    ids = tokens()
+    a, b = logits(bf16.model, ids), logits(fp32.model, ids)
+    # bf16 keeps 8 significant bits: each product and sum rounds by up to 2^-9 of its size, and the logits
+    # (within +-0.7) move by a few hundredths after two layers (measured 0.026); the bound is ~3x that.
+    diff = (a - b).abs().max().item()
+    assert 0 < diff < BF16_LOGIT_TOLERANCE, diff
+
+
+def _train_sft(model_dir, out, dtype):
+    """Two D-SFT steps through train.loop.train (its own autocast), NF4 base at `dtype` compute; (metrics, the
+    dtypes a decoder layer's MLP produced)."""
+    from accelerate import Accelerator
+
+    torch.manual_seed(0)
+    model, tokenizer, loaded = lora.load_trainable(model_dir, r=8, alpha=16, use_4bit=True, dtype=dtype)
+    data = examples.build(tokenizer, syndec_task.records(2), examples.sft_example, 1024)[0]
+    produced = set()
+    hook = model.get_base_model().model.layers[0].mlp.register_forward_hook(
+        lambda module, args, output: produced.add(output.dtype))
+    cfg = loop.TrainConfig(lr=5e-3, epochs=1, micro_batch=1, grad_accum=1, warmup_ratio=0, save_every=1000)
+    loop.train(model, data, losses.sft_loss, lambda rows: losses.collate(rows, tokenizer.pad_token_id, "cpu"), cfg,
+               out, loaded, Accelerator(cpu=True))
+    hook.remove()
+    return [json.loads(line) for line in (out / loop.METRICS).read_text().splitlines()], produced
+
+
+def test_the_training_step_under_bf16_autocast_matches_float32(smooth, tmp_path):
+    bf16, bf16_dtypes = _train_sft(smooth, tmp_path / "bf16", torch.bfloat16)
+    fp32, fp32_dtypes = _train_sft(smooth, tmp_path / "fp32", None)
+    # The loop's autocast ran the bf16 model in bf16 (the GPU's path), the float32 one in float32.
+    assert bf16_dtypes == {torch.bfloat16} and fp32_dtypes == {torch.float32}
+    assert len(bf16) == len(fp32) == 2 and all(m["grad_norm"] > 0 for m in bf16)
+    # A loss is the mean of the target tokens' losses; bf16's per-logit errors (above) are of either sign and
+    # average out over the tokens (measured 2.7e-5 at both steps). 1e-3 leaves room for other CPUs' kernels
+    # and is still far below what a step on other weights, or one that lost its gradient, would show.
+    gaps = [abs(a["loss"] - b["loss"]) for a, b in zip(bf16, fp32)]
+    assert 0 < max(gaps) < BF16_LOSS_TOLERANCE, gaps
+
+
+def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeypatch):
+    from debate.data import schemas as declared
+
+    # A verdict with nothing before it: both models score the labels after the very same tokens. One-letter
+    # labels (one token each, plus the closing quote): AVeriTeC's own run to 10+ tokens on this tokenizer, and
+    # summed over those a random model's probabilities round to 1 and 0 in both precisions alike.
+    labels = ("A", "B", "C", "D")
+    spec = declared.Spec(name="verdict_only_4bit_test", fields=(declared.Field("Verdict", "choice", values=labels),))
+    monkeypatch.setattr(declared, "load", lambda name: spec)
+    probs = {}
+    for name, use_4bit in (("nf4", True), ("fp32", False)):
+        loaded = models.load_model(smooth, use_4bit=use_4bit)
+        compiled = schema.compile_for(spec.name, loaded.tokenizer)
+        conv = engine.Conversation(system="You are the Moderator.")
+        engine.generate(loaded.model, loaded.tokenizer, [conv], ["Is the claim supported?"],
+                        engine.Settings(max_new_tokens=40), schemas=[compiled])
+        probs[name] = conv.structured["probs"]["Verdict"]
+    assert set(probs["nf4"]) == set(labels)
+    # Probabilities of whole labels (a few tokens each) from logits NF4 moves by < 0.3 (measured < 0.09): at
+    # the smooth model's near-uniform probabilities a change of p(1 - p) x the summed logit gaps, a few hundredths.
+    gaps = [abs(probs["nf4"][k] - probs["fp32"][k]) for k in labels]
+    assert 0 < max(gaps) < PROBS_TOLERANCE, (probs, gaps)

@@ -75,12 +75,21 @@ def lr_factor(step, total, warmup, schedule):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def autocast(device):
+def autocast(device, model=None):
     """Mixed precision for a forward pass on `device`: bf16 (fp16 where the card lacks bf16) on CUDA, where the
-    4-bit base computes in it; nothing on CPU, where training runs in fp32."""
+    4-bit base computes in it. On a CPU: bf16 where `model` computes in it (an NF4 base loaded with bf16
+    compute, the GPU's setting, which tests/test_4bit.py runs through this very function), else nothing:
+    training on a CPU runs in fp32 by default."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    if model is not None and _compute_dtype(model) == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def _compute_dtype(model):
+    # The unquantised weights (embeddings, norms) are held in the compute dtype (debate.engine.models.load_model).
+    return getattr(model, "module", model).get_input_embeddings().weight.dtype
 
 
 def latest_checkpoint(out_dir):
@@ -215,7 +224,8 @@ def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelera
             for i, indices in enumerate(group):
                 batch = make_batch([examples[j] for j in indices])
                 sync = i == len(group) - 1
-                with (contextlib.nullcontext() if sync else accelerator.no_sync(model)), autocast(accelerator.device):
+                no_sync = contextlib.nullcontext() if sync else accelerator.no_sync(model)
+                with no_sync, autocast(accelerator.device, model):
                     loss, metrics, n = step_loss(model, batch)
                 accelerator.backward(loss / len(group))
                 tokens += int(batch["attention_mask"].sum())  # every token through the model

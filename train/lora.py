@@ -12,15 +12,16 @@ from debate.engine import models
 
 
 def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=None,
-                   gradient_checkpointing=True, device=None):
+                   gradient_checkpointing=True, device=None, dtype=None):
     """(peft model, tokenizer, LoadedModel): a new LoRA on every linear layer, or `adapter` made trainable.
 
     `use_4bit` as in models.load_model: by default the base is 4-bit NF4 with bf16 compute on CUDA (QLoRA),
     float32 on a CPU; True quantises on a CPU too. The base stays frozen; the LoRA weights are float32.
     Gradient checkpointing recomputes activations in the backward pass instead of keeping them, which is
-    what lets 4k-token pairs fit.
+    what lets 4k-token pairs fit. `dtype`: the compute dtype (models.load_model's; bf16 on a CPU runs the
+    GPU's setting there, with train.loop.autocast in bf16).
     """
-    loaded = models.load_model(base_path, use_4bit=use_4bit, device=device)
+    loaded = models.load_model(base_path, use_4bit=use_4bit, device=device, dtype=dtype)
     model = loaded.model
     if loaded.quantized:
         _keep_trainable_layout(model)

@@ -212,7 +212,7 @@ def reference_logps(model, data, pad, accelerator, batch_pairs=1):
     rank, world = accelerator.process_index, accelerator.num_processes
     mine = list(range(rank, len(data), world))
     rows = []
-    with torch.no_grad(), loop.autocast(accelerator.device):
+    with torch.no_grad(), loop.autocast(accelerator.device, model):
         for i in tqdm(range(0, len(mine), batch_pairs), desc="reference", unit="pair",
                       disable=not accelerator.is_main_process, dynamic_ncols=True):
             idx = mine[i:i + batch_pairs]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from debate.engine import generator as gen, kv_store, ram, schema as schemas_mod
+from debate.engine import generator as gen, kv_store, memory, ram, schema as schemas_mod
 from debate.engine.chat import context_ids, stop_token_ids
 
 log = logging.getLogger(__name__)
@@ -76,19 +76,35 @@ def _dtype_bytes(model):
     return next(model.parameters()).element_size() if next(model.parameters()).is_floating_point() else 2
 
 
-def batch_bytes(model, targets, usables, settings):
-    """Estimated memory of one batch of these rows: the turn's KV buffer plus the prefill's activations
-    (hidden states, MLP, attention scores and mask, which the math attention kernel materialises)."""
-    config = model.config.get_text_config(decoder=True)
-    size = _dtype_bytes(model)
+def choice_trie_tokens(compiled):
+    """An upper bound on the distinct tokens of a schema's largest choice (its candidates as a token trie, the
+    closing token included): what scoring that choice feeds in one pass (debate.engine.memory). 0 without
+    choices."""
+    known = _TRIES.get(id(compiled))
+    if known is not None and known[0] is compiled:
+        return known[1]
+    tokenize = lambda text: compiled.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    sizes = [sum(len(tokenize(v)) + 1 for v in f.values) for f in compiled.spec.fields if f.kind == "choice"]
+    if any(f.kind == "list" and f.max_items > 1 for f in compiled.spec.fields):  # '", "' against '"]'
+        sizes.append(len(tokenize('", "')) + len(tokenize('"]')))
+    bound = max(sizes, default=0)
+    _TRIES[id(compiled)] = (compiled, bound)
+    return bound
+
+
+_TRIES = {}  # id(compiled schema) -> (it, its bound): compiled schemas live as long as their tokenizer's cache
+
+
+def batch_bytes(model, targets, usables, settings, schemas=None):
+    """Estimated memory of one batch of these rows (debate.engine.memory.batch_bytes): the turn's KV buffer, the
+    prefill's activations, the decode step's, and with `schemas` (one Compiled or None per row) structured
+    decoding's extras and one choice's scoring pass at the largest trie among them."""
     plan = kv_store.layout(targets, usables)
-    rows, columns = len(targets), plan.width + plan.chunk + settings.max_new_tokens
-    kv = rows * columns * kv_store.kv_bytes_per_token(config, size)
-    mlp = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    hidden = rows * plan.chunk * (4 * config.hidden_size + 2 * mlp) * size
-    scores = rows * plan.chunk * (plan.width + plan.chunk) * (config.num_attention_heads * 4 + 1)
-    logits = rows * config.vocab_size * 4 * 2
-    return kv + hidden + scores + logits
+    structured = [c for c in schemas or () if c is not None]
+    trie = max((choice_trie_tokens(c) for c in structured), default=0)
+    fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
+    return memory.batch_bytes(memory.shape(model.config), _dtype_bytes(model), len(targets), plan.width, plan.chunk,
+                              settings.max_new_tokens, len(structured), trie, fused)
 
 
 def memory_budget(model, settings):
@@ -131,14 +147,15 @@ def chunk_groups(targets, usables):
     return [sorted(g) for g in groups]
 
 
-def plan_batches(model, targets, usables, settings):
+def plan_batches(model, targets, usables, settings, schemas=None):
     """The batches the rows run in: groups of similar new-chunk length (chunk_groups), each split in halves
-    until its estimate fits the memory budget."""
+    until its estimate (batch_bytes, with the rows' `schemas`) fits the memory budget."""
     budget = memory_budget(model, settings)
 
     def split(rows):
         if budget is None or len(rows) == 1 or batch_bytes(
-                model, [targets[i] for i in rows], [usables[i] for i in rows], settings) <= budget:
+                model, [targets[i] for i in rows], [usables[i] for i in rows], settings,
+                [schemas[i] for i in rows] if schemas else None) <= budget:
             return [rows]
         half = len(rows) // 2
         return split(rows[:half]) + split(rows[half:])
@@ -208,7 +225,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
 
     results = [None] * len(convs)
     try:
-        for rows in plan_batches(model, targets, usables, settings):
+        for rows in plan_batches(model, targets, usables, settings, schemas):
             _run_splitting(run, rows, results)
     except BaseException:
         for conv in convs:  # leave the conversations as they were: the turn can be asked for again

@@ -167,10 +167,3 @@ def slots(cache, plan, targets, lengths):
     storage = [layer.storage() for layer in cache.layers]
     return [Slot(storage, row, plan.start(row, len(t)), n) for row, (t, n) in enumerate(zip(targets, lengths))]
 
-
-def kv_bytes_per_token(config, dtype_bytes):
-    """Bytes of keys and values one token takes over all layers, from a transformers config."""
-    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * dtype_bytes

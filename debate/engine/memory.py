@@ -1,0 +1,157 @@
+"""The memory plan's arithmetic: the bytes a model call or a training step holds at its peak, from a model's
+shape alone (no torch). The engine's admission (engine.batch_bytes) and bench/memory_plan.py both call these;
+the plan lives here only.
+
+A debate's model call holds, besides the weights:
+- the turn's KV buffer: rows x (cached width + new chunk + new tokens) x kv_bytes_per_token;
+- the prefill of the new chunk (prefill_bytes): hidden states and the MLP's intermediates, the attention
+  scores the math kernel materialises (float32, with the mask), the keys and values repeated to every
+  attention head (grouped-query attention with a mask does that), float32 logits of the last position;
+- structured decoding's per-step extras (structured_step_bytes): the four vocabulary masks, and per row a
+  masked copy of the logits, its float32 copy and the float32 softmax/log-softmax;
+- a choice field's scoring (choice_pass_bytes): ONE row's candidates as a token trie of T distinct tokens
+  fed once over that row's cache in place: T tokens' activations and MLP, T x (L + T) attention scores per
+  head, the row's keys and values repeated to every head over L + T columns, the T new keys and values, and
+  T x vocab logits in the model's dtype, in float32 and their log-softmax. Rows are scored one at a time, so
+  T is the largest trie of the batch's schemas (choice_trie_tokens in the engine), not a sum.
+The prefill's and the decode's transients are added, not maxed: an upper bound, and the decode's are small.
+
+A training step (train_step_bytes): the LoRA adapter in float32 with its gradient and AdamW's two moments;
+with gradient checkpointing one saved hidden state per layer and one layer recomputed in the backward with
+its gradients; LoRA dropout (peft applies it to each adapted layer's input separately, so p > 0 keeps a
+copy of that input and a one-byte mask per adapted layer; p = 0 keeps none); the dequantised weight of the
+largest NF4 projection (bitsandbytes dequantises per matmul, forward and backward); the attention scores,
+their softmax and its gradient where the kernel materialises them (`fused_attention=False`: the CPU, eager
+attention); the logits of the kept target positions in the model's dtype and float32, their log-softmax
+and its gradient.
+"""
+
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 scale per 256 absmax blocks
+GIB = 2 ** 30
+
+
+def shape(config):
+    """The numbers the formulas need, from a config.json's dict or a transformers config object (its text
+    config for multimodal models)."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True).to_dict()
+    config = config.get("text_config", config)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return dict(vocab=config["vocab_size"], hidden=config["hidden_size"],
+                inter=config.get("intermediate_size") or 4 * config["hidden_size"],
+                layers=config["num_hidden_layers"], heads=heads,
+                kv_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim,
+                tied=config.get("tie_word_embeddings", False))
+
+
+def linear_shapes(s):
+    """(in, out) of every linear layer of one decoder layer: q, k, v, o, gate, up, down."""
+    q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    h, i = s["hidden"], s["inter"]
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+
+def weights_bytes(s, nf4=True, dtype_bytes=2):
+    """(quantised part, the rest) in bytes: decoder projections, then embeddings, LM head and norms."""
+    linear = s["layers"] * sum(a * b for a, b in linear_shapes(s))
+    rest = s["vocab"] * s["hidden"] * (1 if s["tied"] else 2) + (2 * s["layers"] + 1) * s["hidden"]
+    return linear * (NF4_BYTES if nf4 else dtype_bytes), rest * dtype_bytes
+
+
+def kv_bytes_per_token(s, dtype_bytes=2):
+    """Keys and values of one token over all layers."""
+    return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * dtype_bytes
+
+
+def _attention_bytes(s, rows, queries, columns, size, fused):
+    """One layer's attention over `columns` keys: the mask, float32 scores per head unless a fused kernel
+    computes them blockwise (sdpa's, on CUDA and on a CPU), and the keys and values repeated to every head
+    (transformers does that for grouped-query attention under a mask)."""
+    scores = rows * queries * columns * (1 if fused else s["heads"] * 4 + 1)
+    repeated = rows * columns * 2 * s["heads"] * s["head_dim"] * size
+    return scores + repeated
+
+
+def _layer_bytes(s, tokens, size):
+    """One layer's hidden states and MLP intermediates for `tokens` tokens."""
+    return tokens * (4 * s["hidden"] + 2 * s["inter"]) * size
+
+
+def prefill_bytes(s, rows, chunk, width, size, fused=False):
+    """A prefill of `chunk` new tokens per row after `width` cached columns (the transient, not the cache)."""
+    return (_layer_bytes(s, rows * chunk, size) + _attention_bytes(s, rows, chunk, width + chunk, size, fused)
+            + rows * s["vocab"] * 4 * 2)
+
+
+def decode_step_bytes(s, rows, columns, size, fused=False):
+    """One decode step of every row over `columns` cache columns: one token's layer, its attention, logits."""
+    return (_layer_bytes(s, rows, size) + _attention_bytes(s, rows, 1, columns, size, fused)
+            + rows * s["vocab"] * (size + 8))
+
+
+def structured_step_bytes(s, rows, size):
+    """Structured decoding's extras in a decode step: the masks over the vocabulary (two modes, banned and
+    closing, one byte a token, kept for the run), and for each structured row the masked copy of its logits,
+    their float32 copy and the float32 softmax or log-softmax of the sampler or a scorer."""
+    return 4 * s["vocab"] + rows * s["vocab"] * (size + 4 + 4)
+
+
+def choice_pass_bytes(s, trie, context, size, fused=False):
+    """One choice field scored for ONE row: its candidates' token trie (`trie` distinct tokens) fed once over
+    the row's `context` cached tokens in place, with a tree-shaped mask (trie x (context + trie))."""
+    if trie <= 0:
+        return 0
+    columns = context + trie
+    return (_layer_bytes(s, trie, size) + _attention_bytes(s, 1, trie, columns, size, fused)
+            + trie * columns * 4  # the tree-shaped 4-D mask, in the compute dtype at most float32
+            + trie * kv_bytes_per_token(s, size)  # the trie's own keys and values
+            + trie * s["vocab"] * (size + 4 + 4))  # logits, their float32 copy, log_softmax's copy
+
+
+def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie=0, fused=False):
+    """A model call's turn of `rows` rows: KV buffer + prefill + the decode step's transients (with
+    structured decoding's extras and one choice pass where `structured_rows` > 0). `fused`: the attention
+    kernel never materialises the scores (attention_is_fused)."""
+    columns = width + chunk + new_tokens
+    kv = rows * columns * kv_bytes_per_token(s, size)
+    decode = decode_step_bytes(s, rows, columns, size, fused)
+    if structured_rows:
+        decode += structured_step_bytes(s, structured_rows, size) + choice_pass_bytes(s, trie, columns, size, fused)
+    return kv + prefill_bytes(s, rows, chunk, width, size, fused) + decode
+
+
+def attention_is_fused(implementation):
+    """Whether a transformers attention implementation computes scores blockwise: sdpa (its CUDA kernels and
+    its CPU flash kernel take a mask) and flash attention; eager materialises them."""
+    return implementation in ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def lora_params(s, r):
+    return s["layers"] * sum((a + b) * r for a, b in linear_shapes(s))
+
+
+def train_step_bytes(s, r, length, micro_batch=1, target=256, checkpointing=True, nf4=True, act_bytes=2,
+                     dropout=0.05, fused_attention=True):
+    """{part: bytes} of one D-DPO optimizer step above the weights; chosen and rejected rows of `length`
+    tokens each (see the module doc)."""
+    rows = 2 * micro_batch
+    tokens = rows * length
+    kv = s["kv_heads"] * s["head_dim"]
+    per_layer = tokens * (4 * s["hidden"] + 2 * kv + 3 * s["inter"]) * act_bytes
+    lora_inputs = sum(a for a, _ in linear_shapes(s))  # each adapted layer's input width
+    lora_dropout = tokens * lora_inputs * (act_bytes + 1) if dropout > 0 else 0
+    lora_acts = tokens * 7 * r * 4  # lora_A's outputs (float32), kept for the backward
+    attention = 0 if fused_attention else rows * s["heads"] * length * length * 4 * 3 + rows * length * length
+    attention += tokens * 2 * s["heads"] * s["head_dim"] * act_bytes  # keys and values repeated to every head
+    layer = per_layer + lora_acts + attention
+    if checkpointing:
+        # one hidden state per layer saved; one layer recomputed, with its gradients beside it
+        activations = tokens * s["hidden"] * act_bytes * s["layers"] + 2 * layer
+    else:
+        activations = layer * s["layers"] + per_layer
+    dequantised = 2 * max(a * b for a, b in linear_shapes(s)) * act_bytes if nf4 else 0
+    logits = rows * (target + 1) * s["vocab"] * (act_bytes + 4 * 3)
+    return {"lora + grads + AdamW": lora_params(s, r) * 16, "activations": activations,
+            "lora dropout": (2 if checkpointing else s["layers"]) * lora_dropout, "dequantised": dequantised,
+            "logits": logits}

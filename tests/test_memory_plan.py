@@ -1,0 +1,138 @@
+"""The memory plan (debate/engine/memory.py) holds for the steps a run takes: a structured decoding step, a
+choice scored after a long cached context, and a D-DPO training step at the default LoRA dropout, each
+measured on a CPU in a fresh process and compared with the plan's bytes for that very step.
+
+How it measures: each step runs in its own `python -c` process with glibc told to give every block above
+64 KiB its own mapping (MALLOC_MMAP_THRESHOLD_), so freed memory leaves the resident set at once and the
+resident set follows the live tensors rather than what the heap keeps. The step's peak is the process's
+high-water mark after it (ru_maxrss) less its resident set just before it (/proc/self/statm), after a
+warm-up call of the same kind (library buffers, the schema masks). The model is tiny but its step's
+transients (tens to hundreds of MiB) dwarf the few MiB of Python objects a step allocates.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from debate.engine import generator
+from tests.tiny_models import build_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRELUDE = """
+import json, resource, sys
+from pathlib import Path
+import torch
+sys.path.insert(0, {root!r})
+
+def resident():
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+"""
+
+ENGINE_STEP = PRELUDE + """
+from debate.engine import engine, models, schema
+model_dir, schema_name, context, rows, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
+    int(sys.argv[5])
+loaded = models.load_model(model_dir, use_4bit=False)
+model, tok = loaded.model, loaded.tokenizer
+compiled = schema.compile_for(schema_name, tok)
+settings = engine.Settings(max_new_tokens=new_tokens, temperature=0.0, memory_budget=1 << 60)
+planned = []
+plain = engine.plan_batches
+
+def planning(model, targets, usables, settings, schemas=None):  # the plan of the whole call, as one batch
+    planned.append(engine.batch_bytes(model, targets, usables, settings, schemas))
+    return plain(model, targets, usables, settings, schemas)
+
+engine.plan_batches = planning
+text = lambda n, i: " ".join(f"w{{(i * 7 + j) % 50}}" for j in range(n))
+convs = [engine.Conversation(system="s") for _ in range(rows)]
+# First turn: the long context (its prefill is the warm-up); the measured turn adds a short message over it.
+engine.generate(model, tok, convs, [text(context, i) for i in range(rows)], settings, schemas=[compiled] * rows)
+planned.clear()
+before = resident()
+engine.generate(model, tok, convs, [text(8, i) for i in range(rows)], settings, schemas=[compiled] * rows)
+print(json.dumps({{"measured": peak() - before, "planned": max(planned), "reused": convs[0].encoded_tokens
+                  < convs[0].prompt_tokens}}))
+"""
+
+TRAIN_STEP = PRELUDE + """
+from debate.engine import memory
+from train import lora, losses
+model_dir, length, target, r = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.manual_seed(0)
+model, _, loaded = lora.load_trainable(model_dir, r=r, alpha=2 * r, use_4bit=True)  # the default dropout
+dropout = model.peft_config["default"].lora_dropout
+vocab = model.config.vocab_size
+ids = lambda: torch.randint(0, vocab, (length,)).tolist()
+rows = [{{"input_ids": x, "labels": [-100] * (length - target) + x[-target:]}} for x in (ids(), ids())]
+batch = losses.collate(rows, 0, "cpu")
+batch["ref"] = torch.zeros(1, 2)
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+model.train()
+before = resident()
+loss, _, _ = losses.dpo_step_loss(model, batch, beta=0.1)
+loss.backward()
+optimizer.step()
+measured = peak() - before
+fused = memory.attention_is_fused(model.config._attn_implementation)
+planned = sum(memory.train_step_bytes(memory.shape(model.config), r, length, 1, target, True, True, 4, dropout,
+                                      fused).values())
+print(json.dumps({{"measured": measured, "planned": planned, "dropout": dropout}}))
+"""
+
+
+def run_step(code, *args):
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code.format(root=str(ROOT)), *map(str, args)], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    # Wide enough that a step's tensors, not Python's objects, make its peak; every head its own keys and
+    # values, so a copy of a row's cache costs what it would on a real model.
+    return str(build_tiny_llama(tmp_path_factory.mktemp("wide"), seed=0, hidden_size=256, intermediate_size=1024,
+                                num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4,
+                                max_position_embeddings=4096))
+
+
+MIB = 2 ** 20
+
+
+def test_a_structured_step_stays_within_the_plan(wide):
+    got = run_step(ENGINE_STEP, wide, "explain_zero_shot", 600, 4, 24)
+    assert got["reused"]
+    assert got["measured"] > 4 * MIB  # the step was seen (KV buffer and prefill: tens of MiB)
+    assert got["measured"] <= got["planned"], (got["measured"] / MIB, got["planned"] / MIB)
+
+
+# Measured with the copy-based scorer at a 2,600-word context: 1,073 MiB against a plan of 162 MiB (issue 37).
+COPYING_SCORER = hasattr(generator, "CHOICE_CHUNK")
+
+
+@pytest.mark.xfail(COPYING_SCORER, strict=True, reason="the choice scorer still copies the row's cache (issue 37)")
+def test_a_choice_scored_after_a_long_context_stays_within_the_plan(wide):
+    # One row, a long cached context, the Moderator's verdict (a choice among the labels). The plan counts the
+    # choice as its candidates' token trie fed once over the row's cache in place (issue 37). The scorer that
+    # copies the row's cache once per multi-token candidate (generator.choice_logprobs with CHOICE_CHUNK) exceeds
+    # it: this assertion fails on that implementation by design and holds once the trie scorer replaces it.
+    got = run_step(ENGINE_STEP, wide, "moderator_final", 1500, 1, 48)
+    assert got["reused"] and got["measured"] > 4 * MIB
+    assert got["measured"] <= got["planned"], (got["measured"] / MIB, got["planned"] / MIB)
+
+
+def test_a_dpo_step_with_lora_dropout_stays_within_the_plan(tmp_path):
+    model = build_tiny_llama(tmp_path / "m", seed=0, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                             vocab_size=2048, max_position_embeddings=2048)
+    got = run_step(TRAIN_STEP, model, 768, 96, 8)
+    assert got["dropout"] == 0.05  # train.lora's default, as train_moderator.py runs it
+    assert 16 * MIB < got["measured"] <= got["planned"], (got["measured"] / MIB, got["planned"] / MIB)
