@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from debate.engine import generator
 from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,16 +114,10 @@ def test_a_structured_step_stays_within_the_plan(wide):
     assert got["measured"] <= got["planned"], (got["measured"] / MIB, got["planned"] / MIB)
 
 
-# Measured with the copy-based scorer at a 2,600-word context: 1,073 MiB against a plan of 162 MiB (issue 37).
-COPYING_SCORER = hasattr(generator, "CHOICE_CHUNK")
-
-
-@pytest.mark.xfail(COPYING_SCORER, strict=True, reason="the choice scorer still copies the row's cache (issue 37)")
 def test_a_choice_scored_after_a_long_context_stays_within_the_plan(wide):
     # One row, a long cached context, the Moderator's verdict (a choice among the labels). The plan counts the
-    # choice as its candidates' token trie fed once over the row's cache in place (issue 37). The scorer that
-    # copies the row's cache once per multi-token candidate (generator.choice_logprobs with CHOICE_CHUNK) exceeds
-    # it: this assertion fails on that implementation by design and holds once the trie scorer replaces it.
+    # choice as its candidates' token trie fed once over the row's cache in place (issue 37). The scorer it
+    # replaced copied the row's cache once per multi-token candidate: 1,073 MiB measured here against 162 planned.
     got = run_step(ENGINE_STEP, wide, "moderator_final", 1500, 1, 48)
     assert got["reused"] and got["measured"] > 4 * MIB
     assert got["measured"] <= got["planned"], (got["measured"] / MIB, got["planned"] / MIB)

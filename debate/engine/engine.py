@@ -76,35 +76,18 @@ def _dtype_bytes(model):
     return next(model.parameters()).element_size() if next(model.parameters()).is_floating_point() else 2
 
 
-def choice_trie_tokens(compiled):
-    """An upper bound on the distinct tokens of a schema's largest choice (its candidates as a token trie, the
-    closing token included): what scoring that choice feeds in one pass (debate.engine.memory). 0 without
-    choices."""
-    known = _TRIES.get(id(compiled))
-    if known is not None and known[0] is compiled:
-        return known[1]
-    tokenize = lambda text: compiled.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    sizes = [sum(len(tokenize(v)) + 1 for v in f.values) for f in compiled.spec.fields if f.kind == "choice"]
-    if any(f.kind == "list" and f.max_items > 1 for f in compiled.spec.fields):  # '", "' against '"]'
-        sizes.append(len(tokenize('", "')) + len(tokenize('"]')))
-    bound = max(sizes, default=0)
-    _TRIES[id(compiled)] = (compiled, bound)
-    return bound
-
-
-_TRIES = {}  # id(compiled schema) -> (it, its bound): compiled schemas live as long as their tokenizer's cache
-
-
 def batch_bytes(model, targets, usables, settings, schemas=None):
     """Estimated memory of one batch of these rows (debate.engine.memory.batch_bytes): the turn's KV buffer, the
     prefill's activations, the decode step's, and with `schemas` (one Compiled or None per row) structured
     decoding's extras and one choice's scoring pass at the largest trie among them."""
     plan = kv_store.layout(targets, usables)
     structured = [c for c in schemas or () if c is not None]
-    trie = max((choice_trie_tokens(c) for c in structured), default=0)
+    # The largest prefix tree a choice feeds in one pass (schema.Compiled.scratch_columns); the generator keeps
+    # that many cache columns free past the turn's end for it, so they count as new tokens in the KV buffer too.
+    trie = max((c.scratch_columns for c in structured), default=0)
     fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
     return memory.batch_bytes(memory.shape(model.config), _dtype_bytes(model), len(targets), plan.width, plan.chunk,
-                              settings.max_new_tokens, len(structured), trie, fused)
+                              settings.max_new_tokens + trie, len(structured), trie, fused)
 
 
 def memory_budget(model, settings):
