@@ -63,12 +63,14 @@ class Verifier:
         self.config = build(**to_dict(config))
         self.labels = labels_of(self.config)
         models.set_offline()
-        prompts.use_prompt_dir(self.config.method.prompts)
-        runner.check_run(self.config, [])
-        self.agents = method_table.load_agents(self.config, method_table.model_roles(self.config))
-        self.settings = method_table.settings_of(self.config)
-        method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
-        self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
+        # This Verifier's own prompts, in use only inside its calls: another Verifier's --prompts cannot reach it.
+        self.prompts = prompts.checked_set(self.config.method.prompts)
+        with prompts.using(self.prompts):
+            runner.check_run(self.config, [])
+            self.agents = method_table.load_agents(self.config, method_table.model_roles(self.config))
+            self.settings = method_table.settings_of(self.config)
+            method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
+            self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
         self.streams = turns.Streams(turns.device_of(self.agents))
 
     def verify(self, claims):
@@ -83,8 +85,10 @@ class Verifier:
             raise RuntimeError("this Verifier is closed: its models were freed")
         claims = checked_claims(claims, self.labels)
         done = {}
-        runner.verify_claims(self.config, self.agents, claims, self.settings, self.streams, self.options,
-                             lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
+        with prompts.using(self.prompts):
+            runner.verify_claims(self.config, self.agents, claims, self.settings, self.streams, self.options,
+                                 lambda record: done.setdefault(record["prediction"]["claim_id"],
+                                                                record["prediction"]))
         return [done[c["claim_id"]] for c in claims]
 
     def close(self):

@@ -22,7 +22,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def shipped_prompts():
     yield
-    prompts.use_prompt_dir(None)  # a test that set --prompts must not leak it into the next
+    assert prompts.in_use().directory is None  # a run's --prompts ends with the run
 
 
 def argv(model, out, *extra):
@@ -179,7 +179,7 @@ def test_an_override_must_be_named_after_a_shipped_prompt(tmp_path):
     mine.mkdir()
     (mine / "moderator_finale.txt").write_text("x\n")
     with pytest.raises(prompts.PromptError, match="moderator_finale.txt: no shipped prompt is called 'moderator_fin"):
-        prompts.use_prompt_dir(mine)
+        prompts.checked_set(mine)
 
 
 # --- PROClaim's Table 3 (eval/trials.py) on hand-made runs ---------------------------------------------

@@ -74,8 +74,13 @@ def run(config, log=print):
     if config.models.device_map and models.precision(config.models.use_4bit)["device"] == "cpu":
         log("--device-map auto: no CUDA here, ignored")
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
-    prompt_info = prompts.use_prompt_dir(config.method.prompts)
+    # The run reads its own set of prompts; nothing of it outlives the run (debate/data/prompts.py).
+    with prompts.using(prompts.checked_set(config.method.prompts)) as prompt_set:
+        return _run_checked(config, prompt_set.info(), world, log)
 
+
+def _run_checked(config, prompt_info, world, log):
+    """`run` once its prompts are checked and in use."""
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = evidence.read(config)
     store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
