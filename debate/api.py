@@ -17,6 +17,7 @@ import signal
 
 from debate.data import datasets, prompts
 from debate.engine import models
+from debate.data.claims import item_shape
 from debate.data.inputs import DataError
 from debate.methods import turns
 from debate.pipeline import evidence, method_table, runner, stops
@@ -123,8 +124,7 @@ def _claim(claim, index, labels):
         raise DataError(f"claim {index}: a string or a dict with a 'claim' string, not {claim!r:.80}")
     items = []
     for k, item in enumerate(claim.get("evidence") or []):
-        qa = isinstance(item, dict) and all(isinstance(item.get(key), str) for key in ("question", "answer"))
-        if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
+        if item_shape(item) is None:
             raise DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
                             "or with a 'text' string")
         items.append(dict(item, url=item.get("url", "")))

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from debate.data import jsonl
+from eval import rundir
 from eval.averitec import InputError
 from eval.meteor import sentences
 
@@ -194,18 +195,13 @@ def explanation_digest(text):
 
 def read_predictions(run_dir):
     """The run's predictions, each with a claim_id and a justification (a string, possibly empty)."""
-    path = Path(run_dir) / "predictions.jsonl"
+    path = Path(run_dir) / rundir.PREDICTIONS
     if not path.is_file():
-        trials = sorted(Path(run_dir).glob("trial-*/predictions.jsonl"))
+        trials = sorted(Path(run_dir).glob(f"trial-*/{rundir.PREDICTIONS}"))
         hint = f" (a run of --trials: give one of its trial directories, e.g. {trials[0].parent})" if trials else ""
-        raise InputError(f"{run_dir}: no predictions.jsonl{hint}")
-    try:
-        rows = list(jsonl.numbered(path.read_text(encoding="utf-8")))
-    except jsonl.BadLine as err:
-        raise InputError(f"{path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
+        raise InputError(f"{run_dir}: no {rundir.PREDICTIONS}{hint}")
+    rows = rundir.read_numbered(path, missing="is a prediction without a claim_id")
     for number, row in rows:
-        if not isinstance(row, dict) or "claim_id" not in row:
-            raise InputError(f"{path}: line {number}: a prediction needs a claim_id")
         if not isinstance(row.get("justification") or "", str):
             raise InputError(f"{path}: line {number}: justification is not a string")
     return [row for _, row in rows]

@@ -37,6 +37,12 @@ def read_json(path):
 def read_lines(path):
     """The JSON objects of the JSONL file `path` ([] without it); a torn last line (a run still writing) is
     left out."""
+    return [row for _, row in read_numbered(path)]
+
+
+def read_numbered(path, missing="is not a JSON object with a claim_id"):
+    """(line number, object) of the run file `path` ([] without it), each with a claim_id (`missing`: the words
+    for a line without one); a torn last line (a run still writing) is left out."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -52,8 +58,8 @@ def read_lines(path):
         raise InputError(f"{path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
     for number, row in rows:
         if not isinstance(row, dict) or "claim_id" not in row:
-            raise InputError(f"{path}: line {number} is not a JSON object with a claim_id")
-    return [row for _, row in rows]
+            raise InputError(f"{path}: line {number} {missing}")
+    return rows
 
 
 def trial_dirs(path):

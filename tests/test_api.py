@@ -1,4 +1,5 @@
-"""The Python API: docs/api.md's example runs as written, run(config) writes what the CLI writes, verify works in memory."""
+"""The Python API: docs/api.md's example runs as written, run(config) writes what the CLI writes, verify works in
+memory."""
 import json
 import re
 from dataclasses import replace
@@ -11,14 +12,8 @@ from debate.data.inputs import DataError
 from debate.pipeline import config, records
 from debate.engine import models
 from debate.data.labels import LABELS
-from tests.tiny_models import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 def api_page_example():

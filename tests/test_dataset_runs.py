@@ -9,7 +9,7 @@ import pytest
 import run_debate
 from debate.data.labels import LABELS
 from debate.pipeline import records
-from tests.tiny_models import build_tiny_llama, missing, shared_dir
+from tests.tiny_models import missing, shared_dir
 
 METHODS = ("debatecv", "rag-cot", "majority", "cooperation")
 CARD = {"name": "mine", "labels": [{"label": "Accurate", "definition": "the evidence backs the claim."},
@@ -22,11 +22,6 @@ USER_CLAIMS = [
     {"claim_id": "u2", "claim": "The bridge opened in 1932.", "label": "Accurate",
      "evidence": [{"text": "The bridge was opened to traffic in March 1932.", "url": "city-archive"}]},
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +123,8 @@ def test_a_users_jsonl_with_a_three_label_card_runs_end_to_end(tiny, tmp_path, u
     check_labels(out, ("Accurate", "Inaccurate", "Unclear"), panel=method == "courtroom")
     if method == "rag-cot":  # RAG-CoT's one prompt holds the evidence (DebateCV's is in the system prompts)
         [transcript] = read(out, records.TRANSCRIPTS)
-        assert "[1] Two trials found no effect of tea on colds.\nSource: trial-report" in transcript["turns"][0]["prompt"]
+        prompt = transcript["turns"][0]["prompt"]
+        assert "[1] Two trials found no effect of tea on colds.\nSource: trial-report" in prompt
         assert "from the evidence passages given as evidence" in transcript["turns"][0]["prompt"]
     # Resuming with an edited card (other labels) is refused: the labels are part of the run's identity.
     card = dict(CARD, labels=CARD["labels"][:2])
@@ -174,7 +170,8 @@ def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(ti
     if not (data_dir / "corpus.json").is_file():
         missing(f"no shared check-covid data at {data_dir}")
     searched = []
-    monkeypatch.setattr(case, "library_from", lambda options, passages=None, log=print, store=None: searched.append(passages))
+    monkeypatch.setattr(case, "library_from", lambda options, passages=None, log=print,
+                        store=None: searched.append(passages))
     config = build(dataset="check-covid", split="test-binary", data_dir=str(data_dir), method="courtroom",
                    model=tiny, temperature=0, witness=False, max_new_tokens=200)
     Verifier(config).close()

@@ -1,4 +1,5 @@
-"""G-Eval faithfulness (eval/faithfulness.py, debate/methods/faithfulness_judge.py, debate/pipeline/faithfulness.py): the protocols' prompts, the weighted score on a
+"""G-Eval faithfulness (eval/faithfulness.py, debate/methods/faithfulness_judge.py, debate/pipeline/faithfulness.py):
+the protocols' prompts, the weighted score on a
 scripted judge with known probabilities, resuming, Kendall's tau-c, and the explanation task end to end on a tiny
 model."""
 import json
@@ -59,7 +60,8 @@ def test_weighted_score_is_the_probability_weighted_mean_renormalised():
 
 def test_sentence_units_are_punkts_sentences():
     text = "Mr. Smith said so on Jan. 3, 2013. The pens cost $14.99 each!  Nothing else."
-    assert faithfulness.units_of("sentence", text) == ["Mr. Smith said so on Jan. 3, 2013.", "The pens cost $14.99 each!",
+    assert faithfulness.units_of("sentence", text) == ["Mr. Smith said so on Jan. 3, 2013.",
+                                                       "The pens cost $14.99 each!",
                                                 "Nothing else."]
     assert faithfulness.units_of("document-typology", text) == [text.strip()]
     assert faithfulness.units_of("sentence", "  ") == [] and faithfulness.units_of("document", None) == []

@@ -278,7 +278,8 @@ def test_averitec_label_fields_render_the_papers_label_wording():
     final = render("moderator_final", affirmative_argument="A", negative_argument="N", claim="C", **AV)
     assert f"from these labels: {old_choices}." in final and old_answer in final
     assert old_answer in verdict_answer(AVERITEC)
-    assert verdict_criteria(AVERITEC).splitlines()[1] == "- Supported: the credible evidence given backs the claim in full."
+    assert verdict_criteria(AVERITEC).splitlines()[1] == \
+        "- Supported: the credible evidence given backs the claim in full."
 
 
 def test_passages_render_as_numbered_texts_with_their_source():

@@ -13,20 +13,13 @@ import run_debate
 from debate.engine import models
 from debate.pipeline import progress, records
 from debate.data import prompts
-from tests.tiny_models import build_tiny_llama
+from tests.conftest import run_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
-
-
 def argv(model, out, *extra):
-    return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "4",
-            "--max-rounds", "1", "--batch-size", "2", "--limit", "2", "--output-dir", str(out), "--no-structured",
-            *extra]
+    return run_argv(model, out, *extra, batch_size=2, limit=2)
 
 
 def snapshot(directory):
@@ -280,7 +273,8 @@ def parsers():
             "debatecv-geval": faithfulness.build_parser()}
 
 
-@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec", "debatecv-geval"])
+@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec",
+                                  "debatecv-geval"])
 def test_help_shows_every_default(name):
     from debate.pipeline.cli import HelpFormatter
 

@@ -11,12 +11,7 @@ from debate.data import prompts
 from debate.pipeline import records, scoring
 from eval import compare
 from eval.averitec import InputError
-from tests.tiny_models import build_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+from tests.conftest import run_argv
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +21,7 @@ def shipped_prompts():
 
 
 def argv(model, out, *extra):
-    return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "6",
-            "--max-rounds", "1", "--batch-size", "4", "--limit", "4", "--no-structured", "--output-dir", str(out),
-            *extra]
+    return run_argv(model, out, *extra, max_new_tokens=6, batch_size=4, limit=4)
 
 
 def read(path):

@@ -170,7 +170,8 @@ def load_retrieved(path):
     """Read a retrieved-evidence file into {str(claim_id): [evidence items]}.
 
     JSON list or JSONL, one object per claim: {"claim_id", "evidence": [items]}, as HerO writes it; items are
-    question-answer pairs {question, answer, url} or passages {text, url (optional)}. Ids are compared as strings so that
+    question-answer pairs {question, answer, url} or passages {text, url (optional)}. Ids are compared as strings so
+    that
     7 in one file matches "7" in another.
     """
     path = Path(path)
@@ -202,6 +203,16 @@ def evidence_items(path, where, items, field="evidence"):
             out.append({"text": required(path, where, item, "text", str, prefix=f"{name}."),
                         "url": expect(path, where, f"{name}.url", item.get("url") or "", str)})
     return out
+
+
+def item_shape(item):
+    """"qa" for a question-answer pair ({"question", "answer"} strings), "passage" for a passage ({"text"}
+    string), None for anything else: the one test of an evidence item given in memory or a SynDeC file."""
+    if not isinstance(item, dict):
+        return None
+    if all(isinstance(item.get(key), str) for key in ("question", "answer")):
+        return "qa"
+    return "passage" if isinstance(item.get("text"), str) else None
 
 
 def as_references(claims):

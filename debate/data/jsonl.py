@@ -69,11 +69,17 @@ def append_durably(f, rows):
 
 def write(path, rows):
     """Write the file atomically (a temporary file, then renamed): a reader never sees half of it."""
+    write_atomically(path, lambda f: writer(f).write_all(rows))
+
+
+def write_atomically(path, fill):
+    """`fill(f)` writes a temporary text file beside `path`, then it is renamed over `path`: a reader sees the
+    old file or the new one whole, never half of one."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            writer(f).write_all(rows)
+            fill(f)
     except OSError as err:  # a full disk: the file before stays whole, and no half-written copy takes room
         tmp.unlink(missing_ok=True)
         err.filename = err.filename or str(path)
