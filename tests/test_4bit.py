@@ -37,11 +37,6 @@ DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
-
-
-@pytest.fixture(scope="module")
 def smooth(tmp_path_factory):
     return str(build_tiny_llama(tmp_path_factory.mktemp("smooth"), seed=0, initializer_range=0.02))
 
@@ -309,3 +304,26 @@ def test_train_moderator_dpo_with_4bit_trains_and_saves_an_adapter(smooth, tmp_p
     assert any(abs(m["loss"] - metrics[0]["loss"]) > 1e-4 for m in metrics[1:])
     reloaded = models.load_roles({"moderator": smooth}, {"moderator": str(adapter)}, use_4bit=True)["moderator"]
     assert reloaded.loaded.quantized
+
+
+def test_bitsandbytes_cannot_reach_the_hub_kernel_even_with_kernels_installed(tmp_path):
+    # A stand-in `kernels` package that records being imported: bitsandbytes' CPU backend would import it and
+    # fetch a kernel from the hub (debate/engine/offline.py). After our import it is never reached.
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site" / "kernels"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "def get_kernel(*a, **k):\n    raise RuntimeError('hub')\n")
+    script = ("import logging, sys\n"
+              "import debate.engine.models\n"
+              "import bitsandbytes\n"
+              "try:\n    from kernels import get_kernel\nexcept ImportError:\n    print('blocked')\n"
+              "print(logging.getLogger('bitsandbytes.backends.cpu.ops').getEffectiveLevel())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path / 'site'}:{Path.cwd()}"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["blocked", str(__import__("logging").ERROR)] and not marker.exists()
+    assert "kernels-community" not in done.stderr
