@@ -16,7 +16,6 @@ from debate.pipeline import cli, runner
 from train import loop, settings, stages, syndec
 from train.settings import DEFAULTS as D
 
-
 # Where a default comes from; the others are shown without a source.
 TRAIN_SOURCES = {"batch_size": cli.OURS, "max_rounds": cli.PAPER, "lora_r": cli.PAPER, "lora_alpha": cli.PAPER,
                  "lr": cli.PAPER, "epochs": cli.PAPER, "micro_batch": cli.OURS, "grad_accum": cli.OURS,

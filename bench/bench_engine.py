@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.methods import debatecv
 from debate.engine import engine, models
+from debate.methods import debatecv
 from tests.tiny_models import bench_claims, build_tiny_llama  # noqa: E402
 
 

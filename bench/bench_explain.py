@@ -6,7 +6,8 @@
 Each method runs as `run_debate.py --task explain --method NAME` with the data flags of --data (default
 `--dataset politihop --split test --evidence ruling`: PolitiHop's claims, each one's whole PolitiFact ruling
 as evidence, as the paper's explanations had, and their gold labels; add `--data-dir DIR` inside it when the
-data is elsewhere), in its own resumable run directory OUT/<method>; then the faithfulness judge (debate.pipeline.faithfulness) rates every explanation under
+data is elsewhere), in its own resumable run directory OUT/<method>; then the faithfulness judge
+(debate.pipeline.faithfulness) rates every explanation under
 the four protocols with --judge-model (default: the embedded Gemma 3 270M, which also generates by
 default: a 270M judge's ratings say little about faithfulness; they show the pipeline runs). A rerun
 resumes both the runs and the ratings.
@@ -27,8 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate.pipeline import cli, runner  # noqa: E402
-from debate.pipeline import faithfulness as judge_run  # noqa: E402
+from debate.pipeline import (  # noqa: E402
+    cli,
+    faithfulness as judge_run,  # noqa: E402
+    runner,
+)
 from eval import faithfulness  # noqa: E402
 
 METHODS = ("zero-shot", "cot", "self-refine", "madr")

@@ -129,7 +129,6 @@ def _measure(model_dir, r, length, target):
     torch.manual_seed(0)
     model, _, loaded = lora.load_trainable(model_dir, r=r, alpha=2 * r, use_4bit=True, dropout=0.0)
     assert loaded.quantized
-    base = loaded.model
     import bitsandbytes as bnb
 
     size = lambda t: t.numel() * t.element_size()  # noqa: E731

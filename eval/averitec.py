@@ -17,9 +17,9 @@ import json
 import sys
 
 from debate.data import claims
+from debate.data.flags import Parser
 from debate.data.inputs import DataError
 from debate.data.labels import AVERITEC, LABELS, canonical_label
-from debate.data.flags import Parser
 from eval import metrics, wordnet
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)

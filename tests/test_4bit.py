@@ -23,12 +23,12 @@ import torch
 
 import run_debate
 import train_moderator
+from debate.data.labels import LABELS
 from debate.engine import models
 from debate.pipeline import records
-from debate.data.labels import LABELS
 from tests import syndec_task
 from tests.tiny_models import build_tiny_llama
-from train import examples, losses, lora, stages, syndec
+from train import examples, lora, losses, stages, syndec
 
 LOGIT_TOLERANCE = 0.3  # NF4 vs float32, measured 0.086 (module docstring)
 ROUNDING_TOLERANCE = 0.01  # NF4 vs float32 holding the NF4-rounded weights, measured 0.0024

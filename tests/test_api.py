@@ -9,9 +9,9 @@ import pytest
 
 import run_debate
 from debate.data.inputs import DataError
-from debate.pipeline import config, records
-from debate.engine import models
 from debate.data.labels import LABELS
+from debate.engine import models
+from debate.pipeline import config, records
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -162,8 +162,8 @@ def test_the_verifier_loads_once_and_verifies_batch_after_batch(tiny, user_data,
 
 def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(tiny, monkeypatch, tmp_path):
     from debate import Verifier, build
-    from debate.methods.courtroom import case
     from debate.data import checkcovid
+    from debate.methods.courtroom import case
     from debate.pipeline.config import to_dict
 
     data_dir = shared_dir("check-covid")

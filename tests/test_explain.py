@@ -5,9 +5,9 @@ import re
 
 import pytest
 
+from debate.data.prompts import load_prompt
 from debate.engine import engine
 from debate.methods import explain, turns
-from debate.data.prompts import load_prompt
 from debate.pipeline import config as run_config, config_file, method_table, runner
 from debate.pipeline.config import ConfigError
 from tests import scripted as engine_script

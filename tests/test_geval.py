@@ -8,9 +8,9 @@ import re
 import pytest
 
 import run_debate
+from debate.data.prompts import load_prompt
 from debate.engine import models
 from debate.methods import faithfulness_judge as judging
-from debate.data.prompts import load_prompt
 from debate.pipeline import faithfulness as judge_run
 from eval import faithfulness
 from eval.averitec import InputError

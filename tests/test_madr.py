@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from debate.engine import engine
-from debate.methods import explain, madr, turns
 from debate.data.labels import REFUTED
 from debate.data.prompts import load_prompt
+from debate.engine import engine
+from debate.methods import explain, madr, turns
 from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": REFUTED,

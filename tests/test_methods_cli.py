@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate.pipeline import records
 from debate.data.labels import LABELS
+from debate.pipeline import records
 
 
 def argv(model, out, method, *extra):

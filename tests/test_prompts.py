@@ -2,10 +2,17 @@
 import pytest
 
 import debate.data.prompts as prompts
-from debate.data.parsing import KEYS
 from debate.data.labels import AVERITEC
-from debate.data.prompts import (PromptError, format_evidence, load_prompt, placeholders, render, verdict_answer,
-                                 verdict_criteria)
+from debate.data.parsing import KEYS
+from debate.data.prompts import (
+    PromptError,
+    format_evidence,
+    load_prompt,
+    placeholders,
+    render,
+    verdict_answer,
+    verdict_criteria,
+)
 
 # The protocol code relies on these names; a renamed placeholder must fail here first.
 PLACEHOLDERS = {

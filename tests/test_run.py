@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate.pipeline import records
 from debate.data.labels import LABELS
+from debate.pipeline import records
 from eval import averitec
 from tests.tiny_models import build_random_lora
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import run_debate
+from debate.data import prompts
 from debate.engine import models
 from debate.pipeline import progress, records
-from debate.data import prompts
 from tests.conftest import run_argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,8 +264,7 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
 
 def parsers():
     import train_moderator
-    from debate.pipeline import cli
-    from debate.pipeline import faithfulness
+    from debate.pipeline import cli, faithfulness
     from eval import averitec, compare
 
     return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),

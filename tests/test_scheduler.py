@@ -9,8 +9,8 @@ import pytest
 
 import run_debate
 from debate.engine import engine, scheduler
-from debate.pipeline import records
 from debate.methods import turns
+from debate.pipeline import records
 
 SETTINGS = engine.Settings(max_new_tokens=4, temperature=0.0)
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from debate.methods import debatecv
-from debate.engine import chat, engine
 from debate.data.labels import REFUTED, SUPPORTED
 from debate.data.parsing import KEYS, parse_moderator
+from debate.engine import chat, engine
+from debate.methods import debatecv
 from tests import syndec_task
-from train import examples, lora, loop, losses, stages
+from train import examples, loop, lora, losses, stages
 from train.settings import TrainSettings
 
 CPU = torch.device("cpu")

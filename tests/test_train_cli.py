@@ -9,9 +9,9 @@ import pytest
 
 import run_debate
 import train_moderator
+from debate.data.labels import REFUTED, SUPPORTED
 from debate.engine import engine
 from debate.pipeline import records
-from debate.data.labels import REFUTED, SUPPORTED
 from tests import syndec_task
 from tests.test_run import responses
 from tests.tiny_models import build_tiny_llama

@@ -17,6 +17,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable, List, Optional, Union
 
 import torch
 from tqdm import tqdm
@@ -61,7 +62,7 @@ class TrainConfig:
                    save_every=settings.save_every, seed=settings.seed)
 
 
-def micro_batches(n, epoch, cfg, rank=0, world=1):
+def micro_batches(n: int, epoch: int, cfg: TrainConfig, rank: int = 0, world: int = 1) -> List[List[int]]:
     """This process's micro-batches (lists of example indices) of `epoch`."""
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
     order = torch.randperm(n, generator=generator).tolist()
@@ -69,11 +70,11 @@ def micro_batches(n, epoch, cfg, rank=0, world=1):
     return [order[i:i + cfg.micro_batch] for i in range(0, len(order), cfg.micro_batch)]
 
 
-def steps_per_epoch(n, cfg, world=1):
+def steps_per_epoch(n: int, cfg: TrainConfig, world: int = 1) -> int:
     return math.ceil(len(micro_batches(n, 0, cfg, 0, world)) / cfg.grad_accum)
 
 
-def lr_factor(step, total, warmup, schedule):
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     """Multiplier of the peak learning rate at optimizer step `step` (0-based)."""
     if step < warmup:
         return (step + 1) / warmup
@@ -85,7 +86,7 @@ def lr_factor(step, total, warmup, schedule):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def autocast(device):
+def autocast(device: torch.device) -> Any:
     """Mixed precision for a forward pass on `device`: bf16 (fp16 where the card lacks bf16) on CUDA, where the
     4-bit base computes in it; nothing on CPU, where training runs in fp32."""
     if device.type == "cuda":
@@ -93,7 +94,7 @@ def autocast(device):
     return contextlib.nullcontext()
 
 
-def latest_checkpoint(out_dir):
+def latest_checkpoint(out_dir: Union[str, Path]) -> Optional[Path]:
     """The newest complete checkpoint directory under `out_dir`, or None."""
     root = Path(out_dir) / CHECKPOINTS
     done = sorted(p for p in root.glob("step-*") if (p / STATE).exists()) if root.exists() else []
@@ -168,8 +169,9 @@ def _stops_after_a_step(desc, out, total):
         raise
 
 
-def train(model, examples, step_loss, make_batch, cfg, out_dir, loaded, accelerator, *, resume=False,
-          stop_after=None, desc="train", fingerprint=None):
+def train(model: Any, examples: List[dict], step_loss: Callable, make_batch: Callable[[List[dict]], dict],
+          cfg: TrainConfig, out_dir: Union[str, Path], loaded: Any, accelerator: Any, *, resume: bool = False,
+          stop_after: Optional[int] = None, desc: str = "train", fingerprint: Optional[dict] = None) -> dict:
     """Train `model`'s adapter on `examples`; returns the summary dict (also written to summary.json).
 
     step_loss(model, batch) -> (loss, metrics dict, target tokens); make_batch(list of examples) -> batch.

@@ -17,17 +17,17 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate.pipeline import config, config_file, evidence, lock, method_table, records, runner, stops
-from debate.engine import engine, models
 from debate.data import prompts
-from train import corrector, examples, lora, loop, losses, syndec
+from debate.engine import engine, models
+from debate.pipeline import config, config_file, evidence, lock, method_table, records, runner, stops
+from train import corrector, examples, loop, lora, losses, syndec
 from train.settings import STAGES, TrainSettings, with_models
 
 # What the stages say goes to this logger; train_moderator.py prints it as plain lines on stdout.
@@ -136,6 +136,7 @@ def correct(settings: TrainSettings) -> None:
     log.info(f"correct: {len(wrong)} wrong predictions of {len(rows)}; Corrector: {settings.corrector_model}")
     if wrong:
         agent = models.load_roles({"corrector": settings.corrector_model}, use_4bit=settings.use_4bit)["corrector"]
+        assert settings.max_new_tokens is not None  # settings.from_args fills it per split
         decoding = engine.Settings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                    top_p=settings.top_p, seed=settings.seed, structured=settings.structured)
         try:
@@ -316,6 +317,10 @@ def check(settings: TrainSettings, todo: Sequence[str]) -> None:
         models.check_adapter(sft_adapter, configs[settings.model], settings.model)
 
 
+STAGE_FUNCTIONS: Dict[str, Callable[[TrainSettings], object]] = {"synth": synth, "correct": correct, "sft": sft,
+                                                                  "dpo": dpo}
+
+
 def train_config(settings: TrainSettings, ran: Sequence[str], before: Optional[dict] = None) -> dict:
     """train_config.json: the settings, the precision really used, and the models each stage that ran used;
     what an earlier invocation recorded of the stages it ran is kept."""
@@ -328,7 +333,7 @@ def train_config(settings: TrainSettings, ran: Sequence[str], before: Optional[d
               "precision": "nf4" if precision["quantized"] else precision["dtype"]}
     config["models"] = dict(before.get("models") or {})
     for stage in ran:
-        config["models"][stage] = {role: {"path": os.path.realpath(path), **precision}
+        config["models"][stage] = {role: {"path": os.path.realpath(str(path)), **precision}
                                    for role, path in used[stage].items()}
     config["stages_run"] = [s for s in STAGES if s in ran or s in before.get("stages_run", [])]
     return config
@@ -362,7 +367,7 @@ def run(settings: TrainSettings) -> None:
             for stage in todo:
                 try:
                     with replacing(stage, settings.out, settings.overwrite):
-                        {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](settings)
+                        STAGE_FUNCTIONS[stage](settings)
                 except BaseException as err:
                     stops.note(err, f"the stages before {stage} in {settings.out}",
                                resume=f"the same command goes on from the {stage} stage")

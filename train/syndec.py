@@ -12,10 +12,10 @@ The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 from pathlib import Path
 
 from debate.data import jsonl
-from debate.pipeline import records as run_records
 from debate.data.claims import item_shape, json_problem
 from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LabelSet
+from debate.pipeline import records as run_records
 
 
 class SynDeCError(ValueError):

@@ -35,11 +35,16 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from debate.engine.errors import ModelLoadError, one_line  # noqa: E402,F401  (re-exported: callers catch models.ModelLoadError)
+
 # GGUF files: the embedded model's path and the conversion to a cached HF directory (debate/engine/gguf.py); the
 # private names are the ones this module's loaders have always called.
-from debate.engine.gguf import cache_root, default_model_path  # noqa: E402,F401  (re-exported)
-from debate.engine.gguf import convert as _convert_gguf, converted_dir as _gguf_cache_dir  # noqa: E402
-from debate.engine.gguf import is_gguf_file as _is_gguf_file  # noqa: E402
+from debate.engine.gguf import (  # noqa: E402,F401  (re-exported)
+    cache_root,
+    convert as _convert_gguf,  # noqa: E402
+    converted_dir as _gguf_cache_dir,
+    default_model_path,
+    is_gguf_file as _is_gguf_file,  # noqa: E402
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ claim of a batch, and no model call waits for a whole batch of claims to reach t
 Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
 """
-import itertools
 import contextvars
+import itertools
 import threading
 from dataclasses import astuple, dataclass
 

@@ -15,10 +15,10 @@ sentences as its METEOR tokenizer does.
 """
 import re
 
-from debate.engine import engine
-from debate.methods import turns
 from debate.data.parsing import read_fields
 from debate.data.prompts import load_prompt, render
+from debate.engine import engine
+from debate.methods import turns
 
 PROTOCOLS = ("sentence", "sentence-typology", "document", "document-typology")  # Table 2's column order
 SCORE_KEY = "Faithfulness"

@@ -5,14 +5,24 @@ where a paper gives the value, "ours" where it does not. docs/FIDELITY.md has th
 """
 import argparse
 
-from debate.pipeline import config
 from debate.data import datasets
-# The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
-from debate.pipeline.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
-                                PAPER_TEMPERATURE, ConfigError)
-from debate.pipeline.config import EXPLAIN_METHODS, TASKS
+
 # Every CLI's parser (eval's and train's too) lives in the data wing, which they all may import.
 from debate.data.flags import HelpFormatter, Parser  # noqa: F401  (re-exported: the CLIs import them from here)
+from debate.pipeline import config
+
+# The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
+from debate.pipeline.config import (
+    COURTROOM_TEMPERATURES,
+    DEMO_TURN,
+    EXPLAIN_METHODS,
+    FULL_TURN,
+    MAX_JUDGES,
+    METHOD_NAMES,
+    PAPER_TEMPERATURE,
+    TASKS,
+    ConfigError,
+)
 
 
 class ListDatasets(argparse.Action):

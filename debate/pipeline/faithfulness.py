@@ -28,9 +28,23 @@ from debate.pipeline.config import ConfigError
 from debate.pipeline.records import read_jsonl
 from eval import faithfulness
 from eval.averitec import InputError
-from eval.faithfulness import (PROTOCOLS, RATINGS, SAMPLES, SEED, explanation_digest, agreement, agreement_table,
-                               explanation_score, read_human, read_predictions, row_name, summarize, table,
-                               units_of, weighted_score)
+from eval.faithfulness import (
+    PROTOCOLS,
+    RATINGS,
+    SAMPLES,
+    SEED,
+    agreement,
+    agreement_table,
+    explanation_digest,
+    explanation_score,
+    read_human,
+    read_predictions,
+    row_name,
+    summarize,
+    table,
+    units_of,
+    weighted_score,
+)
 
 
 def _claims_of(run_dir):

@@ -9,8 +9,10 @@ import shutil
 from pathlib import Path
 
 from debate.data import jsonl
+
 # The settings that change what a run predicts (config fields marked identity, and the prompts' hash).
 from debate.pipeline.config import IDENTITY_KEYS
+
 # The run's files are named once, where eval reads them back.
 from eval.rundir import CONFIG, METRICS, PREDICTIONS, SUBMISSION, TRANSCRIPTS
 

@@ -12,18 +12,27 @@ from dataclasses import replace
 from pathlib import Path
 
 from debate.data import claims as data, prompts
+from debate.data.inputs import DataError
+from debate.data.prompts import PromptError
 from debate.engine import models, retrieval, scheduler
+from debate.engine.retrieval import RetrievalError
+from debate.engine.schema import SchemaBudgetError
 from debate.methods import madr, turns
 from debate.pipeline import evidence, lock, progress, records, shards, stops, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError
-from debate.pipeline.method_table import (EXPLAIN_TURNS_AT_MOST, TURNS_AT_MOST, check_schemas, load_agents,
-                                          method_entry, method_options, model_roles, role_models, settings_of)
 from debate.pipeline.config_file import config_json, saved_config
+from debate.pipeline.method_table import (
+    EXPLAIN_TURNS_AT_MOST,
+    TURNS_AT_MOST,
+    check_schemas,
+    load_agents,
+    method_entry,
+    method_options,
+    model_roles,
+    role_models,
+    settings_of,
+)
 from debate.pipeline.scoring import finish, finish_trials, score_retrieved, scoring_notes
-from debate.data.prompts import PromptError
-from debate.data.inputs import DataError
-from debate.engine.retrieval import RetrievalError
-from debate.engine.schema import SchemaBudgetError
 from eval.averitec import InputError
 from eval.wordnet import WordNetMissingError
 

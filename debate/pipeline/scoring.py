@@ -6,8 +6,16 @@ from pathlib import Path
 from debate.data import claims as data
 from debate.pipeline import records, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS
-from eval import (averitec, evidence as evidence_scores, faithfulness, metrics as label_scores, proclaim_measures,
-                  report, trials as trial_metrics, wordnet)
+from eval import (
+    averitec,
+    evidence as evidence_scores,
+    faithfulness,
+    metrics as label_scores,
+    proclaim_measures,
+    report,
+    trials as trial_metrics,
+    wordnet,
+)
 
 
 def meteor_scored(config, claims):
