@@ -21,7 +21,7 @@ from debate.data.claims import item_shape
 from debate.data.inputs import DataError
 from debate.engine import models
 from debate.methods import turns
-from debate.pipeline import evidence, method_table, runner, stops
+from debate.pipeline import method_table, run_claims, runner, stops
 from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
@@ -43,10 +43,10 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> Optional[dict]:
 def courtroom_corpus(config: RunConfig) -> Optional[list]:
     """The passages the courtroom's retrieval searches where no --corpus is given and no split is read: the
     dataset's own corpus (Check-COVID's abstracts), else None (each claim's own evidence). A run of the CLI pools
-    its split's evidence instead (debate.pipeline.evidence); a Verifier's claims come batch by batch."""
+    its split's evidence instead (debate.pipeline.run_claims); a Verifier's claims come batch by batch."""
     if config.method.method not in COURTROOM_METHODS or config.courtroom.corpus:
         return None
-    return evidence.own_corpus(datasets.get(config.data.dataset), config.data.data_dir)
+    return run_claims.own_corpus(datasets.get(config.data.dataset), config.data.data_dir)
 
 
 class Verifier:

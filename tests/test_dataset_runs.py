@@ -186,25 +186,25 @@ def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(ti
 
 def test_the_courtrooms_corpus_is_the_datasets_own_read_once_else_the_splits_evidence_pooled():
     from debate.data import checkcovid
-    from debate.pipeline import config as run_config, evidence
+    from debate.pipeline import config as run_config, run_claims
 
     data_dir = shared_dir("check-covid")
     if not (data_dir / "corpus.json").is_file():
         missing(f"no shared check-covid data at {data_dir}")
     settings = dict(dataset="check-covid", split="test", data_dir=str(data_dir), method="courtroom", model="m")
-    golden = evidence.read(run_config.build(**settings, evidence="golden"))
+    golden = run_claims.read(run_config.build(**settings, evidence="golden"))
     assert golden.passages == checkcovid.corpus_passages(data_dir) and golden.corpus is None
-    retrieved = evidence.read(run_config.build(**settings, evidence="retrieved"))
+    retrieved = run_claims.read(run_config.build(**settings, evidence="retrieved"))
     assert retrieved.passages is retrieved.corpus  # the abstracts retrieval reads are the courtroom's corpus
     assert retrieved.passages == golden.passages
-    plain = evidence.read(run_config.build(**{**settings, "method": "rag-cot"}, evidence="golden"))
+    plain = run_claims.read(run_config.build(**{**settings, "method": "rag-cot"}, evidence="golden"))
     assert plain.passages is None  # only the courtroom's methods search a corpus
 
 
 def test_a_dataset_without_a_corpus_gives_the_courtroom_its_splits_evidence_pooled(user_data):
-    from debate.pipeline import config as run_config, evidence
+    from debate.pipeline import config as run_config, run_claims
 
-    inputs = evidence.read(run_config.build(dataset="jsonl", split="dev", data_dir=str(user_data), method="courtroom",
+    inputs = run_claims.read(run_config.build(dataset="jsonl", split="dev", data_dir=str(user_data), method="courtroom",
                                             model="m"))
     assert [p["text"] for p in inputs.passages] == [c["evidence"][0]["text"] for c in USER_CLAIMS]
 

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from debate.data import prompts
 from debate.engine import engine, models
-from debate.pipeline import config, config_file, evidence, lock, method_table, records, runner, stops
+from debate.pipeline import config, config_file, lock, method_table, records, run_claims, runner, stops
 from train import corrector, examples, loop, lora, losses, syndec
 from train.settings import STAGES, TrainSettings, with_models
 
@@ -121,7 +121,7 @@ def synth(settings: TrainSettings) -> None:
     p = paths(settings.out)
     synth_run = synth_config(settings)
     runner.run(synth_run, log=log.info)
-    inputs = evidence.read(synth_run)  # golden or a retrieved file: nothing to retrieve
+    inputs = run_claims.read(synth_run)  # golden or a retrieved file: nothing to retrieve
     rows = syndec.build(p["debates"], inputs.claims, inputs.labels)
     syndec.write(p["syndec"], rows)
     right = sum(r["correct"] for r in rows)
@@ -298,7 +298,7 @@ def check(settings: TrainSettings, todo: Sequence[str]) -> None:
     prompts.check_files()
     if "synth" in todo:
         synth_run = synth_config(settings)
-        runner.check_run(synth_run, evidence.read(synth_run).claims)
+        runner.check_run(synth_run, run_claims.read(synth_run).claims)
         precision = models.precision(synth_run.models.use_4bit)
         records.check(synth_run.output.output_dir,
                       config_file.config_json(synth_run, method_table.model_roles(synth_run), precision),

@@ -18,7 +18,7 @@ from debate.engine import models, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
 from debate.methods import madr, turns
-from debate.pipeline import evidence, lock, progress, records, shards, stops, store_retrieval
+from debate.pipeline import lock, progress, records, run_claims, shards, stops, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError
 from debate.pipeline.config_file import config_json, saved_config
 from debate.pipeline.method_table import (
@@ -38,9 +38,9 @@ from eval.wordnet import WordNetMissingError
 
 
 def load_claims(config, log=print):
-    """The run's claims with their evidence (debate/pipeline/evidence.py); loads the encoder when the retrieved
+    """The run's claims with their evidence (debate/pipeline/run_claims.py); loads the encoder when the retrieved
     evidence comes from a corpus, so call it once the run's checks have passed."""
-    return evidence.retrieve(evidence.read(config), config, log).claims
+    return run_claims.retrieve(run_claims.read(config), config, log).claims
 
 
 def check_run(config, claims, encoder_needed=False):
@@ -91,7 +91,7 @@ def run(config, log=print):
 def _run_checked(config, prompt_info, world, log):
     """`run` once its prompts are checked and in use."""
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
-    inputs = evidence.read(config)
+    inputs = run_claims.read(config)
     store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None)
     if store:
@@ -106,7 +106,7 @@ def _run_checked(config, prompt_info, world, log):
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
     with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
-        inputs = evidence.retrieve(inputs, config, log)
+        inputs = run_claims.retrieve(inputs, config, log)
         if store and config.retrieval.retrieve_only:
             return score_retrieved(config, inputs.claims, log)
         shards.start(world)
