@@ -3,12 +3,12 @@
 This module is the arithmetic and the reading: a rating's score, an explanation's, the bootstrap interval,
 Kendall's tau-c, the tables, the people's scores. The judge itself runs in the pipeline wing
 (debate.pipeline.faithfulness, `debatecv-geval RUN_DIR ... --judge-model M`), which reads each run's claims
-through the runner, rates with debate.methods.faithfulness_judge and computes its table here: eval reads
+through the runner, rates with debate.methods.geval_judge and computes its table here: eval reads
 runs, it never starts one.
 
 Each run directory is one method, one row of the table: any run whose predictions carry justifications
 (an explanation run of --task explain, a verification run with or without --refine madr). For each
-explanation and protocol (debate.methods.faithfulness_judge: sentence or document level, with or without the error
+explanation and protocol (debate.methods.geval_judge: sentence or document level, with or without the error
 typology) the judge model rates the explanation as a whole, or each of its sentences, from 1 to 5, against
 the evidence it was written from (the record's own when it has some, as the courtroom's, else its claim's
 under the run's evidence condition). The
@@ -42,7 +42,7 @@ from eval import rundir
 from eval.averitec import InputError
 from eval.meteor import sentences
 
-PROTOCOLS = ("sentence", "sentence-typology", "document", "document-typology")  # = debate.methods.faithfulness_judge's
+PROTOCOLS = ("sentence", "sentence-typology", "document", "document-typology")  # = debate.methods.geval_judge's
 SCORES = ("1", "2", "3", "4", "5")
 RATINGS = "geval.jsonl"
 SAMPLES, SEED = 10_000, 0

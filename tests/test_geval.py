@@ -1,4 +1,4 @@
-"""G-Eval faithfulness (eval/faithfulness.py, debate/methods/faithfulness_judge.py, debate/pipeline/faithfulness.py):
+"""G-Eval faithfulness (eval/faithfulness.py, debate/methods/geval_judge.py, debate/pipeline/faithfulness.py):
 the protocols' prompts, the weighted score on a
 scripted judge with known probabilities, resuming, Kendall's tau-c, and the explanation task end to end on a tiny
 model."""
@@ -10,7 +10,7 @@ import pytest
 import run_debate
 from debate.data.prompts import load_prompt
 from debate.engine import models
-from debate.methods import faithfulness_judge as judging
+from debate.methods import geval_judge as judging
 from debate.pipeline import faithfulness as judge_run
 from eval import faithfulness
 from eval.averitec import InputError

@@ -40,7 +40,7 @@ NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final
          "madr_typology_feedback", "madr_typology_question", "majority_ballot", "majority_vote", "moderator_final",
          "moderator_meta", "moderator_round", "negative_opening", "no_evidence", "ragcot", "verdict_answer",
          "verdict_labels", "witness_meta", "witness_testimony") + (
-    # the explanation task and its faithfulness judge (debate/methods/explain.py, debate/methods/faithfulness_judge.py)
+    # the explanation task and its faithfulness judge (debate/methods/explain.py, debate/methods/geval_judge.py)
     "explain_cot", "explain_zero_shot", "geval_document", "geval_sentence", "geval_typology", "geval_typology_step",
     "self_refine_feedback", "self_refine_revise") + (
     # retrieval from a knowledge store, HerO's strategy (debate/methods/hero_retrieval.py)

@@ -5,7 +5,7 @@
 
 It is a run of the pipeline wing as any other: each run's claims and evidence are read back through the
 runner (debate.pipeline.runner.load_claims, as the run's config.json says), the judge is loaded by the
-engine and asked by debate.methods.faithfulness_judge, and the ratings, scores, intervals and tables are
+engine and asked by debate.methods.geval_judge, and the ratings, scores, intervals and tables are
 eval.faithfulness's arithmetic. So eval only reads runs, and nothing in eval starts one.
 
 The module doc of eval.faithfulness says what is scored and how; ratings are appended to RUN_DIR/geval.jsonl
@@ -22,7 +22,7 @@ from debate.data.flags import Parser
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError, format_evidence
 from debate.engine import models
-from debate.methods import faithfulness_judge as judging
+from debate.methods import geval_judge as judging
 from debate.pipeline import config as run_config, runner
 from debate.pipeline.config import ConfigError
 from debate.pipeline.records import read_jsonl
