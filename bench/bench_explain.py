@@ -33,7 +33,7 @@ from debate.pipeline import (  # noqa: E402
     faithfulness as judge_run,  # noqa: E402
     runner,
 )
-from eval import faithfulness  # noqa: E402
+from eval import geval_scores  # noqa: E402
 
 METHODS = ("zero-shot", "cot", "self-refine", "madr")
 
@@ -100,7 +100,7 @@ def main():
         seconds, stats = run_method(method, args, out / method, log)
         rows[method] = {"seconds": seconds, "stats": stats, "run_dir": str(out / method)}
     start = time.perf_counter()
-    result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, faithfulness.PROTOCOLS,
+    result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, geval_scores.PROTOCOLS,
                                 names=list(args.methods), batch_size=args.batch_size, log=log)
     judge_seconds = time.perf_counter() - start
     summary = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
@@ -110,7 +110,7 @@ def main():
                "geval": {row["name"]: row["scores"] for row in result["methods"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"G-Eval faithfulness, judge {result['judge']} ({judge_seconds:.0f} s for every rating not already made)")
-    print(faithfulness.table(result))
+    print(geval_scores.table(result))
     print()
     print(cost_table(rows))
 

@@ -161,7 +161,7 @@ def geval(run_dirs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], 
     each) as `debatecv-geval` scores them, judged by `judge_model` (default: the embedded model) under
     `protocols` ("all" or some of sentence, sentence-typology, document, document-typology); `human`: a JSONL
     file of people's scores for Kendall's tau-c. Returns the result: per row and protocol the mean and its 95%
-    bootstrap interval, and every explanation's score; eval.faithfulness.table(result) is the paper's Table 2
+    bootstrap interval, and every explanation's score; eval.geval_scores.table(result) is the paper's Table 2
     layout.
     """
     from debate.pipeline import faithfulness as judge_run

@@ -6,9 +6,9 @@
 It is a run of the pipeline wing as any other: each run's claims and evidence are read back through the
 runner (debate.pipeline.runner.load_claims, as the run's config.json says), the judge is loaded by the
 engine and asked by debate.methods.geval_judge, and the ratings, scores, intervals and tables are
-eval.faithfulness's arithmetic. So eval only reads runs, and nothing in eval starts one.
+eval.geval_scores's arithmetic. So eval only reads runs, and nothing in eval starts one.
 
-The module doc of eval.faithfulness says what is scored and how; ratings are appended to RUN_DIR/geval.jsonl
+The module doc of eval.geval_scores says what is scored and how; ratings are appended to RUN_DIR/geval.jsonl
 as they are made, so a stopped evaluation resumes.
 """
 import json
@@ -26,9 +26,9 @@ from debate.methods import geval_judge as judging
 from debate.pipeline import config as run_config, runner
 from debate.pipeline.config import ConfigError
 from debate.pipeline.records import read_jsonl
-from eval import faithfulness
+from eval import geval_scores
 from eval.averitec import InputError
-from eval.faithfulness import (
+from eval.geval_scores import (
     PROTOCOLS,
     RATINGS,
     SAMPLES,
@@ -174,8 +174,8 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the bootstrap (default: {SEED})")
     parser.add_argument("--json", metavar="OUT", help="also write the whole result (every explanation's score) here "
                         "(default: the table only)")
-    # eval.faithfulness's doc says what is scored and how (its first two paragraphs and last line are about code).
-    parser.epilog = faithfulness.__doc__.split("\n\n", 2)[2].rsplit("\n\n", 1)[0]
+    # eval.geval_scores's doc says what is scored and how (its first two paragraphs and last line are about code).
+    parser.epilog = geval_scores.__doc__.split("\n\n", 2)[2].rsplit("\n\n", 1)[0]
     return parser
 
 
