@@ -7,7 +7,7 @@ Each method runs as `run_debate.py --task explain --method NAME` with the data f
 `--dataset politihop --split test --evidence ruling`: PolitiHop's claims, each one's whole PolitiFact ruling
 as evidence, as the paper's explanations had, and their gold labels; add `--data-dir DIR` inside it when the
 data is elsewhere), in its own resumable run directory OUT/<method>; then the faithfulness judge
-(debate.pipeline.faithfulness) rates every explanation under
+(debate.pipeline.geval_run) rates every explanation under
 the four protocols with --judge-model (default: the embedded Gemma 3 270M, which also generates by
 default: a 270M judge's ratings say little about faithfulness; they show the pipeline runs). A rerun
 resumes both the runs and the ratings.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from debate.pipeline import (  # noqa: E402
     cli,
-    faithfulness as judge_run,  # noqa: E402
+    geval_run as judge_run,  # noqa: E402
     runner,
 )
 from eval import geval_scores  # noqa: E402

@@ -164,7 +164,7 @@ def geval(run_dirs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], 
     bootstrap interval, and every explanation's score; eval.geval_scores.table(result) is the paper's Table 2
     layout.
     """
-    from debate.pipeline import faithfulness as judge_run
+    from debate.pipeline import geval_run as judge_run
 
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else list(run_dirs)
     protocols = judge_run.PROTOCOLS if protocols == "all" else [protocols] if isinstance(protocols, str) else protocols

@@ -2,7 +2,7 @@
 
 This module is the arithmetic and the reading: a rating's score, an explanation's, the bootstrap interval,
 Kendall's tau-c, the tables, the people's scores. The judge itself runs in the pipeline wing
-(debate.pipeline.faithfulness, `debatecv-geval RUN_DIR ... --judge-model M`), which reads each run's claims
+(debate.pipeline.geval_run, `debatecv-geval RUN_DIR ... --judge-model M`), which reads each run's claims
 through the runner, rates with debate.methods.geval_judge and computes its table here: eval reads
 runs, it never starts one.
 

@@ -38,7 +38,7 @@ def parser_of(entry):
 
 
 CONSOLE = {"debatecv-run": "run_debate.py", "debatecv-train": "train_moderator.py", "debatecv-view": "eval.view",
-           "debatecv-geval": "debate.pipeline.faithfulness"}
+           "debatecv-geval": "debate.pipeline.geval_run"}
 LAUNCHERS = ("torchrun", "accelerate")  # their own flags come first, then our script and its flags
 
 
@@ -201,7 +201,7 @@ def test_the_checker_catches_a_renamed_flag_and_a_bad_choice():
 
 
 USER_ENTRIES = ("run_debate.py", "train_moderator.py", "eval.averitec", "eval.compare", "eval.evidence", "eval.view",
-                "eval.trials", "eval.meteor", "debate.pipeline.faithfulness")
+                "eval.trials", "eval.meteor", "debate.pipeline.geval_run")
 
 
 # Pages about more than the tools their commands call: the docs' index and the benchmarks name every tool's
@@ -211,7 +211,7 @@ PAGE_TOOLS = {"docs/README.md": set(USER_ENTRIES), "docs/BENCHMARKS.md": set(USE
 # The names a line of prose may use for a tool, to name a flag of a tool other than the page's.
 TOOL_NAMES = {"run_debate.py": ("run_debate", "debatecv-run"), "train_moderator.py": ("train_moderator",
                                                                                       "debatecv-train"),
-              "debate.pipeline.faithfulness": ("debatecv-geval", "geval"), "eval.view": ("eval.view", "debatecv-view")}
+              "debate.pipeline.geval_run": ("debatecv-geval", "geval"), "eval.view": ("eval.view", "debatecv-view")}
 
 
 def page_tools(text, page=None):

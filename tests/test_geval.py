@@ -1,4 +1,4 @@
-"""G-Eval faithfulness (eval/geval_scores.py, debate/methods/geval_judge.py, debate/pipeline/faithfulness.py):
+"""G-Eval faithfulness (eval/geval_scores.py, debate/methods/geval_judge.py, debate/pipeline/geval_run.py):
 the protocols' prompts, the weighted score on a
 scripted judge with known probabilities, resuming, Kendall's tau-c, and the explanation task end to end on a tiny
 model."""
@@ -11,7 +11,7 @@ import run_debate
 from debate.data.prompts import load_prompt
 from debate.engine import models
 from debate.methods import geval_judge as judging
-from debate.pipeline import faithfulness as judge_run
+from debate.pipeline import geval_run as judge_run
 from eval import geval_scores
 from eval.averitec import InputError
 from tests import scripted as engine_script

@@ -86,7 +86,7 @@ def test_the_layout_page_names_every_package_and_module():
 
 def test_eval_never_imports_the_pipeline():
     # Eval reads runs; the pipeline starts them and calls eval to score them. Not even inside a function may
-    # eval reach back (the G-Eval judge's run is debate/pipeline/faithfulness.py, not eval's).
+    # eval reach back (the G-Eval judge's run is debate/pipeline/geval_run.py, not eval's).
     wrong = [f"eval/{path.name}:{line} {module}" for path in sorted((ROOT / "eval").glob("*.py"))
              for line, module in _imports(path) if _wing_of(module) == "pipeline" or module == "debate.api"]
     assert not wrong, "\n".join(wrong)

@@ -264,12 +264,12 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
 
 def parsers():
     import train_moderator
-    from debate.pipeline import cli, faithfulness
+    from debate.pipeline import cli, geval_run
     from eval import averitec, compare
 
     return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),
             "eval.compare": compare.build_parser(), "eval.averitec": averitec.build_parser(),
-            "debatecv-geval": faithfulness.build_parser()}
+            "debatecv-geval": geval_run.build_parser()}
 
 
 @pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec",

@@ -1,7 +1,7 @@
 """The G-Eval faithfulness judge's run: every explanation of some finished runs rated by a judge model.
 
     debatecv-geval RUN_DIR [RUN_DIR ...] --judge-model M --protocol all [--human FILE] [--json OUT]
-    (in a checkout: python -m debate.pipeline.faithfulness ...)
+    (in a checkout: python -m debate.pipeline.geval_run ...)
 
 It is a run of the pipeline wing as any other: each run's claims and evidence are read back through the
 runner (debate.pipeline.runner.load_claims, as the run's config.json says), the judge is loaded by the
