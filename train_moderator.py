@@ -8,12 +8,13 @@
 Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/dpo/adapter ...
 """
 import argparse
+import logging
 import sys
 
 from debate.data import datasets
 from debate.pipeline import cli, runner
-from train import loop, stages, syndec
-
+from train import loop, settings, stages, syndec
+from train.settings import DEFAULTS as D
 
 # Where a default comes from; the others are shown without a source.
 TRAIN_SOURCES = {"batch_size": cli.OURS, "max_rounds": cli.PAPER, "lora_r": cli.PAPER, "lora_alpha": cli.PAPER,
@@ -23,15 +24,16 @@ TRAIN_SOURCES = {"batch_size": cli.OURS, "max_rounds": cli.PAPER, "lora_r": cli.
 
 def build_parser():
     p = cli.Parser(prog="train_moderator.py", description=__doc__)
-    p.add_argument("--stage", choices=(*stages.STAGES, "all"), default="all", help="the stage to run, or all in order")
-    p.add_argument("--out", default="runs/syndec", help="directory of every stage's outputs")
-    p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them; a stage's old output "
-                   "is removed only once every check has passed")
+    p.add_argument("--stage", choices=(*settings.STAGES, "all"), default=D.stage,
+                   help="the stage to run, or all in order")
+    p.add_argument("--out", default=D.out, help="directory of every stage's outputs")
+    p.add_argument("--overwrite", action="store_true", help="redo the stages asked for instead of skipping them; a "
+                   "stage's old output is removed only once every check has passed")
     d = p.add_argument_group("synthesis (golden evidence, or --retrieved-file)")
-    d.add_argument("--dataset", default="averitec", choices=datasets.NAMES,
+    d.add_argument("--dataset", default=D.dataset, choices=datasets.NAMES,
                    help="the dataset of the training claims (run_debate.py --list-datasets shows them); the Moderator "
                    "then learns that dataset's labels")
-    d.add_argument("--split", default="train", help="a split of the dataset: AVeriTeC's DIR/<split>.json or 'demo' "
+    d.add_argument("--split", default=D.split, help="a split of the dataset: AVeriTeC's DIR/<split>.json or 'demo' "
                    "(embedded), Check-COVID's train, ...")
     d.add_argument("--data-dir", help="the dataset's folder (default: data/<dataset>; AVeriTeC: $DEBATECV_DATA, "
                    "else data/averitec)")
@@ -40,16 +42,17 @@ def build_parser():
                    "--knowledge-store DIR --retrieve-only` writes one) instead of the golden evidence the DebateCV "
                    "paper synthesises from (default: golden)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
-    d.add_argument("--batch-size", type=int, default=8, help="claims debated (or corrected) together (ours)")
+    d.add_argument("--batch-size", type=int, default=D.batch_size, help="claims debated (or corrected) together (ours)")
     d.add_argument("--max-new-tokens", type=int,
                    help=f"per turn; default {cli.FULL_TURN}, the DebateCV paper's ({cli.DEMO_TURN} on the demo "
                    "split, ours)")
-    d.add_argument("--max-rounds", type=int, default=3, help="debate rounds at most (the DebateCV paper's 3)")
-    d.add_argument("--temperature", type=float, default=cli.PAPER_TEMPERATURE,
+    d.add_argument("--max-rounds", type=int, default=D.max_rounds,
+                   help="debate rounds at most (the DebateCV paper's 3)")
+    d.add_argument("--temperature", type=float, default=D.temperature,
                    help=f"sampling temperature of synthesis and correction; 0 = greedy (default "
-                   f"{cli.PAPER_TEMPERATURE}, the DebateCV paper's)")
-    d.add_argument("--top-p", type=float, default=1.0, help="default 1.0, the DebateCV paper's")
-    d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
+                   f"{D.temperature}, the DebateCV paper's)")
+    d.add_argument("--top-p", type=float, default=D.top_p, help="default 1.0, the DebateCV paper's")
+    d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=D.structured,
                    help="decode the Moderator's and the Corrector's JSON answers under their schemas (ours)")
     m = p.add_argument_group("models")
     m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
@@ -65,42 +68,40 @@ def build_parser():
                    help="D-SFT also on wrong records, with the gold verdict and corrected justification as target")
     t.add_argument("--init-adapter", help="start D-SFT from this LoRA adapter (default: a new one)")
     t.add_argument("--sft-adapter", help="D-DPO's starting point and reference (default: OUT/sft/adapter)")
-    t.add_argument("--lora-r", type=int, default=128, help="LoRA rank")
-    t.add_argument("--lora-alpha", type=int, default=256, help="LoRA alpha")
-    t.add_argument("--lora-dropout", type=float, default=0.05,
+    t.add_argument("--lora-r", type=int, default=D.lora_r, help="LoRA rank")
+    t.add_argument("--lora-alpha", type=int, default=D.lora_alpha, help="LoRA alpha")
+    t.add_argument("--lora-dropout", type=float, default=D.lora_dropout,
                    help="LoRA dropout (ours; the paper does not give it); LoRA targets every linear layer (ours)")
-    t.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate")
-    t.add_argument("--epochs", type=int, default=2, help="passes over the records, per stage")
-    t.add_argument("--micro-batch", type=int, default=1, help="examples (DPO: pairs) per forward pass (ours)")
-    t.add_argument("--grad-accum", type=int, default=8, help="micro-batches per optimizer step (ours; the paper "
-                   "gives no batch size)")
-    t.add_argument("--warmup-ratio", type=float, default=0.03, help="share of steps warming up (ours)")
-    t.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine",
+    t.add_argument("--lr", type=float, default=D.lr, help="AdamW learning rate")
+    t.add_argument("--epochs", type=int, default=D.epochs, help="passes over the records, per stage")
+    t.add_argument("--micro-batch", type=int, default=D.micro_batch,
+                   help="examples (DPO: pairs) per forward pass (ours)")
+    t.add_argument("--grad-accum", type=int, default=D.grad_accum,
+                   help="micro-batches per optimizer step (ours; the paper gives no batch size)")
+    t.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio, help="share of steps warming up (ours)")
+    t.add_argument("--schedule", choices=settings.SCHEDULES, default=D.schedule,
                    help="learning-rate schedule (ours)")
-    t.add_argument("--max-length", type=int, default=4096,
+    t.add_argument("--max-length", type=int, default=D.max_length,
                    help="longest sequence (ours); longer debates lose their oldest rounds first, never the target")
-    t.add_argument("--beta", type=float, default=0.1, help="DPO temperature (ours; the paper does not give it)")
+    t.add_argument("--beta", type=float, default=D.beta, help="DPO temperature (ours; the paper does not give it)")
     t.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                    help="keep activations instead of recomputing them (checkpointing is ours, to save memory)")
-    t.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints (ours)")
+    t.add_argument("--save-every", type=int, default=D.save_every, help="optimizer steps between checkpoints (ours)")
     t.add_argument("--resume", action="store_true", help="continue a training stage from its last checkpoint")
-    t.add_argument("--seed", type=int, default=0, help="random seed")
+    t.add_argument("--seed", type=int, default=D.seed, help="random seed")
     cli.label_sources(p, TRAIN_SOURCES)
     return p
 
 
 def parse_args(argv=None):
-    p = build_parser()
-    args = p.parse_args(argv)
-    cli.check_cli(p, args, ("batch_size", "max_new_tokens", "max_rounds", "lora_r", "lora_alpha", "epochs",
-                               "micro_batch", "grad_accum", "max_length", "save_every"))
-    if args.lr <= 0 or args.beta <= 0 or not 0 <= args.warmup_ratio < 1 or not 0 <= args.lora_dropout < 1:
-        p.error("--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)")
-    return args
+    """The training settings (train/settings.py) of a command line; a bad value is one `error:` line."""
+    parser = build_parser()
+    return settings.from_args(parser.parse_args(argv), parser)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    show_progress_lines()
 
     def go():
         try:
@@ -110,6 +111,21 @@ def main(argv=None):
             raise SystemExit(2)
 
     return runner.main_guard(go)
+
+
+class PrintHandler(logging.Handler):
+    """A record's message printed to the sys.stdout of the moment, as the stages' print() did before."""
+
+    def emit(self, record):
+        print(record.getMessage())
+
+
+def show_progress_lines():
+    """What the stages log (the `train` loggers, at INFO) printed as plain lines on stdout, once per process."""
+    logger = logging.getLogger("train")
+    if not any(isinstance(h, PrintHandler) for h in logger.handlers):
+        logger.addHandler(PrintHandler())
+    logger.setLevel(logging.INFO)
 
 
 def console_main():

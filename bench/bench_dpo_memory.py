@@ -83,7 +83,8 @@ def main():
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.steps):
         start = time.time()
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu",
+                                                                                                             enabled=False)
         with autocast:
             loss, _, _ = losses.dpo_step_loss(model, batch, beta=0.1)
         loss.backward()

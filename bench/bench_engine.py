@@ -21,19 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.data import averitec, claims as data  # noqa: E402
-from debate.methods import debatecv
 from debate.engine import engine, models
-from tests.tiny_models import averitec_dir, build_tiny_llama  # noqa: E402
-
-
-def bench_claims(n):
-    shared = averitec_dir()
-    if (shared / "dev.json").exists():
-        claims = averitec.load_split("dev", shared)[:n]
-        return data.attach_evidence(claims, "retrieved", shared / "dev.retrieved.hero.jsonl"), "AVeriTeC dev, retrieved"
-    claims = averitec.load_split("demo", None)
-    return data.attach_evidence((claims * n)[:n], "golden"), "demo set (shared data absent)"
+from debate.methods import debatecv
+from tests.tiny_models import bench_claims, build_tiny_llama  # noqa: E402
 
 
 def measure(agents, claims, reuse, batch_size, max_new_tokens, rounds):
@@ -70,7 +60,7 @@ def main():
     p = build_parser()
     args = p.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    claims, source = bench_claims(args.claims)
+    claims, source = bench_claims(args.claims, "retrieved")
     with tempfile.TemporaryDirectory() as tmp:
         # Big enough that encoding, not Python overhead, dominates; still random weights.
         path = build_tiny_llama(Path(tmp) / "model", seed=0, hidden_size=256, intermediate_size=688,

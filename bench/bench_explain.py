@@ -6,7 +6,8 @@
 Each method runs as `run_debate.py --task explain --method NAME` with the data flags of --data (default
 `--dataset politihop --split test --evidence ruling`: PolitiHop's claims, each one's whole PolitiFact ruling
 as evidence, as the paper's explanations had, and their gold labels; add `--data-dir DIR` inside it when the
-data is elsewhere), in its own resumable run directory OUT/<method>; then the faithfulness judge (debate.pipeline.faithfulness) rates every explanation under
+data is elsewhere), in its own resumable run directory OUT/<method>; then the faithfulness judge
+(debate.pipeline.geval_run) rates every explanation under
 the four protocols with --judge-model (default: the embedded Gemma 3 270M, which also generates by
 default: a 270M judge's ratings say little about faithfulness; they show the pipeline runs). A rerun
 resumes both the runs and the ratings.
@@ -27,9 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate.pipeline import cli, runner  # noqa: E402
-from debate.pipeline import faithfulness as judge_run  # noqa: E402
-from eval import faithfulness  # noqa: E402
+from debate.pipeline import (  # noqa: E402
+    cli,
+    geval_run as judge_run,  # noqa: E402
+    runner,
+)
+from eval import geval_scores  # noqa: E402
 
 METHODS = ("zero-shot", "cot", "self-refine", "madr")
 
@@ -96,7 +100,7 @@ def main():
         seconds, stats = run_method(method, args, out / method, log)
         rows[method] = {"seconds": seconds, "stats": stats, "run_dir": str(out / method)}
     start = time.perf_counter()
-    result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, faithfulness.PROTOCOLS,
+    result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, geval_scores.PROTOCOLS,
                                 names=list(args.methods), batch_size=args.batch_size, log=log)
     judge_seconds = time.perf_counter() - start
     summary = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
@@ -106,7 +110,7 @@ def main():
                "geval": {row["name"]: row["scores"] for row in result["methods"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"G-Eval faithfulness, judge {result['judge']} ({judge_seconds:.0f} s for every rating not already made)")
-    print(faithfulness.table(result))
+    print(geval_scores.table(result))
     print()
     print(cost_table(rows))
 

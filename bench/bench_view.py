@@ -36,20 +36,6 @@ sys.path.insert(0, str(ROOT))
 from eval import view  # noqa: E402
 
 
-def bench_claims(n):
-    """The first `n` claims of AVeriTeC dev with golden evidence, else the demo claims repeated (new ids)."""
-    from debate.data import averitec, claims as data
-    from tests.tiny_models import averitec_dir
-
-    found = averitec_dir()
-    if (found / "dev.json").is_file():
-        claims = data.attach_evidence(averitec.load_split("dev", found), "golden")
-        if len(claims) >= n:
-            return claims[:n], "AVeriTeC dev, golden evidence"
-    demo = data.attach_evidence(averitec.load_split("demo"), "golden")
-    return [dict(demo[k % len(demo)], claim_id=k) for k in range(n)], "the demo claims, repeated"
-
-
 def scripted_run(args, out):
     """DebateCV's protocol over the bench claims with a scripted engine (see the module doc); returns seconds."""
     from debate.data import claims as data
@@ -57,6 +43,7 @@ def scripted_run(args, out):
     from debate.methods import debatecv
     from debate.pipeline import records
     from eval import averitec
+    from tests.tiny_models import bench_claims
 
     claims, source = bench_claims(args.claims)
     rng = random.Random(0)

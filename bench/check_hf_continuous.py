@@ -74,7 +74,8 @@ def main():
     batch_s = time.perf_counter() - start
 
     def first_difference(a, b):
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a),
+                                                                                                           len(b)))
 
     same = sum(a == b for a, b in zip(plain, batched))
     report = {"transformers": __import__("transformers").__version__, "torch": torch.__version__, "device": device,

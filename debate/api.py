@@ -14,17 +14,18 @@
 import gc
 import os
 import signal
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from debate.data import datasets, prompts
-from debate.engine import models
+from debate.data.claims import item_shape
 from debate.data.inputs import DataError
+from debate.engine import models
 from debate.methods import turns
-from debate.pipeline import evidence, method_table, runner, stops
-from debate.pipeline.config import COURTROOM_METHODS
-from debate.pipeline.config import RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
+from debate.pipeline import method_table, run_claims, runner, stops
+from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
-def run(config, log=print):
+def run(config: RunConfig, log: Callable[[str], Any] = print) -> Optional[dict]:
     """Verify the config's claims into its output directory exactly as run_debate.py does (resuming what
     is done); return the metrics (None for a split without gold labels).
 
@@ -39,13 +40,13 @@ def run(config, log=print):
             raise
 
 
-def courtroom_corpus(config):
+def courtroom_corpus(config: RunConfig) -> Optional[list]:
     """The passages the courtroom's retrieval searches where no --corpus is given and no split is read: the
     dataset's own corpus (Check-COVID's abstracts), else None (each claim's own evidence). A run of the CLI pools
-    its split's evidence instead (debate.pipeline.evidence); a Verifier's claims come batch by batch."""
+    its split's evidence instead (debate.pipeline.run_claims); a Verifier's claims come batch by batch."""
     if config.method.method not in COURTROOM_METHODS or config.courtroom.corpus:
         return None
-    return evidence.own_corpus(datasets.get(config.data.dataset), config.data.data_dir)
+    return run_claims.own_corpus(datasets.get(config.data.dataset), config.data.data_dir)
 
 
 class Verifier:
@@ -59,19 +60,21 @@ class Verifier:
     config.data.data_dir); for a dataset without one, each claim's own evidence.
     """
 
-    def __init__(self, config):
+    def __init__(self, config: RunConfig) -> None:
         self.config = build(**to_dict(config))
         self.labels = labels_of(self.config)
         models.set_offline()
-        prompts.use_prompt_dir(self.config.method.prompts)
-        runner.check_run(self.config, [])
-        self.agents = method_table.load_agents(self.config, method_table.model_roles(self.config))
-        self.settings = method_table.settings_of(self.config)
-        method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
-        self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
+        # This Verifier's own prompts, in use only inside its calls: another Verifier's --prompts cannot reach it.
+        self.prompts = prompts.checked_set(self.config.method.prompts)
+        with prompts.using(self.prompts):
+            runner.check_run(self.config, [])
+            self.agents = method_table.load_agents(self.config, method_table.model_roles(self.config))
+            self.settings = method_table.settings_of(self.config)
+            method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
+            self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
         self.streams = turns.Streams(turns.device_of(self.agents))
 
-    def verify(self, claims):
+    def verify(self, claims: Sequence[Union[str, dict]]) -> List[dict]:
         """One prediction record per claim, in order (label, justification, label_probs, parse_status, token
         counts, ...). Nothing is written.
 
@@ -82,31 +85,32 @@ class Verifier:
         if self.agents is None:
             raise RuntimeError("this Verifier is closed: its models were freed")
         claims = checked_claims(claims, self.labels)
-        done = {}
-        runner.verify_claims(self.config, self.agents, claims, self.settings, self.streams, self.options,
-                             lambda record: done.setdefault(record["prediction"]["claim_id"], record["prediction"]))
+        done: Dict[Any, dict] = {}
+        with prompts.using(self.prompts):
+            runner.verify_claims(self.config, self.agents, claims, self.settings, self.streams, self.options,
+                                 lambda record: done.setdefault(record["prediction"]["claim_id"],
+                                                                record["prediction"]))
         return [done[c["claim_id"]] for c in claims]
 
-    def close(self):
+    def close(self) -> None:
         """Free the models (GPU memory included); verify() refuses afterwards."""
         self.agents = self.options = None
         gc.collect()
         models.release_memory()
 
-    def __enter__(self):
+    def __enter__(self) -> "Verifier":
         return self
 
-    def __exit__(self, *exc):
-        self.close()
-        return False
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # None: an exception in the block goes on
 
 
-def labels_of(config):
+def labels_of(config: RunConfig) -> Any:
     """The LabelSet of a config's dataset and split."""
     return datasets.get(config.data.dataset).labels(config.data.split, config.data.data_dir)
 
 
-def checked_claims(claims, labels):
+def checked_claims(claims: Iterable[Union[str, dict]], labels: Any) -> List[dict]:
     """Claim records (debate.data.claims' shape) of what Verifier.verify was given; a bad one is a DataError."""
     return [_claim(c, i, labels) for i, c in enumerate(claims)]
 
@@ -119,8 +123,7 @@ def _claim(claim, index, labels):
         raise DataError(f"claim {index}: a string or a dict with a 'claim' string, not {claim!r:.80}")
     items = []
     for k, item in enumerate(claim.get("evidence") or []):
-        qa = isinstance(item, dict) and all(isinstance(item.get(key), str) for key in ("question", "answer"))
-        if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
+        if item_shape(item) is None:
             raise DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
                             "or with a 'text' string")
         items.append(dict(item, url=item.get("url", "")))
@@ -132,7 +135,7 @@ def _claim(claim, index, labels):
                 label=labels.canonical(label) if label is not None else None)
 
 
-def verify(claims, config):
+def verify(claims: Sequence[Union[str, dict]], config: RunConfig) -> List[dict]:
     """Verify a few claims in memory (see Verifier.verify), loading the config's models for this one call; to
     verify batch after batch, keep a Verifier instead."""
     checked_claims(claims, labels_of(build(**to_dict(config))))  # a bad claim is refused before any model loads
@@ -140,7 +143,8 @@ def verify(claims, config):
         return verifier.verify(claims)
 
 
-def view(run_dirs, output="report.html", **options):
+def view(run_dirs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+         output: Union[str, os.PathLike] = "report.html", **options: Any) -> Any:
     """Write the self-contained HTML report of one run directory or several (a list) to `output`, as
     `python -m eval.view` does; return its path. `options`: trial, prompts (False leaves the prompts out),
     samples, seed, title."""
@@ -149,16 +153,18 @@ def view(run_dirs, output="report.html", **options):
     return report.write(run_dirs, output, **options)
 
 
-def geval(run_dirs, judge_model=None, protocols="all", human=None, names=None, batch_size=8, use_4bit=None,
-          log=print):
+def geval(run_dirs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], judge_model: Optional[str] = None,
+          protocols: Union[str, Sequence[str]] = "all", human: Optional[str] = None,
+          names: Optional[Sequence[str]] = None,
+          batch_size: int = 8, use_4bit: Optional[bool] = None, log: Callable[[str], Any] = print) -> dict:
     """G-Eval faithfulness of the explanations (justifications) of `run_dirs` (one path or several, one row
     each) as `debatecv-geval` scores them, judged by `judge_model` (default: the embedded model) under
     `protocols` ("all" or some of sentence, sentence-typology, document, document-typology); `human`: a JSONL
     file of people's scores for Kendall's tau-c. Returns the result: per row and protocol the mean and its 95%
-    bootstrap interval, and every explanation's score; eval.faithfulness.table(result) is the paper's Table 2
+    bootstrap interval, and every explanation's score; eval.geval_scores.table(result) is the paper's Table 2
     layout.
     """
-    from debate.pipeline import faithfulness as judge_run
+    from debate.pipeline import geval_run as judge_run
 
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else list(run_dirs)
     protocols = judge_run.PROTOCOLS if protocols == "all" else [protocols] if isinstance(protocols, str) else protocols

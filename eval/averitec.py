@@ -16,10 +16,10 @@ Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--j
 import json
 import sys
 
-from debate.data import jsonl
-from debate.data.inputs import read_text
-from debate.data.labels import AVERITEC, LABELS, canonical_label
+from debate.data import claims
 from debate.data.flags import Parser
+from debate.data.inputs import DataError
+from debate.data.labels import AVERITEC, LABELS, canonical_label
 from eval import metrics, wordnet
 
 LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -40,28 +40,14 @@ def level_key(level):
 
 
 def read_records(path):
-    """(location, record) pairs from a JSON list or a JSONL file; location is "entry i" / "line n"."""
+    """(location, record) pairs from a JSON list or a JSONL file; location is "entry i" / "line n" (the
+    data wing's reader, debate.data.claims.read_records, its errors as InputError)."""
     try:
-        text = read_text(path)
-    except (OSError, UnicodeDecodeError) as err:
+        return claims.read_records(path)
+    except OSError as err:
         raise InputError(f"{path}: cannot read: {err}") from None
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(
-                f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
-            ) from None
-        located = [(f"entry {i}", record) for i, record in enumerate(data)]
-    else:
-        try:
-            located = [(f"line {number}", record) for number, record in jsonl.numbered(text)]
-        except jsonl.BadLine as err:
-            raise InputError(f"{path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
-    for where, record in located:
-        if not isinstance(record, dict):
-            raise InputError(f"{path}: {where} is not a JSON object")
-    return located
+    except DataError as err:
+        raise InputError(str(err)) from None
 
 
 def _claim_id(record, position, where):
@@ -300,7 +286,8 @@ def score(predictions, references, evidence=None, *, levels=LEVELS, meteor=None)
     """Metrics for `predictions` against `references` (both lists of dicts).
 
     Only predicted claims are scored; `n_missing` counts reference claims with no prediction.
-    `evidence` supplies evidence for predictions that carry none. Keys: n, n_references, n_missing, accuracy, macro_f1, per_class_f1, confusion (gold ->
+    `evidence` supplies evidence for predictions that carry none. Keys: n, n_references, n_missing, accuracy, macro_f1,
+    per_class_f1, confusion (gold ->
     pred -> count, with an "unparsed" column), fpr, n_unparsed, averitec (level string -> score),
     evidence_score_mean, n_without_evidence, justification_meteor (mean METEOR of the predicted
     justification against the gold one, over the n_with_gold_justification claims that have one),

@@ -3,7 +3,8 @@
 Each resample draws those claims with replacement and takes d = metric(A) - metric(B) on it, for
 accuracy and, with AVeriTeC references, for the AVeriTeC score at one level (0.25 by default; per claim: label
 right and evidence score above the level). Without --references (runs of any dataset) the gold label each
-run's predictions.jsonl records is used, and accuracy is compared. The 95% interval is the 2.5th and 97.5th percentiles of d. The p-value is
+run's predictions.jsonl records is used, and accuracy is compared. The 95% interval is the 2.5th and 97.5th percentiles
+of d. The p-value is
 two-sided: twice the smaller of the shares of resamples with d <= 0 and with d >= 0, capped at 1,
 i.e. how often the sign of the observed difference flips (a tie counts as a flip). Identical files
 give d = 0 on every resample and p = 1.

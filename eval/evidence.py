@@ -13,7 +13,7 @@ Each measure is the mean over the claims of the references that the file covers.
 import json
 import sys
 
-from eval.averitec import (InputError, MAX_EVIDENCE, _by_claim_id, evidence_score, gold_strings, read_records)
+from eval.averitec import MAX_EVIDENCE, InputError, _by_claim_id, evidence_score, gold_strings, read_records
 
 
 def question_strings(reference):

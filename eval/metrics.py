@@ -8,6 +8,7 @@ gets a 95% percentile interval from a bootstrap over claims (`intervals`). A pre
 """
 import math
 from collections import Counter
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -25,7 +26,7 @@ def neutral_labels(labels):
     return [label for label in (labels.nei, labels.mixed) if label is not None]
 
 
-def label_metrics(golds, preds, labels):
+def label_metrics(golds: Sequence[str], preds: Sequence[Optional[str]], labels: Any) -> dict:
     """Accuracy, macro-F1, per-class precision / recall / F1 and support, confusion (gold -> predicted -> count,
     with an "unparsed" column), the neutral labels' false-positive rates and the count of unparsed predictions.
 
@@ -71,7 +72,8 @@ def _calibration_terms(golds, probs, labels, bins):
     return terms
 
 
-def calibration(golds, probs, labels, bins=ECE_BINS):
+def calibration(golds: Sequence[str], probs: Sequence[Optional[dict]], labels: Any,
+                bins: int = ECE_BINS) -> Optional[dict]:
     """{"ece", "brier", "n"} over the claims whose label probabilities are known (`probs`: a dict label ->
     probability, or None), or None when none are.
 
@@ -168,7 +170,7 @@ def run_stats(records):
     return out
 
 
-def score(predictions, references, labels):
+def score(predictions: Sequence[dict], references: Sequence[dict], labels: Any) -> dict:
     """The metrics of `predictions` (records with claim_id, label and optionally label_probs, rounds, tokens,
     parse_status) against `references` (records with claim_id and the gold label) under `labels`, a LabelSet.
 

@@ -55,9 +55,9 @@ def summary_table(metrics, rescore="score the predictions again to add them."):
     labels = metrics.get("labels") or list(LABELS)  # metrics written before they named their labels: AVeriTeC's
     fpr = metrics.get("fpr") or {}
     if fpr:
-        lines.append("FPR  " + "   ".join(f"{_short(l)} {_pct(v).strip()}" for l, v in fpr.items()))
+        lines.append("FPR  " + "   ".join(f"{_short(label)} {_pct(v).strip()}" for label, v in fpr.items()))
     per_class = metrics.get("per_class_f1") or {}
-    lines.append("F1   " + "   ".join(f"{_short(l)} {_pct(per_class.get(l)).strip()}" for l in labels))
+    lines.append("F1   " + "   ".join(f"{_short(label)} {_pct(per_class.get(label)).strip()}" for label in labels))
     intervals = metrics.get("intervals") or {}
     if intervals.get("accuracy"):
         lines.append("95% CI          " + "   ".join(

@@ -9,6 +9,7 @@ line of a run that is still writing is skipped, not cut off).
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from debate.data import jsonl
 from eval.averitec import InputError
@@ -21,7 +22,7 @@ SUBMISSION = "submission.json"
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
 
 
-def read_json(path):
+def read_json(path: Union[str, Path]) -> Any:
     """The JSON value of `path`, None when there is no such file."""
     path = Path(path)
     if not path.is_file():
@@ -34,9 +35,16 @@ def read_json(path):
         raise InputError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from None
 
 
-def read_lines(path):
+def read_lines(path: Union[str, Path]) -> List[dict]:
     """The JSON objects of the JSONL file `path` ([] without it); a torn last line (a run still writing) is
     left out."""
+    return [row for _, row in read_numbered(path)]
+
+
+def read_numbered(path: Union[str, Path],
+                  missing: str = "is not a JSON object with a claim_id") -> List[Tuple[int, dict]]:
+    """(line number, object) of the run file `path` ([] without it), each with a claim_id (`missing`: the words
+    for a line without one); a torn last line (a run still writing) is left out."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -52,11 +60,11 @@ def read_lines(path):
         raise InputError(f"{path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
     for number, row in rows:
         if not isinstance(row, dict) or "claim_id" not in row:
-            raise InputError(f"{path}: line {number} is not a JSON object with a claim_id")
-    return [row for _, row in rows]
+            raise InputError(f"{path}: line {number} {missing}")
+    return rows
 
 
-def trial_dirs(path):
+def trial_dirs(path: Union[str, Path]) -> List[Path]:
     """trial-1/, trial-2/, ... of a `--trials` run, in order ([] for a run of one trial)."""
     found = [p for p in Path(path).glob("trial-*") if p.is_dir() and p.name[6:].isdigit()]
     return sorted(found, key=lambda p: int(p.name[6:]))
@@ -131,7 +139,7 @@ def _mtime(path):
     return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def read_run(path, trial=None):
+def read_run(path: Union[str, Path], trial: Optional[int] = None) -> dict:
     """A run directory as a dict: path, config, metrics, labels, claims (see claim_row), token totals and,
     for a `--trials` run, its trials' metrics (claims then come from trial `trial`, default 1).
 
@@ -151,13 +159,14 @@ def read_run(path, trial=None):
     config = read_json(top / CONFIG) or read_json(here / CONFIG)
     metrics = read_json(top / METRICS)
     predictions = read_lines(here / PREDICTIONS)
-    transcripts = {}
+    transcripts: Dict[str, dict] = {}
     for row in read_lines(here / TRANSCRIPTS):
         transcripts.setdefault(_key(row["claim_id"]), row)
     submission = read_json(here / SUBMISSION)
     submitted = {_key(s["claim_id"]): s for s in submission if isinstance(s, dict) and "claim_id" in s} \
         if isinstance(submission, list) else {}
-    claims, seen = [], set()
+    claims: List[dict] = []
+    seen: set = set()
     for prediction in predictions:
         key = _key(prediction["claim_id"])
         if key in seen:

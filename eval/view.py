@@ -22,9 +22,10 @@ from pathlib import Path
 
 from debate.data.flags import Parser
 from eval import figures, rundir
+from eval.averitec import InputError
+
 # The numbers the page shows (its metric rows, the paired test, the differing claims) are eval/view_metrics.py's.
 from eval.view_metrics import differing_claims, fmt, metric_rows, paired_accuracy
-from eval.averitec import InputError
 
 ASSETS = Path(__file__).resolve().parent
 # Shown in the run's own boxes, not among its other settings.

@@ -3,7 +3,8 @@
 `install(monkeypatch, reply)` replaces `debate.engine.engine.generate`; `reply(model, conv, prompt)` gives each
 row's answer, where `model` is whatever the agent carries (tests use names). Every call is logged as
 `Call(model, prompts, systems, generator, schemas)` (schemas: the declared schema each row was asked
-under, or None; scripted replies are read by the tolerant parser, as free replies are). Each row also checks that the text reaching the model has no
+under, or None; scripted replies are read by the tolerant parser, as free replies are). Each row also checks that the
+text reaching the model has no
 doubled braces: a prompt file read raw instead of rendered would show its JSON example as {{ }}.
 
 An answer may be a `Decoded`: its text, with the fields and choice probabilities that structured decoding

@@ -32,7 +32,8 @@ def record(i, gold, predicted=None, corrected=None):
         "evidence": [{"question": "Who said it?", "answer": "The minister.", "url": ""}],
         "debate": [
             {"round": 1, "role": "affirmative", "prompt": render("affirmative_opening", claim=claim), "response": aff},
-            {"round": 1, "role": "negative", "prompt": render("negative_opening", opponent_argument=aff), "response": neg},
+            {"round": 1, "role": "negative", "prompt": render("negative_opening", opponent_argument=aff),
+             "response": neg},
             {"round": 1, "role": "moderator", "response": PROCEED,
              "prompt": render("moderator_round", round=1, affirmative_argument=aff, negative_argument=neg, **AV)},
             {"round": "final", "role": "moderator", "response": final_reply(predicted),

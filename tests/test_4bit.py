@@ -23,23 +23,18 @@ import torch
 
 import run_debate
 import train_moderator
+from debate.data.labels import LABELS
 from debate.engine import engine, models, schema
 from debate.methods import debatecv
 from debate.pipeline import records
-from debate.data.labels import LABELS
 from tests import syndec_task
 from tests.tiny_models import build_tiny_llama
-from train import examples, loop, losses, lora, stages, syndec
+from train import examples, loop, lora, losses, stages, syndec
 
 LOGIT_TOLERANCE = 0.3  # NF4 vs float32, measured 0.086 (module docstring)
 ROUNDING_TOLERANCE = 0.01  # NF4 vs float32 holding the NF4-rounded weights, measured 0.0024
 KERNEL_TOLERANCE = 0.01  # the same NF4 model through bitsandbytes' two CPU kernels (train/lora.py), measured 0.0023
 DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -400,3 +395,26 @@ def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeyp
     # the smooth model's near-uniform probabilities a change of p(1 - p) x the summed logit gaps, a few hundredths.
     gaps = [abs(probs["nf4"][k] - probs["fp32"][k]) for k in labels]
     assert 0 < max(gaps) < PROBS_TOLERANCE, (probs, gaps)
+
+
+def test_bitsandbytes_cannot_reach_the_hub_kernel_even_with_kernels_installed(tmp_path):
+    # A stand-in `kernels` package that records being imported: bitsandbytes' CPU backend would import it and
+    # fetch a kernel from the hub (debate/engine/offline.py). After our import it is never reached.
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site" / "kernels"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "def get_kernel(*a, **k):\n    raise RuntimeError('hub')\n")
+    script = ("import logging, sys\n"
+              "import debate.engine.models\n"
+              "import bitsandbytes\n"
+              "try:\n    from kernels import get_kernel\nexcept ImportError:\n    print('blocked')\n"
+              "print(logging.getLogger('bitsandbytes.backends.cpu.ops').getEffectiveLevel())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path / 'site'}:{Path.cwd()}"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["blocked", str(__import__("logging").ERROR)] and not marker.exists()
+    assert "kernels-community" not in done.stderr

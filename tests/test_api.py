@@ -1,4 +1,5 @@
-"""The Python API: docs/api.md's example runs as written, run(config) writes what the CLI writes, verify works in memory."""
+"""The Python API: docs/api.md's example runs as written, run(config) writes what the CLI writes, verify works in
+memory."""
 import json
 import re
 from dataclasses import replace
@@ -8,17 +9,11 @@ import pytest
 
 import run_debate
 from debate.data.inputs import DataError
-from debate.pipeline import config, records
-from debate.engine import models
 from debate.data.labels import LABELS
-from tests.tiny_models import build_tiny_llama
+from debate.engine import models
+from debate.pipeline import config, records
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 def api_page_example():
@@ -78,3 +73,37 @@ def test_verify_names_a_bad_claim():
 
     with pytest.raises(DataError, match="claim 1: evidence 0: a dict with 'question' and 'answer'"):
         verify(["fine", {"claim": "x", "evidence": [{"answer": "no question"}]}], config.build(model="m"))
+
+
+def test_two_verifiers_in_one_process_each_keep_their_own_prompts(tiny, tmp_path, monkeypatch):
+    from debate import Verifier
+    from debate.data import prompts
+    from debate.pipeline import runner
+
+    shipped = (prompts.PROMPT_DIR / "ragcot.txt").read_text(encoding="utf-8")
+    folders = {}
+    for name in ("alpha", "beta"):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "ragcot.txt").write_text(f"{name.upper()} PROMPT. " + shipped, encoding="utf-8")
+    seen = []  # the RAG-CoT prompt each claim's turn was given, through the scheduler's claim threads
+    original = runner.verify_claims
+
+    def keeping_turns(config, agents, claims, settings, streams, options, write):
+        def write_all(record):
+            seen.append(record["transcript"]["turns"][0]["prompt"].split(".")[0])
+            write(record)
+        original(config, agents, claims, settings, streams, options, write_all)
+
+    monkeypatch.setattr(runner, "verify_claims", keeping_turns)
+    base = dict(split="demo", method="rag-cot", model=tiny, max_new_tokens=8, structured=False)
+    with Verifier(config.build(prompts=folders["alpha"], **base)) as first:
+        with Verifier(config.build(prompts=folders["beta"], **base)) as second:  # built after the first
+            first.verify(["Oak trees can live for centuries.", "The river flooded."])
+            second.verify(["Oak trees can live for centuries."])
+            first.verify(["The moon is made of cheese."])
+        with Verifier(config.build(**base)) as plain:
+            plain.verify(["Oak trees can live for centuries."])
+    assert seen[:4] == ["ALPHA PROMPT", "ALPHA PROMPT", "BETA PROMPT", "ALPHA PROMPT"]
+    assert seen[4].startswith("Your task is to predict")  # the shipped prompt again
+    assert prompts.in_use().directory is None  # nothing of a Verifier's prompts outlives its calls

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from debate.methods import baselines, turns
-from debate.engine import engine
 from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.engine import engine
+from debate.methods import baselines, turns
 from tests import scripted
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": SUPPORTED,

@@ -3,8 +3,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from debate.engine import retrieval
 from debate.data.averitec import NO_ANSWER
+from debate.engine import retrieval
 
 # bench/ is a folder of standalone scripts, not a package: load the script by its path.
 _SPEC = importlib.util.spec_from_file_location(

@@ -1,4 +1,5 @@
-"""The run config: one source of the flags' defaults and the resume identity, frozen, saved and loaded as config.json."""
+"""The run config: one source of the flags' defaults and the resume identity, frozen, saved and loaded as
+config.json."""
 import dataclasses
 import json
 from pathlib import Path
@@ -20,7 +21,8 @@ def test_every_flag_is_a_field_and_takes_its_default_from_it():
     assert dests == set(defaults)
     assert all(a.default == defaults[a.dest] for a in parser._actions if a.dest not in ("help", "==SUPPRESS=="))
     # The identity is the fields marked so (plus the prompts' hash a run records), not a list kept by hand.
-    marked = {f.name for group in config.GROUPS.values() for f in dataclasses.fields(group) if f.metadata.get("identity")}
+    marked = {f.name for group in config.GROUPS.values() for f in dataclasses.fields(group)
+              if f.metadata.get("identity")}
     assert set(config.IDENTITY_KEYS) == marked | {"prompts_hash", "labels"}
     assert {"seed", "temperature", "top_k", "judge_models", "moderator_adapter"} <= marked
     assert not {"limit", "batch_size", "output_dir", "overwrite", "trials", "model", "prompts"} & marked

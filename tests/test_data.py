@@ -182,13 +182,11 @@ def test_every_reader_of_a_users_file_takes_a_utf8_byte_order_mark(tmp_path):
     mine.mkdir()
     shipped = (prompts.PROMPT_DIR / "moderator_round.txt").read_text(encoding="utf-8")
     with_bom(mine / "moderator_round.txt", shipped)
-    try:
+    with prompts.using(prompts.checked_set(mine)) as mine_set:
         # The same text as the shipped file: the same hash (the run's identity), and no U+FEFF reaches the model.
-        digest = prompts.use_prompt_dir(mine)["files"]["moderator_round"]
+        digest = mine_set.info()["files"]["moderator_round"]
         assert digest == hashlib.sha256(shipped.rstrip("\n").encode()).hexdigest()
         assert prompts.raw_prompt("moderator_round") == shipped.rstrip("\n")
-    finally:
-        prompts.use_prompt_dir(None)
     records = syndec_task.records(2)
     assert syndec.load(with_bom(tmp_path / "s.jsonl", "".join(json.dumps(r) + "\n" for r in records))) == records
     predictions = with_bom(tmp_path / "p.json", json.dumps([{"claim_id": 0, "pred_label": "Refuted"}]))

@@ -9,7 +9,7 @@ import pytest
 import run_debate
 from debate.data.labels import LABELS
 from debate.pipeline import records
-from tests.tiny_models import build_tiny_llama, missing, shared_dir
+from tests.tiny_models import missing, shared_dir
 
 METHODS = ("debatecv", "rag-cot", "majority", "cooperation")
 CARD = {"name": "mine", "labels": [{"label": "Accurate", "definition": "the evidence backs the claim."},
@@ -22,11 +22,6 @@ USER_CLAIMS = [
     {"claim_id": "u2", "claim": "The bridge opened in 1932.", "label": "Accurate",
      "evidence": [{"text": "The bridge was opened to traffic in March 1932.", "url": "city-archive"}]},
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +123,8 @@ def test_a_users_jsonl_with_a_three_label_card_runs_end_to_end(tiny, tmp_path, u
     check_labels(out, ("Accurate", "Inaccurate", "Unclear"), panel=method == "courtroom")
     if method == "rag-cot":  # RAG-CoT's one prompt holds the evidence (DebateCV's is in the system prompts)
         [transcript] = read(out, records.TRANSCRIPTS)
-        assert "[1] Two trials found no effect of tea on colds.\nSource: trial-report" in transcript["turns"][0]["prompt"]
+        prompt = transcript["turns"][0]["prompt"]
+        assert "[1] Two trials found no effect of tea on colds.\nSource: trial-report" in prompt
         assert "from the evidence passages given as evidence" in transcript["turns"][0]["prompt"]
     # Resuming with an edited card (other labels) is refused: the labels are part of the run's identity.
     card = dict(CARD, labels=CARD["labels"][:2])
@@ -166,15 +162,16 @@ def test_the_verifier_loads_once_and_verifies_batch_after_batch(tiny, user_data,
 
 def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(tiny, monkeypatch, tmp_path):
     from debate import Verifier, build
-    from debate.methods.courtroom import case
     from debate.data import checkcovid
+    from debate.methods.courtroom import case
     from debate.pipeline.config import to_dict
 
     data_dir = shared_dir("check-covid")
     if not (data_dir / "corpus.json").is_file():
         missing(f"no shared check-covid data at {data_dir}")
     searched = []
-    monkeypatch.setattr(case, "library_from", lambda options, passages=None, log=print, store=None: searched.append(passages))
+    monkeypatch.setattr(case, "library_from", lambda options, passages=None, log=print,
+                        store=None: searched.append(passages))
     config = build(dataset="check-covid", split="test-binary", data_dir=str(data_dir), method="courtroom",
                    model=tiny, temperature=0, witness=False, max_new_tokens=200)
     Verifier(config).close()
@@ -189,25 +186,25 @@ def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(ti
 
 def test_the_courtrooms_corpus_is_the_datasets_own_read_once_else_the_splits_evidence_pooled():
     from debate.data import checkcovid
-    from debate.pipeline import config as run_config, evidence
+    from debate.pipeline import config as run_config, run_claims
 
     data_dir = shared_dir("check-covid")
     if not (data_dir / "corpus.json").is_file():
         missing(f"no shared check-covid data at {data_dir}")
     settings = dict(dataset="check-covid", split="test", data_dir=str(data_dir), method="courtroom", model="m")
-    golden = evidence.read(run_config.build(**settings, evidence="golden"))
+    golden = run_claims.read(run_config.build(**settings, evidence="golden"))
     assert golden.passages == checkcovid.corpus_passages(data_dir) and golden.corpus is None
-    retrieved = evidence.read(run_config.build(**settings, evidence="retrieved"))
+    retrieved = run_claims.read(run_config.build(**settings, evidence="retrieved"))
     assert retrieved.passages is retrieved.corpus  # the abstracts retrieval reads are the courtroom's corpus
     assert retrieved.passages == golden.passages
-    plain = evidence.read(run_config.build(**{**settings, "method": "rag-cot"}, evidence="golden"))
+    plain = run_claims.read(run_config.build(**{**settings, "method": "rag-cot"}, evidence="golden"))
     assert plain.passages is None  # only the courtroom's methods search a corpus
 
 
 def test_a_dataset_without_a_corpus_gives_the_courtroom_its_splits_evidence_pooled(user_data):
-    from debate.pipeline import config as run_config, evidence
+    from debate.pipeline import config as run_config, run_claims
 
-    inputs = evidence.read(run_config.build(dataset="jsonl", split="dev", data_dir=str(user_data), method="courtroom",
+    inputs = run_claims.read(run_config.build(dataset="jsonl", split="dev", data_dir=str(user_data), method="courtroom",
                                             model="m"))
     assert [p["text"] for p in inputs.passages] == [c["evidence"][0]["text"] for c in USER_CLAIMS]
 

@@ -181,7 +181,8 @@ def test_user_jsonl_with_a_card(tmp_path):
 # --- bad input: one line, naming file, line and field -----------------------------------------------------------
 
 def _covid(tmp_path, row, abstract=("One.", "Two.")):
-    (tmp_path / "corpus.json").write_text(json.dumps({"cord_id": "c1", "title": "T", "abstract": list(abstract)}) + "\n")
+    (tmp_path / "corpus.json").write_text(json.dumps({"cord_id": "c1", "title": "T",
+                                                      "abstract": list(abstract)}) + "\n")
     (tmp_path / "dev").mkdir()
     base = {"id": "x1", "claim": "A claim.", "cord_id": "c1", "label": "SUPPORT",
             "evidence_set": [{"sent_index": 1, "type": "PRIMARY"}]}
@@ -204,7 +205,8 @@ def _politihop(tmp_path, ruling, evidence, label="false"):
 
 
 BAD = {
-    "covid missing cord_id": (lambda t: _covid(t, '{"id": "x1", "claim": "A claim.", "label": "SUPPORT", "evidence_set": []}'),
+    "covid missing cord_id": (lambda t: _covid(t, '{"id": "x1", "claim": "A claim.", "label": "SUPPORT", '
+                                                  '"evidence_set": []}'),
                               ["covidCheck_dev_composed+extracted.json", "line 1", "'cord_id'"]),
     "covid index past the abstract": (lambda t: _covid(t, {"evidence_set": [{"sent_index": 5}]}),
                                       ["line 1 (id x1)", "sent_index", "past the end of abstract c1"]),
@@ -227,8 +229,10 @@ BAD = {
     "jsonl card role outside its labels": (lambda t: ("jsonl", "dev", write_user(t, [], card=dict(CARD3, nei="Maybe"))),
                                            ["card.json", "'nei'", "'Maybe' is not one of the card's labels"]),
     # Resume, the scorer and retrieved evidence key on the claim id: a second claim under one id is refused.
-    "jsonl id given twice": (lambda t: ("jsonl", "dev", write_user(t, [{"claim_id": 1, "claim": "c", "label": "Accurate"},
-                                                                       {"claim_id": "1", "claim": "d", "label": "Accurate"}])),
+    "jsonl id given twice": (lambda t: ("jsonl", "dev", write_user(t, [{"claim_id": 1, "claim": "c",
+                                                                        "label": "Accurate"},
+                                                                       {"claim_id": "1", "claim": "d",
+                                                                        "label": "Accurate"}])),
                              ["dev.jsonl", "line 2 (claim_id 1)", "is already the id of line 1 (claim_id 1)"]),
     "covid id given twice": (lambda t: _covid(t, '{"id": "x1", "claim": "A.", "cord_id": "c1", "label": "SUPPORT", '
                                               '"evidence_set": []}\n{"id": "x1", "claim": "B.", "cord_id": "c1", '

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from debate.methods import debatecv
-from debate.engine import engine
 from debate.data.labels import REFUTED, SUPPORTED
+from debate.engine import engine
+from debate.methods import debatecv
 from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": SUPPORTED,

@@ -38,7 +38,7 @@ def parser_of(entry):
 
 
 CONSOLE = {"debatecv-run": "run_debate.py", "debatecv-train": "train_moderator.py", "debatecv-view": "eval.view",
-           "debatecv-geval": "debate.pipeline.faithfulness"}
+           "debatecv-geval": "debate.pipeline.geval_run"}
 LAUNCHERS = ("torchrun", "accelerate")  # their own flags come first, then our script and its flags
 
 
@@ -200,26 +200,59 @@ def test_the_checker_catches_a_renamed_flag_and_a_bad_choice():
         (2, "python run_debate.py --split dev --model M   # note")]
 
 
-def _all_flags():
+USER_ENTRIES = ("run_debate.py", "train_moderator.py", "eval.averitec", "eval.compare", "eval.evidence", "eval.view",
+                "eval.trials", "eval.meteor", "debate.pipeline.geval_run")
+
+
+# Pages about more than the tools their commands call: the docs' index and the benchmarks name every tool's
+# flags, and the API's keyword arguments are the run's flags.
+PAGE_TOOLS = {"docs/README.md": set(USER_ENTRIES), "docs/BENCHMARKS.md": set(USER_ENTRIES),
+              "docs/api.md": {"run_debate.py"}}
+# The names a line of prose may use for a tool, to name a flag of a tool other than the page's.
+TOOL_NAMES = {"run_debate.py": ("run_debate", "debatecv-run"), "train_moderator.py": ("train_moderator",
+                                                                                      "debatecv-train"),
+              "debate.pipeline.geval_run": ("debatecv-geval", "geval"), "eval.view": ("eval.view", "debatecv-view")}
+
+
+def page_tools(text, page=None):
+    """The entry points a page's commands call: the tools its prose is about."""
+    tools = set(PAGE_TOOLS.get(_rel(page), ())) if page is not None else set()
+    for _, command in commands(text) + inline_commands(text):
+        for words in _pieces(command):
+            found = entry_point(words)
+            if found is not None:
+                tools.add(found[0])
+    return tools
+
+
+def flags_of(tools):
     flags = set()
-    for entry in ["run_debate.py", "train_moderator.py", "eval.averitec", "eval.compare", "eval.view",
-                  "eval.trials", "debate.pipeline.faithfulness"]:
+    for entry in tools:
         flags |= set(parser_of(entry)._option_string_actions)
     return flags
 
 
 @pytest.mark.parametrize("page", DOCS, ids=_rel)
-def test_every_flag_the_prose_names_exists(page):
-    # A page's prose names flags on their own (`--madr-iterations N`); each must be a flag of one of the
-    # user-facing entry points. The benchmarks page names its scripts' flags too.
-    flags = _all_flags()
-    wrong = []
-    for number, _, span in _prose_spans(page.read_text(encoding="utf-8")):
+def test_every_flag_the_prose_names_belongs_to_the_pages_own_tools(page):
+    # A page's prose names flags on their own (`--madr-iterations N`); each must be a flag of a tool the page's
+    # own commands call (of any user-facing entry point on a page that calls none), so that a flag of another
+    # tool is not passed off as this one's. The benchmarks page names its scripts' flags too.
+    text = page.read_text(encoding="utf-8")
+    tools = page_tools(text, page) or set(USER_ENTRIES)
+    flags = flags_of(tools)
+    wrong, lines = [], text.splitlines()
+    for number, line, span in _prose_spans(text):
         if span.startswith(("python ", "python3 ", "debatecv-", "torchrun ", "accelerate ")):
             continue  # a whole command: checked against its own entry point above
         for flag in re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", span):
-            if flag not in flags and flag not in FOREIGN_FLAGS and not _bench_flag(flag):
-                wrong.append(f"{_rel(page)}:{number}: no entry point has the flag {flag}")
+            if flag in flags or flag in FOREIGN_FLAGS or (page.name == "BENCHMARKS.md" and _bench_flag(flag)):
+                continue
+            owners = [entry for entry in USER_ENTRIES if flag in parser_of(entry)._option_string_actions]
+            said = " ".join(lines[max(0, number - 3):number])
+            if any(name in said for owner in owners for name in TOOL_NAMES.get(owner, (owner,))):
+                continue  # the sentence says whose flag it is (on this line or the two before)
+            wrong.append(f"{_rel(page)}:{number}: {flag} is not a flag of this page's tools "
+                         f"({', '.join(sorted(tools))}); it is one of: {', '.join(owners) or 'none'}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -251,11 +284,39 @@ def test_every_repo_path_and_page_link_exists(page):
                 wrong.append(f"{_rel(page)}:{number}: `{word}` does not exist")
     for number, line in enumerate(text.splitlines(), 1):
         for target in re.findall(r"\]\(([^)\s]+)\)", line):
-            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            if re.match(r"[a-z]+:", target):
                 continue
-            if not (page.parent / target.split("#")[0]).exists():
+            path, _, anchor = target.partition("#")
+            linked = page.parent / path if path else page
+            if not linked.exists():
                 wrong.append(f"{_rel(page)}:{number}: link {target} leads nowhere")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                wrong.append(f"{_rel(page)}:{number}: link {target}: {linked.name} has no heading #{anchor}")
     assert not wrong, "\n".join(wrong)
+
+
+@lru_cache(maxsize=None)
+def anchors(page):
+    """The #anchors of a Markdown page's headings, as GitHub makes them (lower case, punctuation dropped,
+    spaces as hyphens, a repeated heading numbered -1, -2, ...), and any <a id/name="..."> in it."""
+    found, seen = set(), {}
+    fence = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.strip().startswith("```"):
+            fence = not fence
+        heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading and not fence:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+        found |= set(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", line))
+    return found
+
+
+def test_the_link_check_catches_a_broken_anchor(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Top\n## Two words, and `code`\n## Two words, and `code`\n", encoding="utf-8")
+    assert anchors(page) == {"top", "two-words-and-code", "two-words-and-code-1"}
 
 
 def test_the_front_page_is_short_and_shows_the_demo_and_the_averitec_command():

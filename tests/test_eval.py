@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
-from tests.tiny_models import averitec_dir, missing
 from eval import averitec, compare, meteor, report, wordnet
 from eval.averitec import InputError
+from tests.tiny_models import averitec_dir, missing
 
 ROOT = Path(__file__).resolve().parents[1]
 

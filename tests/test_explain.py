@@ -5,9 +5,9 @@ import re
 
 import pytest
 
+from debate.data.prompts import load_prompt
 from debate.engine import engine
 from debate.methods import explain, turns
-from debate.data.prompts import load_prompt
 from debate.pipeline import config as run_config, config_file, method_table, runner
 from debate.pipeline.config import ConfigError
 from tests import scripted as engine_script
@@ -158,7 +158,8 @@ def test_the_run_settings_of_the_explanation_task():
     assert run_config.build(task="explain", method="cot", model="m", temperature=0.5).generation.temperature == 0.5
     assert run_config.build(method="debatecv", model="m").generation.temperature == 0.7  # verification unchanged
     saved = config_file.config_json(run_config.build(task="explain", method="zero-shot", model="m"),
-                               method_table.model_roles(run_config.build(task="explain", method="zero-shot", model="m")))
+                               method_table.model_roles(run_config.build(task="explain", method="zero-shot",
+                                                                         model="m")))
     assert saved["task"] == "explain" and "madr_iterations" not in saved and "self_refine_iterations" not in saved
     for settings, message in [({"task": "explain"}, "--task explain takes --method"),
                               ({"task": "explain", "method": "madr", "refine": "madr"}, "MADR is --method madr"),

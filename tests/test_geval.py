@@ -1,4 +1,5 @@
-"""G-Eval faithfulness (eval/faithfulness.py, debate/methods/faithfulness_judge.py, debate/pipeline/faithfulness.py): the protocols' prompts, the weighted score on a
+"""G-Eval faithfulness (eval/geval_scores.py, debate/methods/geval_judge.py, debate/pipeline/geval_run.py):
+the protocols' prompts, the weighted score on a
 scripted judge with known probabilities, resuming, Kendall's tau-c, and the explanation task end to end on a tiny
 model."""
 import json
@@ -7,11 +8,11 @@ import re
 import pytest
 
 import run_debate
-from debate.engine import models
-from debate.methods import faithfulness_judge as judging
 from debate.data.prompts import load_prompt
-from debate.pipeline import faithfulness as judge_run
-from eval import faithfulness
+from debate.engine import models
+from debate.methods import geval_judge as judging
+from debate.pipeline import geval_run as judge_run
+from eval import geval_scores
 from eval.averitec import InputError
 from tests import scripted as engine_script
 
@@ -52,17 +53,18 @@ def test_a_free_reply_gives_its_one_score_and_an_unreadable_one_none():
 
 
 def test_weighted_score_is_the_probability_weighted_mean_renormalised():
-    assert faithfulness.weighted_score({"1": 0.1, "5": 0.9}) == pytest.approx(4.6)
-    assert faithfulness.weighted_score({"2": 0.25, "4": 0.25}) == pytest.approx(3.0)  # renormalised over what is there
-    assert faithfulness.weighted_score(None) is None and faithfulness.weighted_score({"3": 0.0}) is None
+    assert geval_scores.weighted_score({"1": 0.1, "5": 0.9}) == pytest.approx(4.6)
+    assert geval_scores.weighted_score({"2": 0.25, "4": 0.25}) == pytest.approx(3.0)  # renormalised over what is there
+    assert geval_scores.weighted_score(None) is None and geval_scores.weighted_score({"3": 0.0}) is None
 
 
 def test_sentence_units_are_punkts_sentences():
     text = "Mr. Smith said so on Jan. 3, 2013. The pens cost $14.99 each!  Nothing else."
-    assert faithfulness.units_of("sentence", text) == ["Mr. Smith said so on Jan. 3, 2013.", "The pens cost $14.99 each!",
+    assert geval_scores.units_of("sentence", text) == ["Mr. Smith said so on Jan. 3, 2013.",
+                                                       "The pens cost $14.99 each!",
                                                 "Nothing else."]
-    assert faithfulness.units_of("document-typology", text) == [text.strip()]
-    assert faithfulness.units_of("sentence", "  ") == [] and faithfulness.units_of("document", None) == []
+    assert geval_scores.units_of("document-typology", text) == [text.strip()]
+    assert geval_scores.units_of("sentence", "  ") == [] and geval_scores.units_of("document", None) == []
 
 
 @pytest.mark.parametrize("x, y", [
@@ -73,18 +75,18 @@ def test_sentence_units_are_punkts_sentences():
 def test_kendall_tau_c_equals_scipys(x, y):
     from scipy.stats import kendalltau  # an oracle only
 
-    assert faithfulness.kendall_tau_c(x, y) == pytest.approx(kendalltau(x, y, variant="c").statistic)
+    assert geval_scores.kendall_tau_c(x, y) == pytest.approx(kendalltau(x, y, variant="c").statistic)
 
 
 def test_kendall_tau_c_is_none_where_it_is_undefined():
-    assert faithfulness.kendall_tau_c([1], [2]) is None and faithfulness.kendall_tau_c([1, 1, 1], [1, 2, 3]) is None
+    assert geval_scores.kendall_tau_c([1], [2]) is None and geval_scores.kendall_tau_c([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_bootstrap_interval_is_seeded_and_holds_the_mean():
     values = [4.6, 3.0, 4.9, 2.5, 5.0, 4.1]
-    low, high = faithfulness.bootstrap_interval(values, samples=2000, seed=3)
-    assert low < sum(values) / len(values) < high and faithfulness.bootstrap_interval(values, 2000, 3) == [low, high]
-    assert faithfulness.bootstrap_interval([4.0]) == [4.0, 4.0] and faithfulness.bootstrap_interval([]) is None
+    low, high = geval_scores.bootstrap_interval(values, samples=2000, seed=3)
+    assert low < sum(values) / len(values) < high and geval_scores.bootstrap_interval(values, 2000, 3) == [low, high]
+    assert geval_scores.bootstrap_interval([4.0]) == [4.0, 4.0] and geval_scores.bootstrap_interval([]) is None
 
 
 # ---------------------------------------------------------------- a scripted judge over run directories
@@ -161,7 +163,7 @@ def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, t
     assert {c.schemas[0].name for c in calls} == {"geval_document", "geval_sentence"}
     # The judge read the claim's evidence, as the run's config says (the demo split's golden evidence).
     assert "7-2 vote" in calls[0].prompts[0]
-    table = faithfulness.table(result)
+    table = geval_scores.table(result)
     assert table.splitlines()[0] == ("| method | n | sentence, no typology | sentence, typology | "
                                      "document, no typology | document, typology |")
     assert table.splitlines()[2].startswith("| zero-shot | 3 | 2.62 [") and "| 3.90 [" in table
@@ -171,7 +173,7 @@ def test_ratings_are_written_as_made_and_reused_for_the_same_judge_and_explanati
     calls, loaded = judge
     run = run_dir(tmp_path / "zs", EXPLANATIONS)
     judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
-    lines = [json.loads(line) for line in (tmp_path / "zs" / faithfulness.RATINGS).read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "zs" / geval_scores.RATINGS).read_text().splitlines()]
     assert [(line["claim_id"], line["protocol"]) for line in lines] == [(0, "document"), (1, "document"),
                                                                         (2, "document")]
     assert lines[0]["units"][0]["probs"]["5"] == 0.8 and lines[0]["score"] == pytest.approx(4.8)
@@ -204,8 +206,8 @@ def test_several_runs_are_rows_and_people_give_kendalls_tau_c_per_protocol(judge
         pairs = [(people[(row["name"], cid)], row["explanations"][protocol][cid])
                  for row in result["methods"] for cid in ("0", "2")]
         assert result["agreement"][protocol] == {
-            "tau_c": pytest.approx(faithfulness.kendall_tau_c([p for p, _ in pairs], [s for _, s in pairs])), "n": 4}
-    assert "| sentence, typology |" in faithfulness.agreement_table(result["agreement"])
+            "tau_c": pytest.approx(geval_scores.kendall_tau_c([p for p, _ in pairs], [s for _, s in pairs])), "n": 4}
+    assert "| sentence, typology |" in geval_scores.agreement_table(result["agreement"])
 
 
 def test_bad_inputs_are_named_before_the_judge_loads(judge, tmp_path):
@@ -230,14 +232,14 @@ def test_bad_inputs_are_named_before_the_judge_loads(judge, tmp_path):
 
 
 def test_explanation_stats():
-    stats = faithfulness.explanation_stats([
+    stats = geval_scores.explanation_stats([
         {"justification": "One. Two.", "prompt_tokens": 10, "completion_tokens": 2,
          "madr": {"revisions": 2, "stop_reason": "max_iterations"}},
         {"justification": "", "prompt_tokens": 4, "completion_tokens": 0,
          "madr": {"revisions": 0, "stop_reason": "agreement"}}])
     assert stats == {"n": 2, "empty": 1, "mean_words": 1.0, "mean_sentences": 1.0, "tokens_per_claim": 8.0,
                      "madr": {"stop_reasons": {"max_iterations": 1, "agreement": 1}, "mean_revisions": 1.0}}
-    assert "2 explanations (1 empty)" in faithfulness.stats_line(stats)
+    assert "2 explanations (1 empty)" in geval_scores.stats_line(stats)
 
 
 # ---------------------------------------------------------------- end to end on a tiny random model
@@ -258,7 +260,7 @@ def test_explain_with_madr_then_geval_under_all_four_protocols(tmp_path, capsys)
     config = json.loads((out / "config.json").read_text())
     assert (config["task"], config["method"], config["madr_temperature"]) == ("explain", "madr", 0.0)
     capsys.readouterr()
-    summary = tmp_path / "faithfulness.json"
+    summary = tmp_path / "geval_scores.json"
     assert judge_run.main([str(out), "--judge-model", tiny, "--batch-size", "4", "--samples", "200",
                        "--json", str(summary)]) == 0
     shown = capsys.readouterr().out
@@ -267,7 +269,7 @@ def test_explain_with_madr_then_geval_under_all_four_protocols(tmp_path, capsys)
     for protocol in judging.PROTOCOLS:
         for score in result["methods"][0]["explanations"][protocol].values():
             assert score is None or 1.0 <= score <= 5.0
-    lines = [json.loads(line) for line in (out / faithfulness.RATINGS).read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / geval_scores.RATINGS).read_text().splitlines()]
     rated = [u for line in lines for u in line["units"]]
     assert rated and all(u["status"] == "structured" and sum(u["probs"].values()) == pytest.approx(1, abs=1e-4)
                          for u in rated)

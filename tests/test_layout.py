@@ -50,7 +50,8 @@ def test_no_module_imports_a_wing_above_its_own():
 def test_the_data_wing_and_the_scorer_need_no_torch_and_nothing_above_data():
     wrong = []
     for path in sorted((ROOT / "debate" / "data").rglob("*.py")):
-        wrong += [f"{path.name}:{line} {m}" for line, m in _imports(path) if m.split(".")[0] in ("torch", "transformers")]
+        wrong += [f"{path.name}:{line} {m}" for line, m in _imports(path) if m.split(".")[0] in ("torch",
+                                                                                                 "transformers")]
     # eval's scoring functions import only the data wing at the top (its command lines' parser is the data wing's).
     for path in sorted((ROOT / "eval").glob("*.py")):
         for line, module in _imports(path, top_level_only=True):
@@ -69,19 +70,23 @@ def test_the_wheel_lists_every_package():
 
 
 def test_the_layout_page_names_every_package_and_module():
+    # Every wing (debate/, train/, eval/: its modules and the report's script and styles) and both scripts.
     layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     missing = []
-    for path in sorted((ROOT / "debate").rglob("*.py")):
+    files = [p for wing in ("debate", "train", "eval") for p in (ROOT / wing).rglob("*")
+             if p.suffix in (".py", ".js", ".css") and "__pycache__" not in p.parts]
+    files += [ROOT / "run_debate.py", ROOT / "train_moderator.py"]
+    for path in sorted(files):
         rel = path.relative_to(ROOT).as_posix()
         name = rel[: -len("__init__.py")] if path.name == "__init__.py" else rel
-        if name != "debate/" and f"`{name}`" not in layout:
+        if name not in ("debate/", "train/", "eval/") and f"`{name}`" not in layout:
             missing.append(name)
     assert not missing, f"docs/layout.md does not name: {missing}"
 
 
 def test_eval_never_imports_the_pipeline():
     # Eval reads runs; the pipeline starts them and calls eval to score them. Not even inside a function may
-    # eval reach back (the G-Eval judge's run is debate/pipeline/faithfulness.py, not eval's).
+    # eval reach back (the G-Eval judge's run is debate/pipeline/geval_run.py, not eval's).
     wrong = [f"eval/{path.name}:{line} {module}" for path in sorted((ROOT / "eval").glob("*.py"))
              for line, module in _imports(path) if _wing_of(module) == "pipeline" or module == "debate.api"]
     assert not wrong, "\n".join(wrong)

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from debate.engine import engine
-from debate.methods import explain, madr, turns
 from debate.data.labels import REFUTED
 from debate.data.prompts import load_prompt
+from debate.engine import engine
+from debate.methods import explain, madr, turns
 from tests import scripted as engine_script
 
 CLAIMS = [{"claim_id": i, "claim": f"Claim number {i}.", "label": REFUTED,
@@ -290,7 +290,8 @@ def test_madr_on_politihop_defaults_to_the_ruling_and_the_chains_stay_a_flag():
     built = run_config.build(dataset="politihop", split="test", task="explain", method="madr", model="m")
     assert built.data.evidence == "ruling" and built.output.output_dir == "runs/politihop-test-ruling-explain-madr"
     # Its baselines read what MADR reads; the annotated chains only when asked; verification keeps its default.
-    assert run_config.build(dataset="politihop", task="explain", method="zero-shot", model="m").data.evidence == "ruling"
+    assert run_config.build(dataset="politihop", task="explain", method="zero-shot",
+                            model="m").data.evidence == "ruling"
     assert run_config.build(dataset="politihop", task="explain", method="madr", evidence="golden",
                             model="m").data.evidence == "golden"
     assert run_config.build(dataset="politihop", method="rag-cot", model="m").data.evidence == "golden"

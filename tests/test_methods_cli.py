@@ -5,14 +5,8 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate.pipeline import records
 from debate.data.labels import LABELS
-from tests.tiny_models import build_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+from debate.pipeline import records
 
 
 def argv(model, out, method, *extra):

@@ -22,7 +22,8 @@ def adapter_dir(tiny_dir, tmp_path_factory):
 
 def _last_logits(model, tokenizer):
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Is the claim supported by the evidence?"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "Is the claim supported by the evidence?"}], tokenize=False,
+        add_generation_prompt=True
     )
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():

@@ -1,10 +1,10 @@
 """The courtroom's arithmetic on hand-computed cases: admissibility, reflection, stopping rules, vote, confidence."""
 import pytest
 
-from debate.methods.courtroom import rules
 from debate.data.labels import CEC, NEE, REFUTED, SUPPORTED
+from debate.methods.courtroom import rules
 
-S, N, I = rules.PANEL_SUPPORTED, rules.PANEL_NOT_SUPPORTED, rules.PANEL_INCONCLUSIVE
+S, N, I = rules.PANEL_SUPPORTED, rules.PANEL_NOT_SUPPORTED, rules.PANEL_INCONCLUSIVE  # noqa: E741 (the panel's words)
 
 
 @pytest.mark.parametrize("relevance, credibility, weight, status", [

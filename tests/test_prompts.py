@@ -2,10 +2,17 @@
 import pytest
 
 import debate.data.prompts as prompts
-from debate.data.parsing import KEYS
 from debate.data.labels import AVERITEC
-from debate.data.prompts import (PromptError, format_evidence, load_prompt, placeholders, render, verdict_answer,
-                                 verdict_criteria)
+from debate.data.parsing import KEYS
+from debate.data.prompts import (
+    PromptError,
+    format_evidence,
+    load_prompt,
+    placeholders,
+    render,
+    verdict_answer,
+    verdict_criteria,
+)
 
 # The protocol code relies on these names; a renamed placeholder must fail here first.
 PLACEHOLDERS = {
@@ -278,7 +285,8 @@ def test_averitec_label_fields_render_the_papers_label_wording():
     final = render("moderator_final", affirmative_argument="A", negative_argument="N", claim="C", **AV)
     assert f"from these labels: {old_choices}." in final and old_answer in final
     assert old_answer in verdict_answer(AVERITEC)
-    assert verdict_criteria(AVERITEC).splitlines()[1] == "- Supported: the credible evidence given backs the claim in full."
+    assert verdict_criteria(AVERITEC).splitlines()[1] == \
+        "- Supported: the credible evidence given backs the claim in full."
 
 
 def test_passages_render_as_numbered_texts_with_their_source():

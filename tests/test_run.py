@@ -7,17 +7,12 @@ from pathlib import Path
 import pytest
 
 import run_debate
-from debate.pipeline import records
 from debate.data.labels import LABELS
+from debate.pipeline import records
 from eval import averitec
-from tests.tiny_models import build_random_lora, build_tiny_llama
+from tests.tiny_models import build_random_lora
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 def argv(model, out, *extra):

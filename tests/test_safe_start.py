@@ -10,23 +10,16 @@ from pathlib import Path
 import pytest
 
 import run_debate
+from debate.data import prompts
 from debate.engine import models
 from debate.pipeline import progress, records
-from debate.data import prompts
-from tests.tiny_models import build_tiny_llama
+from tests.conftest import run_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
-
-
 def argv(model, out, *extra):
-    return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "4",
-            "--max-rounds", "1", "--batch-size", "2", "--limit", "2", "--output-dir", str(out), "--no-structured",
-            *extra]
+    return run_argv(model, out, *extra, batch_size=2, limit=2)
 
 
 def snapshot(directory):
@@ -271,16 +264,16 @@ def test_train_config_records_the_precision_and_keeps_its_models(tiny, tmp_path)
 
 def parsers():
     import train_moderator
-    from debate.pipeline import cli
-    from debate.pipeline import faithfulness
+    from debate.pipeline import cli, geval_run
     from eval import averitec, compare
 
     return {"run_debate.py": cli.run_parser(), "train_moderator.py": train_moderator.build_parser(),
             "eval.compare": compare.build_parser(), "eval.averitec": averitec.build_parser(),
-            "debatecv-geval": faithfulness.build_parser()}
+            "debatecv-geval": geval_run.build_parser()}
 
 
-@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec", "debatecv-geval"])
+@pytest.mark.parametrize("name", ["run_debate.py", "train_moderator.py", "eval.compare", "eval.averitec",
+                                  "debatecv-geval"])
 def test_help_shows_every_default(name):
     from debate.pipeline.cli import HelpFormatter
 

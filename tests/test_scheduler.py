@@ -9,9 +9,8 @@ import pytest
 
 import run_debate
 from debate.engine import engine, scheduler
-from debate.pipeline import records
 from debate.methods import turns
-from tests.tiny_models import build_tiny_llama
+from debate.pipeline import records
 
 SETTINGS = engine.Settings(max_new_tokens=4, temperature=0.0)
 
@@ -144,11 +143,6 @@ def test_a_stop_raised_while_a_claim_thread_starts_unwinds_with_that_stop(calls,
 def test_speak_outside_the_scheduler_calls_the_engine_itself(calls):
     assert turns.speak(fake_agent(), [None, None], ["p", "q"], SETTINGS) == ["P", "Q"]
     assert calls == [["p", "q"]]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 def read(out, name):

@@ -12,20 +12,14 @@ from debate.engine import models
 from debate.pipeline import records, shards
 from debate.pipeline.config import ConfigError
 from debate.pipeline.shards import World
-from tests.tiny_models import build_tiny_llama
+from tests.conftest import run_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
-
-
 def argv(model, out, *extra):
     # Greedy, so the sharded run is compared with the one-process run line for line.
-    return ["--split", "demo", "--limit", "5", "--evidence", "golden", "--model", model, "--max-new-tokens", "4",
-            "--max-rounds", "1", "--temperature", "0", "--no-structured", "--output-dir", str(out), *extra]
+    return run_argv(model, out, *extra, limit=5, temperature=0)
 
 
 def read(path):

@@ -24,22 +24,15 @@ import run_debate
 from debate.data import jsonl
 from debate.engine import models
 from debate.pipeline import lock, records, stops
-from tests.tiny_models import build_tiny_llama
+from tests.conftest import run_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = 2
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
-
-
 def argv(model, out, *extra):
     # One claim at a time, so a run stopped after its first claim still has claims to go.
-    return ["--split", "demo", "--evidence", "golden", "--model", model, "--limit", str(CLAIMS), "--max-new-tokens",
-            "16", "--max-rounds", "1", "--temperature", "0", "--batch-size", "1", "--no-structured",
-            "--output-dir", str(out), *extra]
+    return run_argv(model, out, *extra, max_new_tokens=16, limit=CLAIMS, temperature=0, batch_size=1)
 
 
 @pytest.fixture(scope="module")

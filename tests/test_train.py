@@ -1,26 +1,20 @@
 """D-SFT and D-DPO on a tiny random-weight Llama: what is trained on, that it learns, that resuming is exact."""
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from accelerate import Accelerator
 
-from debate.methods import debatecv
-from debate.engine import chat, engine
 from debate.data.labels import REFUTED, SUPPORTED
 from debate.data.parsing import KEYS, parse_moderator
+from debate.engine import chat, engine
+from debate.methods import debatecv
 from tests import syndec_task
-from tests.tiny_models import build_tiny_llama
-from train import examples, lora, loop, losses, stages
+from train import examples, loop, lora, losses, stages
+from train.settings import TrainSettings
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +206,7 @@ def train_args(out, model, **overrides):
                 micro_batch=4, grad_accum=1, warmup_ratio=0.0, schedule="cosine", save_every=1000, seed=0,
                 max_length=4096, beta=0.5, resume=False, sft_include_corrected=False)
     args.update(overrides)
-    return SimpleNamespace(**args)
+    return TrainSettings(**args)
 
 
 def test_ddpo_prefers_the_corrected_reply_on_held_out_pairs(tiny, tmp_path):
@@ -228,7 +222,7 @@ def test_ddpo_prefers_the_corrected_reply_on_held_out_pairs(tiny, tmp_path):
     acc_before, plain_before, margin_before = preference(start, tokenizer, held_out)
 
     args = train_args(tmp_path / "run", tiny, syndec=str(tmp_path / "pairs.jsonl"), sft_adapter=str(tmp_path / "start"))
-    summary = stages.dpo(args, log=lambda *a: None)
+    summary = stages.dpo(args)
     trained = lora.load_trainable(tiny, adapter=str(tmp_path / "run/dpo/adapter"), gradient_checkpointing=False)[0]
     acc_after, plain_after, margin_after = preference(trained, tokenizer, held_out)
     assert acc_before == 0.0 and margin_before == pytest.approx(0.0, abs=1e-4)  # policy = reference at the start
@@ -267,5 +261,5 @@ def test_resume_from_a_checkpoint_gives_the_same_weights_as_no_stop(tiny, tmp_pa
     log = [json.loads(line)["step"] for line in (tmp_path / "crash" / loop.METRICS).read_text().splitlines()]
     assert log == [1, 2, 3, 4, 5, 6]  # step 3 of the dead run was dropped and redone
     whole_log = (tmp_path / "whole" / loop.METRICS).read_text().splitlines()
-    assert [json.loads(l)["loss"] for l in whole_log] == \
-           [json.loads(l)["loss"] for l in (tmp_path / "crash" / loop.METRICS).read_text().splitlines()]
+    assert [json.loads(row)["loss"] for row in whole_log] == \
+           [json.loads(row)["loss"] for row in (tmp_path / "crash" / loop.METRICS).read_text().splitlines()]

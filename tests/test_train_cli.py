@@ -1,5 +1,7 @@
 """train_moderator.py end to end on the demo claims, the Corrector, and clear errors on bad input."""
+import contextlib
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -7,9 +9,9 @@ import pytest
 
 import run_debate
 import train_moderator
+from debate.data.labels import REFUTED, SUPPORTED
 from debate.engine import engine
 from debate.pipeline import records
-from debate.data.labels import REFUTED, SUPPORTED
 from tests import syndec_task
 from tests.test_run import responses
 from tests.tiny_models import build_tiny_llama
@@ -20,18 +22,29 @@ TINY_TRAIN = ["--max-new-tokens", "8", "--max-rounds", "2", "--lora-r", "8", "--
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
-
-
-@pytest.fixture(scope="module")
 def trained(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("syndec")
-    log = []
     args = train_moderator.parse_args(["--stage", "all", "--split", "demo", "--model", tiny, "--out", str(out),
                                        "--sft-include-corrected", *TINY_TRAIN])
-    stages.run(args, log=log.append)
+    with said() as log:
+        stages.run(args)
     return out, log
+
+
+@contextlib.contextmanager
+def said():
+    """The lines the stages log (the `train` loggers, at INFO), as train_moderator.py prints them."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger, level = logging.getLogger("train"), logging.getLogger("train").level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def test_all_stages_write_records_corrections_and_two_adapters(trained):
@@ -58,9 +71,9 @@ def test_all_stages_write_records_corrections_and_two_adapters(trained):
 
 def test_rerunning_skips_the_stages_that_are_done(trained, tiny):
     out, _ = trained
-    log = []
-    stages.run(train_moderator.parse_args(["--stage", "all", "--split", "demo", "--model", tiny, "--out", str(out),
-                                           *TINY_TRAIN]), log=log.append)
+    with said() as log:
+        stages.run(train_moderator.parse_args(["--stage", "all", "--split", "demo", "--model", tiny, "--out",
+                                               str(out), *TINY_TRAIN]))
     assert sum("already done" in line for line in log) == 4
 
 
@@ -92,6 +105,38 @@ def test_dsft_without_correct_records_says_how_to_go_on(trained, tiny, tmp_path,
 
 # --- bad input ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_a_training_stage_without_its_syndec_file_names_the_stages_that_write_it(tiny, tmp_path, capsys, stage):
+    with pytest.raises(SystemExit) as exit:
+        train_moderator.main(["--stage", stage, "--model", tiny, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "syndec.jsonl: no such SynDeC file" in err and "--stage synth" in err and "--stage all" in err
+
+
+def test_the_parser_takes_every_default_from_the_training_settings():
+    from dataclasses import asdict
+
+    from train.settings import DEFAULTS, TrainSettings
+
+    parsed = train_moderator.parse_args(["--split", "train"])
+    assert isinstance(parsed, TrainSettings)
+    # The one field filled from the split; every other default is the dataclass's own.
+    assert {k for k, v in asdict(parsed).items() if v != getattr(DEFAULTS, k)} == {"max_new_tokens"}
+    with pytest.raises(Exception):  # frozen: the stages cannot change what was parsed
+        parsed.model = "other"
+
+
+@pytest.mark.parametrize("flags, message", [(["--lr", "0"], "--lr and --beta must be positive"),
+                                            (["--epochs", "0"], "--epochs must be at least 1"),
+                                            (["--top-p", "0"], "--top-p in (0, 1]")])
+def test_a_bad_training_setting_is_one_error_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        train_moderator.parse_args(flags)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and message in err and err.startswith("error: ")
+
+
 def write_lines(path, rows):
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
@@ -100,7 +145,8 @@ def write_lines(path, rows):
 @pytest.mark.parametrize("rows, message", [
     ([], r"empty.jsonl: no SynDeC records \(the file is empty\)"),
     (["{not json"], r"empty.jsonl:1: not valid JSON"),
-    ([dict(syndec_task.record(1, SUPPORTED), debate=[])], r"empty.jsonl:1 \(claim_id 1\): field 'debate': no debate record"),
+    ([dict(syndec_task.record(1, SUPPORTED), debate=[])],
+     r"empty.jsonl:1 \(claim_id 1\): field 'debate': no debate record"),
     ([{k: v for k, v in syndec_task.record(1, SUPPORTED).items() if k != "debate"}], r"field 'debate': no debate"),
     ([dict(syndec_task.record(1, SUPPORTED), debate=syndec_task.record(1, SUPPORTED)["debate"][:2])],
      r"no Moderator turn"),
@@ -141,7 +187,7 @@ def test_leftover_checkpoints_need_resume_or_overwrite(trained, tiny, tmp_path, 
     argv = ["--stage", "sft", "--model", tiny, "--out", str(run), "--syndec", str(out / "syndec.corrected.jsonl"),
             "--sft-include-corrected", *TINY_TRAIN]
     args = train_moderator.parse_args(argv)
-    stages.sft(args, log=lambda *a: None, stop_after=2)  # a run that died after its step-2 checkpoint
+    stages.sft(args, stop_after=2)  # a run that died after its step-2 checkpoint
     with pytest.raises(SystemExit) as exit:
         train_moderator.main(argv)
     assert exit.value.code == 2 and "--resume" in capsys.readouterr().err
@@ -247,7 +293,7 @@ def test_synthesis_debates_on_a_retrieved_file_when_given_one(tiny, tmp_path):
     args = train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--data-dir", str(averitec_dir()),
                                        "--limit", "2", "--retrieved-file", str(retrieved), "--model", tiny,
                                        "--out", str(out), *TINY_TRAIN])
-    stages.run(args, log=lambda line: None)
+    stages.run(args)
     rows = {r["claim_id"]: r for r in syndec.load(out / "syndec.jsonl")}
     assert sorted(rows) == [0, 1]
     for i, r in rows.items():

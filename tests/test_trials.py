@@ -11,24 +11,17 @@ from debate.data import prompts
 from debate.pipeline import records, scoring
 from eval import compare
 from eval.averitec import InputError
-from tests.tiny_models import build_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+from tests.conftest import run_argv
 
 
 @pytest.fixture(autouse=True)
 def shipped_prompts():
     yield
-    prompts.use_prompt_dir(None)  # a test that set --prompts must not leak it into the next
+    assert prompts.in_use().directory is None  # a run's --prompts ends with the run
 
 
 def argv(model, out, *extra):
-    return ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "6",
-            "--max-rounds", "1", "--batch-size", "4", "--limit", "4", "--no-structured", "--output-dir", str(out),
-            *extra]
+    return run_argv(model, out, *extra, max_new_tokens=6, batch_size=4, limit=4)
 
 
 def read(path):
@@ -179,7 +172,7 @@ def test_an_override_must_be_named_after_a_shipped_prompt(tmp_path):
     mine.mkdir()
     (mine / "moderator_finale.txt").write_text("x\n")
     with pytest.raises(prompts.PromptError, match="moderator_finale.txt: no shipped prompt is called 'moderator_fin"):
-        prompts.use_prompt_dir(mine)
+        prompts.checked_set(mine)
 
 
 # --- PROClaim's Table 3 (eval/trials.py) on hand-made runs ---------------------------------------------

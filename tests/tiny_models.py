@@ -183,3 +183,19 @@ def averitec_dir():
 def shared_dir(dataset):
     """The shared folder of one dataset (check-covid, healthver, politihop, proclaim): beside averitec_dir()'s."""
     return averitec_dir().parent / dataset
+
+
+def bench_claims(n, condition="golden"):
+    """The benchmarks' claims: the first `n` of AVeriTeC dev with `condition`'s evidence (golden, or
+    retrieved: the shared dev.retrieved.hero.jsonl), else the demo claims repeated under new ids; and the
+    words saying which."""
+    from debate.data import averitec, claims as data
+
+    shared = averitec_dir()
+    if (shared / "dev.json").is_file():
+        claims = averitec.load_split("dev", shared)[:n]
+        if len(claims) >= n:
+            retrieved = shared / "dev.retrieved.hero.jsonl" if condition == "retrieved" else None
+            return data.attach_evidence(claims, condition, retrieved), f"AVeriTeC dev, {condition} evidence"
+    demo = data.attach_evidence(averitec.load_split("demo"), "golden")
+    return [dict(demo[k % len(demo)], claim_id=k) for k in range(n)], "the demo claims, repeated"

@@ -10,12 +10,12 @@ status "empty" and that record stays out of D-DPO.
 """
 from pathlib import Path
 
-from debate.engine import engine, schema
 from debate.data import jsonl
-from debate.pipeline import records, stops
-from debate.engine.models import adapter_scope
 from debate.data.parsing import parse_moderator
 from debate.data.prompts import render
+from debate.engine import engine, schema
+from debate.engine.models import adapter_scope
+from debate.pipeline import records, stops
 
 SPEAKERS = {"affirmative": "Affirmative Debater", "negative": "Negative Debater"}
 

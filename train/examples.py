@@ -13,9 +13,9 @@ fit, the record is skipped. The target is never cut. Each step is counted.
 import json
 from collections import Counter
 
-from debate.methods import debatecv
-from debate.engine import chat, engine
 from debate.data.parsing import KEYS, parse_moderator
+from debate.engine import chat, engine
+from debate.methods import debatecv
 from train import syndec
 
 IGNORE = -100
@@ -124,7 +124,9 @@ def dpo_example(tokenizer, record, max_length):
     context, how = fit_context(tokenizer, record, max_length - max(len(chosen), len(rejected)))
     if context is None:
         return None, how
-    side = lambda target: {"input_ids": context + target, "labels": [IGNORE] * len(context) + target}
+    def side(target):
+        return {"input_ids": context + target, "labels": [IGNORE] * len(context) + target}
+
     return {"chosen": side(chosen), "rejected": side(rejected)}, how
 
 

@@ -9,10 +9,13 @@ from peft.utils import set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from debate.engine import models
+from debate.engine.errors import one_line
+from train.settings import DEFAULTS
 
 
-def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, use_4bit=None,
-                   gradient_checkpointing=True, device=None, dtype=None):
+def load_trainable(base_path, *, adapter=None, r=DEFAULTS.lora_r, alpha=DEFAULTS.lora_alpha,
+                   dropout=DEFAULTS.lora_dropout, use_4bit=None, gradient_checkpointing=DEFAULTS.gradient_checkpointing,
+                   device=None, dtype=None):
     """(peft model, tokenizer, LoadedModel): a new LoRA on every linear layer, or `adapter` made trainable.
 
     `use_4bit` as in models.load_model: by default the base is 4-bit NF4 with bf16 compute on CUDA (QLoRA),
@@ -38,7 +41,7 @@ def load_trainable(base_path, *, adapter=None, r=128, alpha=256, dropout=0.05, u
             with models.peft_wrap():
                 model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         except Exception as e:
-            raise models.ModelLoadError(f"cannot load adapter {adapter}: {models.one_line(e)}") from e
+            raise models.ModelLoadError(f"cannot load adapter {adapter}: {one_line(e)}") from e
     else:
         config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear",
                             task_type="CAUSAL_LM")

@@ -12,21 +12,26 @@ stages asked for need is checked before OUT is created or changed, and before an
 """
 import contextlib
 import json
+import logging
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
-from debate.pipeline import config, config_file, evidence, lock, method_table, records, runner, stops
-from debate.engine import engine, models
 from debate.data import prompts
-from train import corrector, examples, lora, loop, losses, syndec
+from debate.engine import engine, models
+from debate.pipeline import config, config_file, lock, method_table, records, run_claims, runner, stops
+from train import corrector, examples, loop, lora, losses, syndec
+from train.settings import STAGES, TrainSettings, with_models
 
-STAGES = ("synth", "correct", "sft", "dpo")
+# What the stages say goes to this logger; train_moderator.py prints it as plain lines on stdout.
+log = logging.getLogger(__name__)
 REPLACED = ".replaced"  # under OUT: a stage's earlier outputs while --overwrite redoes it
 
 
@@ -96,45 +101,48 @@ def replacing(stage, out, overwrite):
             (Path(out) / REPLACED).rmdir()  # only once empty
 
 
-def synth_config(args):
+def synth_config(settings: TrainSettings) -> config.RunConfig:
     """The RunConfig of the synth stage's zero-shot run: DebateCV into OUT/debates on golden evidence (the paper's),
     or on a retrieved-evidence file (HerO's format, e.g. what `run_debate.py --retrieve-only` saved)."""
-    retrieved = getattr(args, "retrieved_file", None)
-    return config.build(method="debatecv", dataset=args.dataset, split=args.split, data_dir=args.data_dir,
+    retrieved = settings.retrieved_file
+    return config.build(method="debatecv", dataset=settings.dataset, split=settings.split, data_dir=settings.data_dir,
                         evidence="retrieved" if retrieved else "golden", retrieved_file=retrieved,
-                        limit=args.limit, debater_model=args.debater_model, moderator_model=args.model,
-                        batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                        max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, use_4bit=args.use_4bit,
-                        structured=args.structured, output_dir=str(paths(args.out)["debates"]),
-                        overwrite=args.overwrite)
+                        limit=settings.limit, debater_model=settings.debater_model, moderator_model=settings.model,
+                        batch_size=settings.batch_size, temperature=settings.temperature, top_p=settings.top_p,
+                        seed=settings.seed, max_new_tokens=settings.max_new_tokens, max_rounds=settings.max_rounds,
+                        use_4bit=settings.use_4bit,
+                        structured=settings.structured, output_dir=str(paths(settings.out)["debates"]),
+                        overwrite=settings.overwrite)
 
 
-def synth(args, log=print):
-    """Zero-shot DebateCV over the split (golden evidence, or --retrieved-file's), then SynDeC records from its outputs."""
-    p = paths(args.out)
-    synth_run = synth_config(args)
-    runner.run(synth_run, log=log)
-    inputs = evidence.read(synth_run)  # golden or a retrieved file: nothing to retrieve
+def synth(settings: TrainSettings) -> None:
+    """Zero-shot DebateCV over the split (golden evidence, or --retrieved-file's), then SynDeC records from its
+    outputs."""
+    p = paths(settings.out)
+    synth_run = synth_config(settings)
+    runner.run(synth_run, log=log.info)
+    inputs = run_claims.read(synth_run)  # golden or a retrieved file: nothing to retrieve
     rows = syndec.build(p["debates"], inputs.claims, inputs.labels)
     syndec.write(p["syndec"], rows)
     right = sum(r["correct"] for r in rows)
-    log(f"synth: {len(rows)} SynDeC records in {p['syndec']}: {right} correct (for D-SFT), "
+    log.info(f"synth: {len(rows)} SynDeC records in {p['syndec']}: {right} correct (for D-SFT), "
         f"{len(rows) - right} wrong (for the Corrector, then D-DPO)")
 
 
-def correct(args, log=print):
-    p = paths(args.out)
+def correct(settings: TrainSettings) -> None:
+    p = paths(settings.out)
     rows = syndec.load(p["syndec"])
     wrong = [r for r in rows if not r["correct"]]
-    log(f"correct: {len(wrong)} wrong predictions of {len(rows)}; Corrector: {args.corrector_model}")
+    log.info(f"correct: {len(wrong)} wrong predictions of {len(rows)}; Corrector: {settings.corrector_model}")
     if wrong:
-        agent = models.load_roles({"corrector": args.corrector_model}, use_4bit=args.use_4bit)["corrector"]
-        settings = engine.Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   top_p=args.top_p, seed=args.seed, structured=args.structured)
+        agent = models.load_roles({"corrector": settings.corrector_model}, use_4bit=settings.use_4bit)["corrector"]
+        assert settings.max_new_tokens is not None  # settings.from_args fills it per split
+        decoding = engine.Settings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                   top_p=settings.top_p, seed=settings.seed, structured=settings.structured)
         try:
             with tqdm(total=len(wrong), initial=len(corrector.read_done(p["corrections"])), desc="correct",
                       unit="claim", dynamic_ncols=True) as bar:
-                corrections = corrector.correct(agent, rows, p["corrections"], settings, args.batch_size,
+                corrections = corrector.correct(agent, rows, p["corrections"], decoding, settings.batch_size,
                                                 bar.update)
         except BaseException as err:
             with contextlib.suppress(records.RunConflict, OSError):
@@ -146,60 +154,62 @@ def correct(args, log=print):
     merged = corrector.merge(rows, corrections)
     syndec.write(p["corrected"], merged)
     statuses = [corrections[r["claim_id"]]["status"] for r in wrong if r["claim_id"] in corrections]
-    log(f"correct: wrote {p['corrected']}; corrections by how they were read: "
+    log.info(f"correct: wrote {p['corrected']}; corrections by how they were read: "
         + (", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))) or "none"))
 
 
-def _records(args):
+def _records(settings):
     """The SynDeC file a training stage reads: --syndec, else the corrected one, else the uncorrected one."""
-    p = paths(args.out)
-    source = Path(args.syndec) if args.syndec else p["corrected"] if p["corrected"].exists() else p["syndec"]
+    p = paths(settings.out)
+    source = Path(settings.syndec) if settings.syndec else p["corrected"] if p["corrected"].exists() else p["syndec"]
+    if not settings.syndec and not source.exists():
+        # A training stage run alone on a fresh OUT: say which stages write what it reads.
+        raise syndec.SynDeCError(
+            f"{source}: no such SynDeC file; --stage synth writes it (then --stage correct the corrected one), "
+            f"--stage all runs every stage in order, or give --syndec FILE")
     return source, syndec.load(source)
 
 
-def _config(args):
-    return loop.TrainConfig(lr=args.lr, epochs=args.epochs, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
-                            warmup_ratio=args.warmup_ratio, schedule=args.schedule, save_every=args.save_every,
-                            seed=args.seed)
-
-
-def _finish(stage_dir, model, loaded, summary, counts, accelerator, log):
+def _finish(stage_dir, model, loaded, summary, counts, accelerator):
     summary["truncation"] = dict(counts)
     if accelerator.is_main_process:
         lora.save_adapter(accelerator.unwrap_model(model), stage_dir / "adapter", loaded)
         records.write_json(stage_dir / loop.SUMMARY, summary)
     accelerator.wait_for_everyone()
-    log(f"{stage_dir.name}: {summary['steps']} steps over {summary['examples']} examples in {summary['seconds']} s "
-        f"({summary['tokens_per_s']} tokens/s); last loss {summary['last'].get('loss')}; "
-        f"long records: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; adapter: {stage_dir / 'adapter'}")
+    log.info(f"{stage_dir.name}: {summary['steps']} steps over {summary['examples']} examples in "
+             f"{summary['seconds']} s ({summary['tokens_per_s']} tokens/s); last loss {summary['last'].get('loss')}; "
+             f"long records: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; "
+             f"adapter: {stage_dir / 'adapter'}")
 
 
-def sft(args, log=print, stop_after=None):
+def sft(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
     """D-SFT on the correct records (plus the corrected ones with --sft-include-corrected)."""
-    source, rows = _records(args)
+    source, rows = _records(settings)
     train_rows, dpo_rows = syndec.split(rows)
-    if args.sft_include_corrected:
+    if settings.sft_include_corrected:
         train_rows += dpo_rows
     if not train_rows:
         raise syndec.SynDeCError(
             f"{source}: no record to train D-SFT on (0 of {len(rows)} predictions were right"
-            + ("" if args.sft_include_corrected else "; --sft-include-corrected adds the corrected ones") + ")")
+            + ("" if settings.sft_include_corrected else "; --sft-include-corrected adds the corrected ones") + ")")
     accelerator = Accelerator()
     model, tokenizer, loaded = lora.load_trainable(
-        args.model, adapter=args.init_adapter, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
-        use_4bit=args.use_4bit, gradient_checkpointing=args.gradient_checkpointing, device=accelerator.device)
-    data, counts = examples.build(tokenizer, train_rows, examples.sft_example, args.max_length)
+        settings.model, adapter=settings.init_adapter, r=settings.lora_r, alpha=settings.lora_alpha,
+        dropout=settings.lora_dropout,
+        use_4bit=settings.use_4bit, gradient_checkpointing=settings.gradient_checkpointing, device=accelerator.device)
+    data, counts = examples.build(tokenizer, train_rows, examples.sft_example, settings.max_length)
     if not data:
-        raise syndec.SynDeCError(f"{source}: every D-SFT record is longer than --max-length {args.max_length}")
-    log(f"sft: {len(data)} examples from {source}")
-    stage_dir = paths(args.out)["sft"]
+        raise syndec.SynDeCError(f"{source}: every D-SFT record is longer than --max-length {settings.max_length}")
+    log.info(f"sft: {len(data)} examples from {source}")
+    stage_dir = paths(settings.out)["sft"]
     pad = tokenizer.pad_token_id
     summary = loop.train(model, data, losses.sft_loss, lambda b: losses.collate(b, pad, accelerator.device),
-                         _config(args), stage_dir, loaded, accelerator, resume=args.resume, stop_after=stop_after,
+                         loop.TrainConfig.of(settings), stage_dir, loaded, accelerator, resume=settings.resume,
+                         stop_after=stop_after,
                          desc="D-SFT", fingerprint={"source": str(source), "examples": len(data),
-                                                    "max_length": args.max_length})
+                                                    "max_length": settings.max_length})
     if summary["finished"]:
-        _finish(stage_dir, model, loaded, summary, counts, accelerator, log)
+        _finish(stage_dir, model, loaded, summary, counts, accelerator)
     return summary
 
 
@@ -229,31 +239,31 @@ def reference_logps(model, data, pad, accelerator, batch_pairs=1):
     return out
 
 
-def dpo(args, log=print, stop_after=None):
+def dpo(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
     """D-DPO from the D-SFT adapter on the corrected records; the reference is the D-SFT model itself."""
-    source, rows = _records(args)
+    source, rows = _records(settings)
     _, pairs = syndec.split(rows)
     if not pairs:
         raise syndec.SynDeCError(f"{source}: no wrong record with a corrected justification; run --stage correct")
-    sft_adapter = args.sft_adapter or paths(args.out)["sft"] / "adapter"
+    sft_adapter = settings.sft_adapter or paths(settings.out)["sft"] / "adapter"
     if not Path(sft_adapter).exists():
         raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
     accelerator = Accelerator()
     model, tokenizer, loaded = lora.load_trainable(
-        args.model, adapter=str(sft_adapter), use_4bit=args.use_4bit,
-        gradient_checkpointing=args.gradient_checkpointing, device=accelerator.device)
-    data, counts = examples.build(tokenizer, pairs, examples.dpo_example, args.max_length)
+        settings.model, adapter=str(sft_adapter), use_4bit=settings.use_4bit,
+        gradient_checkpointing=settings.gradient_checkpointing, device=accelerator.device)
+    data, counts = examples.build(tokenizer, pairs, examples.dpo_example, settings.max_length)
     if not data:
-        raise syndec.SynDeCError(f"{source}: every D-DPO record is longer than --max-length {args.max_length}")
-    log(f"dpo: {len(data)} preference pairs from {source}, beta {args.beta}, reference: {sft_adapter}")
-    stage_dir = paths(args.out)["dpo"]
+        raise syndec.SynDeCError(f"{source}: every D-DPO record is longer than --max-length {settings.max_length}")
+    log.info(f"dpo: {len(data)} preference pairs from {source}, beta {settings.beta}, reference: {sft_adapter}")
+    stage_dir = paths(settings.out)["dpo"]
     stage_dir.mkdir(parents=True, exist_ok=True)
     pad = tokenizer.pad_token_id
-    fingerprint = {"source": str(source), "examples": len(data), "max_length": args.max_length,
-                   "beta": args.beta, "sft_adapter": str(sft_adapter)}
+    fingerprint = {"source": str(source), "examples": len(data), "max_length": settings.max_length,
+                   "beta": settings.beta, "sft_adapter": str(sft_adapter)}
 
     ref_file = stage_dir / "reference.pt"
-    saved = torch.load(ref_file, weights_only=False) if ref_file.exists() and args.resume else None
+    saved = torch.load(ref_file, weights_only=False) if ref_file.exists() and settings.resume else None
     if saved is not None and saved["data"] == fingerprint:
         ref = saved["logps"]
     else:
@@ -268,98 +278,102 @@ def dpo(args, log=print, stop_after=None):
         out["ref"] = torch.tensor([e["ref"] for e in batch], dtype=torch.float32, device=accelerator.device)
         return out
 
-    summary = loop.train(model, data, lambda m, b: losses.dpo_step_loss(m, b, args.beta), make_batch,
-                         _config(args), stage_dir, loaded, accelerator, resume=args.resume, stop_after=stop_after,
+    summary = loop.train(model, data, lambda m, b: losses.dpo_step_loss(m, b, settings.beta), make_batch,
+                         loop.TrainConfig.of(settings), stage_dir, loaded, accelerator, resume=settings.resume,
+                         stop_after=stop_after,
                          desc="D-DPO", fingerprint=fingerprint)
     if summary["finished"]:
-        _finish(stage_dir, model, loaded, summary, counts, accelerator, log)
+        _finish(stage_dir, model, loaded, summary, counts, accelerator)
     return summary
 
 
-def check(args, todo):
+def check(settings: TrainSettings, todo: Sequence[str]) -> None:
     """Refuse the stages in `todo` now, for what needs no weights: model and adapter paths, data, prompts,
     WordNet, the SynDeC file a stage reads. Runs before OUT is created or changed and before any load."""
-    p = paths(args.out)
-    needed = {args.model}
-    needed |= {args.debater_model} if "synth" in todo else set()
-    needed |= {args.corrector_model} if "correct" in todo else set()
+    p = paths(settings.out)
+    needed = {settings.model}
+    needed |= {settings.debater_model} if "synth" in todo else set()
+    needed |= {settings.corrector_model} if "correct" in todo else set()
     configs = {path: models.check_model(path) for path in needed}
     prompts.check_files()
     if "synth" in todo:
-        synth_run = synth_config(args)
-        runner.check_run(synth_run, evidence.read(synth_run).claims)
+        synth_run = synth_config(settings)
+        runner.check_run(synth_run, run_claims.read(synth_run).claims)
         precision = models.precision(synth_run.models.use_4bit)
         records.check(synth_run.output.output_dir,
                       config_file.config_json(synth_run, method_table.model_roles(synth_run), precision),
-                      overwrite=args.overwrite)
+                      overwrite=settings.overwrite)
     if "correct" in todo and "synth" not in todo:
         syndec.load(p["syndec"])
     if ("sft" in todo or "dpo" in todo) and not {"synth", "correct"} & set(todo):
-        _records(args)
-    if "sft" in todo and args.init_adapter:
-        models.check_adapter(args.init_adapter, configs[args.model], args.model)
-    if "dpo" in todo and ("sft" not in todo or args.sft_adapter):
-        sft_adapter = args.sft_adapter or p["sft"] / "adapter"
+        _records(settings)
+    if "sft" in todo and settings.init_adapter:
+        models.check_adapter(settings.init_adapter, configs[settings.model], settings.model)
+    if "dpo" in todo and ("sft" not in todo or settings.sft_adapter):
+        sft_adapter = settings.sft_adapter or p["sft"] / "adapter"
         if not Path(sft_adapter).exists():
-            raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
-        models.check_adapter(sft_adapter, configs[args.model], args.model)
+            raise models.ModelLoadError(
+                f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
+        models.check_adapter(sft_adapter, configs[settings.model], settings.model)
 
 
-def train_config(args, ran, before=None):
+STAGE_FUNCTIONS: Dict[str, Callable[[TrainSettings], object]] = {"synth": synth, "correct": correct, "sft": sft,
+                                                                  "dpo": dpo}
+
+
+def train_config(settings: TrainSettings, ran: Sequence[str], before: Optional[dict] = None) -> dict:
     """train_config.json: the settings, the precision really used, and the models each stage that ran used;
     what an earlier invocation recorded of the stages it ran is kept."""
     before = dict(before or {})
-    precision = models.precision(args.use_4bit)
-    used = {"synth": {"moderator": args.model, "debater": args.debater_model},
-            "correct": {"corrector": args.corrector_model}, "sft": {"moderator": args.model},
-            "dpo": {"moderator": args.model}}
-    config = {**before, **vars(args), "use_4bit": precision["quantized"],
+    precision = models.precision(settings.use_4bit)
+    used = {"synth": {"moderator": settings.model, "debater": settings.debater_model},
+            "correct": {"corrector": settings.corrector_model}, "sft": {"moderator": settings.model},
+            "dpo": {"moderator": settings.model}}
+    config = {**before, **asdict(settings), "use_4bit": precision["quantized"],
               "precision": "nf4" if precision["quantized"] else precision["dtype"]}
     config["models"] = dict(before.get("models") or {})
     for stage in ran:
-        config["models"][stage] = {role: {"path": os.path.realpath(path), **precision}
+        config["models"][stage] = {role: {"path": os.path.realpath(str(path)), **precision}
                                    for role, path in used[stage].items()}
     config["stages_run"] = [s for s in STAGES if s in ran or s in before.get("stages_run", [])]
     return config
 
 
-def run(args, log=print):
+def run(settings: TrainSettings) -> None:
     """Run the stages asked for in order, skipping those already done (unless --overwrite).
 
     Everything is checked before OUT is touched; with --overwrite a stage's earlier outputs are kept
     aside until it has finished (see `replacing`).
     """
     models.set_offline()
-    args.model = args.model or models.default_model_path()
-    args.debater_model = args.debater_model or args.model
-    args.corrector_model = args.corrector_model or args.model
-    wanted = STAGES if args.stage == "all" else (args.stage,)
-    todo = [stage for stage in wanted if args.overwrite or not done(stage, args.out)]
+    settings = with_models(settings, settings.model or models.default_model_path())
+    wanted = STAGES if settings.stage == "all" else (settings.stage,)
+    todo = [stage for stage in wanted if settings.overwrite or not done(stage, settings.out)]
     for stage in wanted:
         if stage not in todo:
-            log(f"{stage}: already done in {args.out}, skipped (--overwrite redoes it)")
+            log.info(f"{stage}: already done in {settings.out}, skipped (--overwrite redoes it)")
     if not todo:
         return
-    check(args, todo)
+    check(settings, todo)
     # One writer per OUT (debate/pipeline/lock.py), refused before any weight loads: the stages read each
     # other's files, so a lock per stage would still let a second command's D-DPO read a SynDeC file this one
     # rewrites. Under `accelerate launch` the first process holds it for all.
     main = os.environ.get("RANK", "0") == "0"
-    with lock.hold(args.out, flag="--out") if main else contextlib.nullcontext():
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        config_path = Path(args.out) / "train_config.json"
+    with lock.hold(settings.out, flag="--out") if main else contextlib.nullcontext():
+        Path(settings.out).mkdir(parents=True, exist_ok=True)
+        config_path = Path(settings.out) / "train_config.json"
         ran = []
         try:
             for stage in todo:
                 try:
-                    with replacing(stage, args.out, args.overwrite):
-                        {"synth": synth, "correct": correct, "sft": sft, "dpo": dpo}[stage](args, log=log)
+                    with replacing(stage, settings.out, settings.overwrite):
+                        STAGE_FUNCTIONS[stage](settings)
                 except BaseException as err:
-                    stops.note(err, f"the stages before {stage} in {args.out}",
+                    stops.note(err, f"the stages before {stage} in {settings.out}",
                                resume=f"the same command goes on from the {stage} stage")
                     raise
                 ran.append(stage)
         finally:
             if ran:
                 before = json.loads(config_path.read_text()) if config_path.exists() else {}
-                records.write_json(config_path, train_config(args, ran, before))
+                records.write_json(config_path, train_config(settings, ran, before))

@@ -12,10 +12,10 @@ The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 from pathlib import Path
 
 from debate.data import jsonl
-from debate.pipeline import records as run_records
-from debate.data.claims import json_problem
+from debate.data.claims import item_shape, json_problem
 from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LabelSet
+from debate.pipeline import records as run_records
 
 
 class SynDeCError(ValueError):
@@ -92,8 +92,7 @@ def _check(row, where):
     if not any(t["role"] == "moderator" for t in debate):
         raise SynDeCError(f"{where}: field 'debate': no Moderator turn, so nothing to train on")
     for i, item in enumerate(row["evidence"]):
-        qa = isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("question", "answer"))
-        if not qa and not (isinstance(item, dict) and isinstance(item.get("text"), str)):
+        if item_shape(item) is None:
             raise SynDeCError(f"{where}: field 'evidence[{i}]': expected an object with question and answer, "
                               "or with text")
     predicted = row.get("predicted_label")

@@ -56,7 +56,8 @@ def split_files(data_dir, split):
                 return [place]
         raise DataError(f"{root / BINARY_FILE}: no such file (nor in {root.parent / 'proclaim'}): test-binary is "
                         "PROClaim's sample of the Check-COVID test claims, data/checkcovid_test_binary.jsonl in "
-                        "its repository (github mnc13/PROClaim); put it in --data-dir or in a proclaim/ folder beside it")
+                        "its repository (github mnc13/PROClaim); put it in --data-dir or in a proclaim/ folder "
+                        "beside it")
     if split == "test":
         names = ["covidCheck_test_composed.json", "covidCheck_test_extracted.json"]
     elif split in ("train", "dev"):

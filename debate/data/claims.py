@@ -19,6 +19,7 @@ claim_id) and the field.
 """
 import json
 from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from debate.data import inputs, jsonl
 from debate.data.inputs import DataError
@@ -31,7 +32,7 @@ def json_problem(error):
     return f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} column {error.colno}"
 
 
-def read_text(path):
+def read_text(path: Union[str, Path]) -> str:
     """A text file's contents without a leading byte-order mark (debate.data.inputs); a file that is not UTF-8
     is one DataError naming it."""
     try:
@@ -40,7 +41,7 @@ def read_text(path):
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def read_json(path, text=None):
+def read_json(path: Union[str, Path], text: Optional[str] = None) -> Any:
     """A JSON file's value; a syntax error names the file and its line."""
     try:
         return json.loads(read_text(path) if text is None else text)
@@ -48,7 +49,7 @@ def read_json(path, text=None):
         raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e)})") from None
 
 
-def read_jsonl(path):
+def read_jsonl(path: Union[str, Path]) -> List[Tuple[str, dict]]:
     """("line n", object) for every line of a JSON Lines file; a bad line names the file and its number."""
     try:
         rows = [(f"line {n}", row) for n, row in jsonl.numbered(read_text(path))]
@@ -60,7 +61,7 @@ def read_jsonl(path):
     return rows
 
 
-def read_records(path):
+def read_records(path: Union[str, Path]) -> List[Tuple[str, dict]]:
     """("entry i" | "line n", object) of a file holding a JSON list or JSON Lines of objects."""
     text = read_text(path)
     if not text.lstrip().startswith("["):
@@ -140,7 +141,7 @@ def record(claim_id, claim, label, gold_evidence, shape, justification=None, **e
             "evidence": list(gold_evidence), "gold_evidence": gold_evidence, "evidence_shape": shape, **extra}
 
 
-def attach_evidence(claims, condition, retrieved_file=None):
+def attach_evidence(claims: List[dict], condition: str, retrieved_file: Union[str, Path, None] = None) -> List[dict]:
     """Copies of `claims` whose `evidence` follows `condition`.
 
     golden: the annotated evidence; none: an empty set; retrieved: the items of `retrieved_file` (see
@@ -152,7 +153,7 @@ def attach_evidence(claims, condition, retrieved_file=None):
         return [dict(c, evidence=list(c["gold_evidence"])) for c in claims]
     if condition == "none":
         return [dict(c, evidence=[]) for c in claims]
-    if condition == "retrieved":
+    if condition == "retrieved" and retrieved_file is not None:
         by_id = load_retrieved(retrieved_file)
         missing = [c["claim_id"] for c in claims if str(c["claim_id"]) not in by_id]
         if missing:
@@ -166,17 +167,19 @@ def attach_evidence(claims, condition, retrieved_file=None):
                     + "".join(f" or {name}" for name in (claims[0].get("evidence_sets") or {})))
 
 
-def load_retrieved(path):
+def load_retrieved(path: Union[str, Path]) -> Dict[str, List[dict]]:
     """Read a retrieved-evidence file into {str(claim_id): [evidence items]}.
 
     JSON list or JSONL, one object per claim: {"claim_id", "evidence": [items]}, as HerO writes it; items are
-    question-answer pairs {question, answer, url} or passages {text, url (optional)}. Ids are compared as strings so that
+    question-answer pairs {question, answer, url} or passages {text, url (optional)}. Ids are compared as strings so
+    that
     7 in one file matches "7" in another.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such retrieved-evidence file")
-    by_id, seen_at = {}, {}
+    by_id: Dict[str, List[dict]] = {}
+    seen_at: Dict[str, str] = {}
     for where, row in read_records(path):
         if "claim_id" not in row:
             raise DataError(f"{path}: {where}: missing field 'claim_id'")
@@ -204,7 +207,17 @@ def evidence_items(path, where, items, field="evidence"):
     return out
 
 
-def as_references(claims):
+def item_shape(item: Any) -> Optional[str]:
+    """"qa" for a question-answer pair ({"question", "answer"} strings), "passage" for a passage ({"text"}
+    string), None for anything else: the one test of an evidence item given in memory or a SynDeC file."""
+    if not isinstance(item, dict):
+        return None
+    if all(isinstance(item.get(key), str) for key in ("question", "answer")):
+        return "qa"
+    return "passage" if isinstance(item.get("text"), str) else None
+
+
+def as_references(claims: Iterable[dict]) -> List[dict]:
     """Claims as the scorer's references: id, claim, gold label and justification, and AVeriTeC's own
     `questions` exactly as the split has them (the evidence score's gold side), where there are any."""
     return [{"claim_id": c["claim_id"], "claim": c["claim"], "label": c["label"], "questions": c.get("questions") or [],

@@ -52,7 +52,8 @@ class Dataset:
         if not claims:  # nothing to verify is one line now, not a traceback once the run ends
             raise DataError(f"{where}: the split holds no claims; nothing to verify")
         # Resume, the scorer and retrieved evidence key on the id: two claims under one would become one.
-        check_unique_ids(where, [(f"claim {i} (claim_id {c['claim_id']})", c["claim_id"]) for i, c in enumerate(claims)])
+        check_unique_ids(where, [(f"claim {i} (claim_id {c['claim_id']})", c["claim_id"]) for i,
+                                 c in enumerate(claims)])
         return claims
 
     def labels(self, split, data_dir=None):

@@ -17,10 +17,10 @@ import io
 from collections import OrderedDict
 from pathlib import Path
 
+from debate.data import proclaim
 from debate.data.claims import check_label, read_text, record, split_file
 from debate.data.inputs import DataError
 from debate.data.labels import LabelSet
-from debate.data import proclaim
 
 LABELS = LabelSet(
     name="healthver",

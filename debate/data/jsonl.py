@@ -9,6 +9,7 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, List, Tuple, Union
 
 import jsonlines
 
@@ -24,7 +25,7 @@ class BadLine(ValueError):
         self.lineno, self.error = lineno, error
 
 
-def numbered(lines):
+def numbered(lines: Union[str, Iterable[str]]) -> Iterator[Tuple[int, Any]]:
     """(line number, value) for each non-blank line of `lines`: an open text file, a str (split on "\\n"
     only) or any iterable of lines. A `null` line gives None (the caller says what it expected); a line
     that is not JSON raises BadLine."""
@@ -48,18 +49,18 @@ def numbered(lines):
         yield count, value
 
 
-def read(path):
+def read(path: Union[str, os.PathLike]) -> List[Any]:
     """Every value of the JSONL file `path`, in order (see numbered)."""
     with open(path, encoding="utf-8", newline="\n") as f:
         return [value for _, value in numbered(f)]
 
 
-def writer(f):
+def writer(f: Any) -> jsonlines.Writer:
     """A jsonlines Writer on the open text file `f` (left open when the writer is closed)."""
     return jsonlines.Writer(f, dumps=_dumps)
 
 
-def append_durably(f, rows):
+def append_durably(f: Any, rows: Iterable[Any]) -> None:
     """Write `rows` to the open file `f` and make them durable (flush, fsync) before returning: after a
     crash a row is either whole on disk or at most a torn last line, which the reader cuts off."""
     writer(f).write_all(rows)
@@ -67,13 +68,19 @@ def append_durably(f, rows):
     os.fsync(f.fileno())
 
 
-def write(path, rows):
+def write(path: Union[str, os.PathLike], rows: Iterable[Any]) -> None:
     """Write the file atomically (a temporary file, then renamed): a reader never sees half of it."""
+    write_atomically(path, lambda f: writer(f).write_all(rows))
+
+
+def write_atomically(path: Union[str, os.PathLike], fill: Callable[[Any], Any]) -> None:
+    """`fill(f)` writes a temporary text file beside `path`, then it is renamed over `path`: a reader sees the
+    old file or the new one whole, never half of one."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            writer(f).write_all(rows)
+            fill(f)
     except OSError as err:  # a full disk: the file before stays whole, and no half-written copy takes room
         tmp.unlink(missing_ok=True)
         err.filename = err.filename or str(path)

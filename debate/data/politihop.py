@@ -9,7 +9,8 @@ chain -> ids of ruling sentences, "13,14" naming two), annotated_label, urls, an
 Evidence conditions: golden = the ruling sentences of every annotated evidence chain, in ruling order (the
 evidence the annotators found the verdict on); ruling = the whole ruling, every sentence (what MADR's
 explanations are written from); none. An evidence sentence id past the end of its ruling (one in the
-published test file) is left out, and the claim's `notes` say so. Unit: one record per statement (200 test claims; MADR's paper counts
+published test file) is left out, and the claim's `notes` say so. Unit: one record per statement (200 test claims;
+MADR's paper counts
 "445 test set instances").
 """
 import csv

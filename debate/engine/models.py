@@ -35,11 +35,16 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from debate.engine.errors import ModelLoadError, one_line  # noqa: E402,F401  (re-exported: callers catch models.ModelLoadError)
+
 # GGUF files: the embedded model's path and the conversion to a cached HF directory (debate/engine/gguf.py); the
 # private names are the ones this module's loaders have always called.
-from debate.engine.gguf import GEMMA_PACKAGE, cache_root, default_model_path  # noqa: E402,F401  (re-exported)
-from debate.engine.gguf import convert as _convert_gguf, converted_dir as _gguf_cache_dir  # noqa: E402
-from debate.engine.gguf import is_gguf_file as _is_gguf_file  # noqa: E402
+from debate.engine.gguf import (  # noqa: E402,F401  (re-exported)
+    cache_root,
+    convert as _convert_gguf,  # noqa: E402
+    converted_dir as _gguf_cache_dir,
+    default_model_path,
+    is_gguf_file as _is_gguf_file,  # noqa: E402
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +139,6 @@ def _bitsandbytes_problem(device):
     """
     device = torch.device(device)
     if device.type not in _BNB_PROBLEMS:
-        # On AVX512-BF16 CPUs bitsandbytes warns at import that the optional `kernels` package, which would
-        # fetch a kernel from the Hugging Face Hub, is missing; offline it never is there and the built-in
-        # CPU kernels serve, so that line is only noise.
-        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
         try:
             import bitsandbytes
             import bitsandbytes.functional as bnb_functional
@@ -386,7 +387,9 @@ def check_adapter_base(adapter_path, config, base_path):
         raise ModelLoadError(f"cannot load adapter {adapter_path}: bad {BASE_FILE} ({one_line(e)})") from e
     here = base_fingerprint(config)
     if saved.get("fingerprint") != here:
-        describe = lambda f: ", ".join(f"{k} {v}" for k, v in (f or {}).items())
+        def describe(fingerprint):
+            return ", ".join(f"{k} {v}" for k, v in (fingerprint or {}).items())
+
         raise ModelLoadError(
             f"adapter {adapter_path} was trained on another base model: {saved.get('base')} "
             f"({describe(saved.get('fingerprint'))}); this base is {base_path} ({describe(here)})")

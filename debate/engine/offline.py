@@ -1,6 +1,7 @@
 """The Hugging Face libraries' offline switches, set before anything of ours imports transformers: models.py
 and gguf.py call `set_offline()` above their transformers imports (the libraries read the switches at import).
 """
+import logging
 import os
 import sys
 
@@ -18,3 +19,21 @@ def set_offline():
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None and hasattr(constants, "HF_HUB_OFFLINE"):
         constants.HF_HUB_OFFLINE = True
+    keep_bitsandbytes_off_the_hub()
+
+
+def keep_bitsandbytes_off_the_hub():
+    """Stop bitsandbytes' one hub lookup before it is imported, and the warning it prints when it cannot make it.
+
+    bitsandbytes (0.48 to 0.50.2 at least), when imported on a CPU with AVX512-BF16, calls
+    `kernels.get_kernel("kernels-community/quantization-bitsandbytes")`: a download of a faster CPU kernel from
+    the Hugging Face Hub, which an air-gapped machine must never attempt. It has no switch for this. A `kernels`
+    entry of None in sys.modules makes that import fail at once, without looking on disk or on the hub, so
+    bitsandbytes takes its built-in CPU kernel (transformers then also sees no `kernels` package). Its
+    "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels" warning then reports
+    only the import we stopped and would tell an offline user to install a package they must not use: its
+    logger is set to errors only. Both must happen before bitsandbytes is imported (peft and transformers
+    import it), which is why they live here, with the other switches set before those imports.
+    """
+    sys.modules.setdefault("kernels", None)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)

@@ -16,6 +16,7 @@ claim of a batch, and no model call waits for a whole batch of claims to reach t
 Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
 """
+import contextvars
 import itertools
 import threading
 from dataclasses import astuple, dataclass
@@ -60,7 +61,10 @@ class _Task:
         self.started = self.finished = self.cancelled = False
         self.go = threading.Semaphore(0)
         self.baton = baton
-        self.thread = threading.Thread(target=self._body, args=(claim, verify_one), daemon=True,
+        # A copy of the starting context: the claim's thread reads what its run set there (the run's prompt
+        # set, debate/data/prompts.py), where a bare thread would start from an empty context.
+        context = contextvars.copy_context()
+        self.thread = threading.Thread(target=context.run, args=(self._body, claim, verify_one), daemon=True,
                                        name=f"claim-{index}")
 
     def _body(self, claim, verify_one):

@@ -19,11 +19,11 @@ Each takes `labels`, the dataset's LabelSet: the prompts offer its labels and th
 import re
 from collections import Counter
 
-from debate.engine import engine
-from debate.methods import turns
 from debate.data.labels import AVERITEC
 from debate.data.parsing import parse_moderator
 from debate.data.prompts import evidence_kind, format_evidence, load_prompt, render, verdict_answer
+from debate.engine import engine
+from debate.methods import turns
 
 RAG_COT_MODELS = {"verifier": "moderator"}  # role -> its model flag
 COOPERATION_MODELS = {"user": "debater", "assistant": "moderator"}

@@ -21,10 +21,10 @@ claims, each role's turn one batched call, and hands each finished record to `on
 import json
 from dataclasses import dataclass, field
 
-from debate.engine import engine
-from debate.methods import turns
 from debate.data.parsing import number_in, read_fields
 from debate.data.prompts import format_evidence, load_prompt, render
+from debate.engine import engine
+from debate.methods import turns
 
 EXPLAINER = {"explainer": "moderator"}  # role -> its model flag
 SELF_REFINE_MODELS = {"explainer": "moderator", "self_refiner": "refine"}

@@ -29,10 +29,10 @@ Both run MADR's roles at --madr-temperature (the runner sets it), whatever the v
 """
 from dataclasses import dataclass, field, replace
 
-from debate.engine import engine
-from debate.methods import explain as explanations, turns
 from debate.data.parsing import read_fields, yes_no
 from debate.data.prompts import format_evidence, load_prompt, render
+from debate.engine import engine
+from debate.methods import explain as explanations, turns
 
 MODEL_OF = {"madr_typology": "refine", "madr_free": "refine", "madr_judge": "refine",
             "madr_refiner": "refine"}  # role -> its model flag

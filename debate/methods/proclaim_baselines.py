@@ -18,8 +18,7 @@ from debate.data.labels import AVERITEC
 from debate.data.prompts import render
 from debate.engine import retrieval
 from debate.methods import baselines, turns
-from debate.methods.courtroom.case import (Case, Hearing, SIDES, format_pool, generator_of, index_for,
-                                           token_report)
+from debate.methods.courtroom.case import SIDES, Case, Hearing, format_pool, generator_of, index_for, token_report
 from debate.methods.courtroom.hearing import argue, open_round
 from debate.methods.courtroom.negotiation import mine_premises
 from debate.methods.courtroom.panel import ballots_of, decide, panel_evidence, panel_note

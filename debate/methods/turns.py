@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from debate.engine import engine, scheduler, schema
 from debate.data.labels import AVERITEC
+from debate.engine import engine, scheduler, schema
 from debate.engine.models import adapter_scope
 
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")

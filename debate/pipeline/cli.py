@@ -5,14 +5,24 @@ where a paper gives the value, "ours" where it does not. docs/FIDELITY.md has th
 """
 import argparse
 
-from debate.pipeline import config
 from debate.data import datasets
-# The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
-from debate.pipeline.config import (COURTROOM_TEMPERATURES, DEMO_TURN, FULL_TURN, MAX_JUDGES, METHOD_NAMES,
-                                PAPER_TEMPERATURE, ROUNDS, TEMPERATURE, ConfigError)
-from debate.pipeline.config import EXPLAIN_METHODS, TASKS
+
 # Every CLI's parser (eval's and train's too) lives in the data wing, which they all may import.
 from debate.data.flags import HelpFormatter, Parser  # noqa: F401  (re-exported: the CLIs import them from here)
+from debate.pipeline import config
+
+# The defaults live in debate.pipeline.config (the run's fields); the CLIs print these in their help.
+from debate.pipeline.config import (
+    COURTROOM_TEMPERATURES,
+    DEMO_TURN,
+    EXPLAIN_METHODS,
+    FULL_TURN,
+    MAX_JUDGES,
+    METHOD_NAMES,
+    PAPER_TEMPERATURE,
+    TASKS,
+    ConfigError,
+)
 
 
 class ListDatasets(argparse.Action):
@@ -58,7 +68,8 @@ def run_parser(description=None):
     d.add_argument("--dataset", choices=datasets.NAMES,
                    help="the benchmark (or jsonl: your own claims with a card.json); --list-datasets shows each "
                    "one's labels, evidence, splits and source")
-    d.add_argument("--list-datasets", action=ListDatasets, dest=argparse.SUPPRESS, help="print the datasets with their labels and exit")
+    d.add_argument("--list-datasets", action=ListDatasets, dest=argparse.SUPPRESS,
+                   help="print the datasets with their labels and exit")
     d.add_argument("--split", help="a split of the dataset: AVeriTeC's file DIR/<split>.json or 'demo' (embedded; "
                    "dev is the split the DebateCV paper evaluates on), Check-COVID's train, dev, test or "
                    "test-binary, ...")
@@ -281,22 +292,3 @@ def parse_run_args(argv=None, description=None):
     if built.data.split == config.DEMO_SPLIT and args.evidence in (None, "retrieved"):
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built
-
-
-def check_cli(parser, args, positive):
-    """train_moderator.py's settings it shares with a run: fill the per-split defaults, refuse values that make
-    no run (run_debate.py's are checked by config.build)."""
-    method = getattr(args, "method", "debatecv")
-    if args.max_new_tokens is None:
-        args.max_new_tokens = DEMO_TURN if args.split == config.DEMO_SPLIT else FULL_TURN
-    if args.max_rounds is None:
-        args.max_rounds = ROUNDS.get(method, 3)
-    if args.temperature is None:
-        args.temperature = TEMPERATURE.get(method, PAPER_TEMPERATURE)
-    for name in positive:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be at least 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        parser.error("--temperature must be >= 0 and --top-p in (0, 1]")

@@ -21,6 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, Dict, Union
 
 FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
 DEMO_SPLIT = "demo"
@@ -51,7 +52,7 @@ class ConfigError(ValueError):
     """Settings that make no run; the message names the flag."""
 
 
-def identity(default=None):
+def identity(default: Any = None) -> Any:
     """A field that is part of the run's identity (see the module doc)."""
     return field(default=default, metadata={"identity": True})
 
@@ -220,12 +221,12 @@ IDENTITY_KEYS = tuple(f.name for cls in GROUPS.values() for f in fields(cls) if 
     + RECORDED_IDENTITY
 
 
-def defaults():
+def defaults() -> Dict[str, Any]:
     """{setting: default} of every field, flat; the CLI's flags take theirs from here."""
     return to_dict(RunConfig(), plain=False)
 
 
-def to_dict(config, plain=True):
+def to_dict(config: "RunConfig", plain: bool = True) -> Dict[str, Any]:
     """Every setting of `config` flat, by name; `plain`: as JSON holds it (tuples as lists)."""
     flat = {name: value for group in GROUPS for name, value in asdict(getattr(config, group)).items()}
     if plain:
@@ -238,11 +239,11 @@ def _from_flat(settings):
                         for group, cls in GROUPS.items()})
 
 
-def save(config, path):
+def save(config: "RunConfig", path: Union[str, os.PathLike]) -> None:
     Path(path).write_text(json.dumps(to_dict(config), indent=2) + "\n", encoding="utf-8")
 
 
-def load(path):
+def load(path: Union[str, os.PathLike]) -> "RunConfig":
     """The RunConfig of a config.json (a run directory's, old ones included): keys that are no setting
     (versions, models, precision, ...) are skipped, settings it leaves out get their defaults. A run's
     config.json says `use_4bit` as it really was (false on a CPU unless --4bit), not as asked."""
@@ -259,7 +260,7 @@ def _value(value):
     return value
 
 
-def build(**settings):
+def build(**settings: Any) -> "RunConfig":
     """The RunConfig of `settings` (flat, by field name; the rest take their defaults): checked, and every
     default that depends on other settings filled in. Raises ConfigError naming the flag.
 

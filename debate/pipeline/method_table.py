@@ -1,9 +1,9 @@
 """Each method's row: the function that verifies a batch of claims, its roles and the model flag of each, its
 keyword options from the config, the JSON answers it asks for and the most turns a claim can take; and the
 agents a run loads for those roles."""
+from debate.engine import engine, models
 from debate.methods import baselines, debatecv, explain, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
-from debate.engine import engine, models
 from debate.pipeline import store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS
 

@@ -1,6 +1,7 @@
 """The run's progress bar: claims done, and the turns spoken inside the claims still in progress.
 
-A claim takes minutes on a CPU, so a bar that counts claims only stands still, then jumps. Every agent turn is reported by `turns.speak` (through `turns.on_turn`), and
+A claim takes minutes on a CPU, so a bar that counts claims only stands still, then jumps. Every agent turn is reported
+by `turns.speak` (through `turns.on_turn`), and
 the time left is estimated from turns: the claims still to do, times the turns a claim has taken so far
 (until one has finished: `turns_hint`, the most a claim can take), over the turn rate.
 """

@@ -9,16 +9,16 @@ import shutil
 from pathlib import Path
 
 from debate.data import jsonl
+
 # The settings that change what a run predicts (config fields marked identity, and the prompts' hash).
 from debate.pipeline.config import IDENTITY_KEYS
 
-PREDICTIONS = "predictions.jsonl"
-TRANSCRIPTS = "transcripts.jsonl"
-CONFIG = "config.json"
-METRICS = "metrics.json"
-SUBMISSION = "submission.json"
+# The run's files are named once, where eval reads them back.
+from eval.rundir import CONFIG, METRICS, PREDICTIONS, SUBMISSION, TRANSCRIPTS
+
 RUN_FILES = (PREDICTIONS, TRANSCRIPTS, CONFIG, METRICS, SUBMISSION)
 ASIDE = ".replaced-run"  # where --overwrite keeps the earlier run until the new one has written a claim
+
 
 class RunConflict(RuntimeError):
     pass
@@ -188,14 +188,8 @@ class RunDir:
 
 
 def write_json(path, obj):
-    tmp = Path(path).with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except OSError as err:  # a full disk: the file before stays whole, and no half-written copy takes room
-        tmp.unlink(missing_ok=True)
-        err.filename = err.filename or str(path)
-        raise
-    os.replace(tmp, path)
+    """`obj` as indented JSON in `path`, written atomically (debate.data.jsonl.write_atomically)."""
+    jsonl.write_atomically(path, lambda f: f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
 class Writer:

@@ -12,26 +12,35 @@ from dataclasses import replace
 from pathlib import Path
 
 from debate.data import claims as data, prompts
-from debate.engine import models, retrieval, scheduler
-from debate.methods import madr, turns
-from debate.pipeline import evidence, lock, progress, records, shards, stops, store_retrieval
-from debate.pipeline.config import COURTROOM_METHODS, ConfigError
-from debate.pipeline.method_table import (EXPLAIN_TURNS_AT_MOST, TURNS_AT_MOST, check_schemas, load_agents,
-                                          method_entry, method_options, model_roles, role_models, settings_of)
-from debate.pipeline.config_file import config_json, saved_config
-from debate.pipeline.scoring import finish, finish_trials, score_retrieved, scoring_notes
-from debate.data.prompts import PromptError
 from debate.data.inputs import DataError
+from debate.data.prompts import PromptError
+from debate.engine import models, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
+from debate.methods import madr, turns
+from debate.pipeline import lock, progress, records, run_claims, shards, stops, store_retrieval
+from debate.pipeline.config import COURTROOM_METHODS, ConfigError
+from debate.pipeline.config_file import config_json, saved_config
+from debate.pipeline.method_table import (
+    EXPLAIN_TURNS_AT_MOST,
+    TURNS_AT_MOST,
+    check_schemas,
+    load_agents,
+    method_entry,
+    method_options,
+    model_roles,
+    role_models,
+    settings_of,
+)
+from debate.pipeline.scoring import finish, finish_trials, score_retrieved, scoring_notes
 from eval.averitec import InputError
 from eval.wordnet import WordNetMissingError
 
 
 def load_claims(config, log=print):
-    """The run's claims with their evidence (debate/pipeline/evidence.py); loads the encoder when the retrieved
+    """The run's claims with their evidence (debate/pipeline/run_claims.py); loads the encoder when the retrieved
     evidence comes from a corpus, so call it once the run's checks have passed."""
-    return evidence.retrieve(evidence.read(config), config, log).claims
+    return run_claims.retrieve(run_claims.read(config), config, log).claims
 
 
 def check_run(config, claims, encoder_needed=False):
@@ -74,10 +83,15 @@ def run(config, log=print):
     if config.models.device_map and models.precision(config.models.use_4bit)["device"] == "cpu":
         log("--device-map auto: no CUDA here, ignored")
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
-    prompt_info = prompts.use_prompt_dir(config.method.prompts)
+    # The run reads its own set of prompts; nothing of it outlives the run (debate/data/prompts.py).
+    with prompts.using(prompts.checked_set(config.method.prompts)) as prompt_set:
+        return _run_checked(config, prompt_set.info(), world, log)
 
+
+def _run_checked(config, prompt_info, world, log):
+    """`run` once its prompts are checked and in use."""
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
-    inputs = evidence.read(config)
+    inputs = run_claims.read(config)
     store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None)
     retrieval.set_cache_limit(config.retrieval.embedding_cache_mb)
@@ -93,7 +107,7 @@ def run(config, log=print):
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
     with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
-        inputs = evidence.retrieve(inputs, config, log)
+        inputs = run_claims.retrieve(inputs, config, log)
         if store and config.retrieval.retrieve_only:
             return score_retrieved(config, inputs.claims, log)
         shards.start(world)

@@ -6,8 +6,16 @@ from pathlib import Path
 from debate.data import claims as data
 from debate.pipeline import records, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS
-from eval import (averitec, evidence as evidence_scores, faithfulness, metrics as label_scores, proclaim_measures,
-                  report, trials as trial_metrics, wordnet)
+from eval import (
+    averitec,
+    evidence as evidence_scores,
+    geval_scores,
+    metrics as label_scores,
+    proclaim_measures,
+    report,
+    trials as trial_metrics,
+    wordnet,
+)
 
 
 def meteor_scored(config, claims):
@@ -92,15 +100,15 @@ def finish(config, claims, log=print, labels=None):
     """Score the run directory's predictions against the claims' gold labels and write the reports: AVeriTeC's
     scorer (labels, evidence score, justification METEOR) and submission.json on AVeriTeC, the label metrics
     (eval.metrics) under the dataset's `labels` elsewhere; an explanation run's explanations are summed up
-    (their faithfulness is debatecv-geval's to score: debate.pipeline.faithfulness)."""
+    (their faithfulness is debatecv-geval's to score: debate.pipeline.geval_run)."""
     out = Path(config.output.output_dir)
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
     if config.method.task == "explain":
-        metrics = faithfulness.explanation_stats(predictions)
+        metrics = geval_scores.explanation_stats(predictions)
         records.write_json(out / records.METRICS, metrics)
-        log(faithfulness.stats_line(metrics))
+        log(geval_scores.stats_line(metrics))
         log(f"faithfulness: debatecv-geval {out} --judge-model MODEL --protocol all")
         return metrics
     averitec_run = config.data.dataset == "averitec"

@@ -8,17 +8,17 @@ Four protocols, by granularity and by whether the error typology is shown (the p
     document-typology   the same, with the typology
 Every rating is its own one-message conversation. The judge answers {"Faithfulness": n}; structured
 decoding scores each value 1-5 as a whole (a number choice, debate.engine.schema) and keeps each one's
-probability, from which eval.faithfulness takes G-Eval's score, the probability-weighted mean. Ratings are
+probability, from which eval.geval_scores takes G-Eval's score, the probability-weighted mean. Ratings are
 batched through the engine, those of one granularity together and in order of length, so a batch pads
-little. What a unit is (the explanation, or one of its sentences) is the caller's to say: eval.faithfulness splits
+little. What a unit is (the explanation, or one of its sentences) is the caller's to say: eval.geval_scores splits
 sentences as its METEOR tokenizer does.
 """
 import re
 
-from debate.engine import engine
-from debate.methods import turns
 from debate.data.parsing import read_fields
 from debate.data.prompts import load_prompt, render
+from debate.engine import engine
+from debate.methods import turns
 
 PROTOCOLS = ("sentence", "sentence-typology", "document", "document-typology")  # Table 2's column order
 SCORE_KEY = "Faithfulness"

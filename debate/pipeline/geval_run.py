@@ -1,14 +1,14 @@
 """The G-Eval faithfulness judge's run: every explanation of some finished runs rated by a judge model.
 
     debatecv-geval RUN_DIR [RUN_DIR ...] --judge-model M --protocol all [--human FILE] [--json OUT]
-    (in a checkout: python -m debate.pipeline.faithfulness ...)
+    (in a checkout: python -m debate.pipeline.geval_run ...)
 
 It is a run of the pipeline wing as any other: each run's claims and evidence are read back through the
 runner (debate.pipeline.runner.load_claims, as the run's config.json says), the judge is loaded by the
-engine and asked by debate.methods.faithfulness_judge, and the ratings, scores, intervals and tables are
-eval.faithfulness's arithmetic. So eval only reads runs, and nothing in eval starts one.
+engine and asked by debate.methods.geval_judge, and the ratings, scores, intervals and tables are
+eval.geval_scores's arithmetic. So eval only reads runs, and nothing in eval starts one.
 
-The module doc of eval.faithfulness says what is scored and how; ratings are appended to RUN_DIR/geval.jsonl
+The module doc of eval.geval_scores says what is scored and how; ratings are appended to RUN_DIR/geval.jsonl
 as they are made, so a stopped evaluation resumes.
 """
 import json
@@ -22,15 +22,29 @@ from debate.data.flags import Parser
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError, format_evidence
 from debate.engine import models
-from debate.methods import faithfulness_judge as judging
+from debate.methods import geval_judge as judging
 from debate.pipeline import config as run_config, runner
 from debate.pipeline.config import ConfigError
 from debate.pipeline.records import read_jsonl
-from eval import faithfulness
+from eval import geval_scores
 from eval.averitec import InputError
-from eval.faithfulness import (PROTOCOLS, RATINGS, SAMPLES, SEED, explanation_digest, agreement, agreement_table,
-                               explanation_score, read_human, read_predictions, row_name, summarize, table,
-                               units_of, weighted_score)
+from eval.geval_scores import (
+    PROTOCOLS,
+    RATINGS,
+    SAMPLES,
+    SEED,
+    agreement,
+    agreement_table,
+    explanation_digest,
+    explanation_score,
+    read_human,
+    read_predictions,
+    row_name,
+    summarize,
+    table,
+    units_of,
+    weighted_score,
+)
 
 
 def _claims_of(run_dir):
@@ -160,8 +174,8 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the bootstrap (default: {SEED})")
     parser.add_argument("--json", metavar="OUT", help="also write the whole result (every explanation's score) here "
                         "(default: the table only)")
-    # eval.faithfulness's doc says what is scored and how (its first two paragraphs and last line are about code).
-    parser.epilog = faithfulness.__doc__.split("\n\n", 2)[2].rsplit("\n\n", 1)[0]
+    # eval.geval_scores's doc says what is scored and how (its first two paragraphs and last line are about code).
+    parser.epilog = geval_scores.__doc__.split("\n\n", 2)[2].rsplit("\n\n", 1)[0]
     return parser
 
 

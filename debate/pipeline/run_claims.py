@@ -3,7 +3,8 @@ corpus the courtroom's retrieval searches.
 
 golden and none (and a dataset's own conditions, PolitiHop's ruling) come with the claims. retrieved comes,
 in this order, from --knowledge-store (each claim's evidence retrieved from its own store file with HerO's strategy:
-debate/pipeline/store_retrieval.py), --retrieved-file, the dataset's own retrieved file (AVeriTeC: HerO's), --corpus, or the
+debate/pipeline/store_retrieval.py), --retrieved-file, the dataset's own retrieved file (AVeriTeC: HerO's), --corpus,
+or the
 dataset's own corpus (Check-COVID: its abstracts); from a corpus, each claim's --evidence-k passages nearest
 to it under the project's sentence encoder (debate.engine.retrieval). That step loads the encoder, so it runs
 (`retrieve`) only after every check of the run has passed.
@@ -61,7 +62,8 @@ def read(config):
             corpus = own_corpus(dataset, d.data_dir)
         elif path is None and d.split != averitec.DEMO_SPLIT:  # the demo set's retrieved is its golden (config)
             raise DataError(f"--evidence retrieved: {where} has no retrieved evidence of its own; give "
-                            "--retrieved-file (evidence keyed by claim_id) or --corpus (JSONL passages to retrieve from)")
+                            "--retrieved-file (evidence keyed by claim_id) or --corpus (JSONL passages to retrieve "
+                            "from)")
     if corpus is not None:
         inputs = Inputs([dict(c, evidence=[]) for c in claims], labels, dataset, corpus=corpus, notes=notes,
                         source=f"the passages of {config.courtroom.corpus or dataset.name + chr(39) + 's corpus'}")

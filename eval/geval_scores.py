@@ -2,13 +2,13 @@
 
 This module is the arithmetic and the reading: a rating's score, an explanation's, the bootstrap interval,
 Kendall's tau-c, the tables, the people's scores. The judge itself runs in the pipeline wing
-(debate.pipeline.faithfulness, `debatecv-geval RUN_DIR ... --judge-model M`), which reads each run's claims
-through the runner, rates with debate.methods.faithfulness_judge and computes its table here: eval reads
+(debate.pipeline.geval_run, `debatecv-geval RUN_DIR ... --judge-model M`), which reads each run's claims
+through the runner, rates with debate.methods.geval_judge and computes its table here: eval reads
 runs, it never starts one.
 
 Each run directory is one method, one row of the table: any run whose predictions carry justifications
 (an explanation run of --task explain, a verification run with or without --refine madr). For each
-explanation and protocol (debate.methods.faithfulness_judge: sentence or document level, with or without the error
+explanation and protocol (debate.methods.geval_judge: sentence or document level, with or without the error
 typology) the judge model rates the explanation as a whole, or each of its sentences, from 1 to 5, against
 the evidence it was written from (the record's own when it has some, as the courtroom's, else its claim's
 under the run's evidence condition). The
@@ -38,10 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from debate.data import jsonl
+from eval import rundir
 from eval.averitec import InputError
 from eval.meteor import sentences
 
-PROTOCOLS = ("sentence", "sentence-typology", "document", "document-typology")  # = debate.methods.faithfulness_judge's
+PROTOCOLS = ("sentence", "sentence-typology", "document", "document-typology")  # = debate.methods.geval_judge's
 SCORES = ("1", "2", "3", "4", "5")
 RATINGS = "geval.jsonl"
 SAMPLES, SEED = 10_000, 0
@@ -194,18 +195,13 @@ def explanation_digest(text):
 
 def read_predictions(run_dir):
     """The run's predictions, each with a claim_id and a justification (a string, possibly empty)."""
-    path = Path(run_dir) / "predictions.jsonl"
+    path = Path(run_dir) / rundir.PREDICTIONS
     if not path.is_file():
-        trials = sorted(Path(run_dir).glob("trial-*/predictions.jsonl"))
+        trials = sorted(Path(run_dir).glob(f"trial-*/{rundir.PREDICTIONS}"))
         hint = f" (a run of --trials: give one of its trial directories, e.g. {trials[0].parent})" if trials else ""
-        raise InputError(f"{run_dir}: no predictions.jsonl{hint}")
-    try:
-        rows = list(jsonl.numbered(path.read_text(encoding="utf-8")))
-    except jsonl.BadLine as err:
-        raise InputError(f"{path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
+        raise InputError(f"{run_dir}: no {rundir.PREDICTIONS}{hint}")
+    rows = rundir.read_numbered(path, missing="is a prediction without a claim_id")
     for number, row in rows:
-        if not isinstance(row, dict) or "claim_id" not in row:
-            raise InputError(f"{path}: line {number}: a prediction needs a claim_id")
         if not isinstance(row.get("justification") or "", str):
             raise InputError(f"{path}: line {number}: justification is not a string")
     return [row for _, row in rows]

@@ -1,0 +1,21 @@
+"""What many test files share: the tiny random-weight model (tests/tiny_models.py) as the `tiny` fixture."""
+import pytest
+
+from tests.tiny_models import build_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The path of a tiny random-weight Llama (seed 0), built once per test module."""
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def run_argv(model, out, *extra, max_new_tokens=4, max_rounds=1, batch_size=None, limit=None, temperature=None):
+    """run_debate.py's flags for a small run of `model` on the demo split's golden evidence into `out`, free
+    decoding (a random model writes no JSON); `extra` flags last."""
+    flags = ["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", str(max_new_tokens),
+             "--max-rounds", str(max_rounds), "--no-structured", "--output-dir", str(out)]
+    for flag, value in (("--batch-size", batch_size), ("--limit", limit), ("--temperature", temperature)):
+        if value is not None:
+            flags += [flag, str(value)]
+    return flags + list(extra)
