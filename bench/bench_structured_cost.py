@@ -73,7 +73,10 @@ def summarise(calls):
     turns = sum(c["rows"] for c in calls)
     total = sum(c["seconds"] for c in calls)
     reflection = by_schema.get(REFLECTION, {"turns": 0})
-    per = (lambda s, k: s[k] / s["turns"] if s["turns"] else None)
+
+    def per(s, k):
+        return s[k] / s["turns"] if s["turns"] else None
+
     return {
         "batches": len(calls), "turns": turns, "generate_seconds": total,
         "seconds_per_turn": total / turns if turns else None,
@@ -93,6 +96,7 @@ def summarise(calls):
 def reflection_only(args, calls):
     """One reflection at a ~N-token prompt through engine.generate, as a counsel turn makes it."""
     import statistics
+
     from debate.engine import engine, gguf, models, schema
     loaded = models.load_model(gguf.default_model_path())
     model, tok = loaded.model, loaded.tokenizer
