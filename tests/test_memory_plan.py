@@ -5,9 +5,10 @@ measured on a CPU in a fresh process and compared with the plan's bytes for that
 How it measures: each step runs in its own `python -c` process with glibc told to give every block above
 64 KiB its own mapping (MALLOC_MMAP_THRESHOLD_), so freed memory leaves the resident set at once and the
 resident set follows the live tensors rather than what the heap keeps. The step's peak is the process's
-high-water mark after it (ru_maxrss) less its resident set just before it (/proc/self/statm), after a
-warm-up call of the same kind (library buffers, the schema masks). The model is tiny but its step's
-transients (tens to hundreds of MiB) dwarf the few MiB of Python objects a step allocates.
+high-water mark after it (ru_maxrss, restarted just before the step through /proc/self/clear_refs) less its
+resident set just before it (/proc/self/statm), after a warm-up call of the same kind (library buffers, the
+schema masks). The model is tiny but its step's transients (tens to hundreds of MiB) dwarf the few MiB of
+Python objects a step allocates.
 """
 import json
 import subprocess
@@ -31,6 +32,10 @@ def resident():
 
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def reset_peak():
+    # The high-water mark restarts here, so the warm-up's own peak (a longer prefill) is not the step's.
+    Path("/proc/self/clear_refs").write_text("5")
 """
 
 ENGINE_STEP = PRELUDE + """
@@ -54,6 +59,7 @@ convs = [engine.Conversation(system="s") for _ in range(rows)]
 # First turn: the long context (its prefill is the warm-up); the measured turn adds a short message over it.
 engine.generate(model, tok, convs, [text(context, i) for i in range(rows)], settings, schemas=[compiled] * rows)
 planned.clear()
+reset_peak()
 before = resident()
 engine.generate(model, tok, convs, [text(8, i) for i in range(rows)], settings, schemas=[compiled] * rows)
 print(json.dumps({{"measured": peak() - before, "planned": max(planned), "reused": convs[0].encoded_tokens
@@ -74,6 +80,7 @@ batch = losses.collate(rows, 0, "cpu")
 batch["ref"] = torch.zeros(1, 2)
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 model.train()
+reset_peak()
 before = resident()
 loss, _, _ = losses.dpo_step_loss(model, batch, beta=0.1)
 loss.backward()
