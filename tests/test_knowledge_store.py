@@ -241,7 +241,8 @@ def test_few_shot_examples_never_come_from_the_claims_own_pairs():
         {"question": "Who won the vote", "answer": f"The mayor won the vote {k}", "url": ""},
         {"question": "Was it answered?", "answer": "No answer could be found.", "url": ""}]} for k in range(3)]
     pool = knowledge_store.qa_examples(claims, "dev")
-    assert len(pool) == 3 and pool[0]["text"] == "Claim: claim 0\nEvidence: The mayor won the vote 0.\nQuestion: Who won the vote?"
+    assert len(pool) == 3 and pool[0]["split"] == "dev"
+    assert pool[0]["text"] == "Claim: claim 0\nEvidence: The mayor won the vote 0.\nQuestion: Who won the vote?"
     index = hero_retrieval.few_shot_index(pool)
     chosen = hero_retrieval.examples_for(pool, index, "the mayor won the vote 1", 1, 5, "dev")
     assert [e["claim_id"] for e in chosen] and all(e["claim_id"] != 1 for e in chosen)

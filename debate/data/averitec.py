@@ -110,5 +110,6 @@ def _gold_evidence(path, where, questions):
                 text = f"{text}. {boolean['explanation']}"
             url = expect(path, where, f"{afield}.source_url", ans.get("source_url") or "", str)
             # A Boolean answer keeps its parts apart too: HerO's few-shot examples join them their own way.
-            items.append({"question": question, "answer": text, "url": url, **({"boolean": boolean} if boolean else {})})
+            item = {"question": question, "answer": text, "url": url}
+            items.append(dict(item, boolean=boolean) if boolean else item)
     return items

@@ -141,7 +141,8 @@ def qa_examples(claims, split=None):
             if not question or not answer or answer == NO_ANSWER or "text" in item and "question" not in item:
                 continue
             if item.get("boolean"):
-                answer = f"{item['boolean']['answer'].strip()}, because {item['boolean']['explanation'].lower().strip()}"
+                said = item["boolean"]
+                answer = f"{said['answer'].strip()}, because {said['explanation'].lower().strip()}"
             question += "" if question.endswith("?") else "?"
             answer += "" if answer[-1] in ".!:?" else "."
             flat = [" ".join(part.split()) for part in (c["claim"], answer, question)]  # one line each

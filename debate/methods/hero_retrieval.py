@@ -14,7 +14,8 @@ need a language model, and the search between them.
   re-rank score (debate.engine.store_search).
 - Question generation: for each answer, the model writes the question it answers about the claim
   (prompts/hero_question.txt), after `few_shot` examples from golden question-answer pairs whose answers BM25
-  finds nearest to it (never the claim's own pairs: the same split and id; AVeriTeC's ids restart in every split). The question is the reply up to its first "?", as HerO keeps it.
+  finds nearest to it (never the claim's own pairs: the same split and id; AVeriTeC's ids restart in every
+  split). The question is the reply up to its first "?", as HerO keeps it.
 
 docs/FIDELITY.md ("Retrieval (HerO)") sets each step against HerO's code.
 """
@@ -58,7 +59,8 @@ def search(claim, store, articles, cache, bm25_k, rerank_k, embedder, instructio
     bm25 = store_search.bm25_index(store.texts)
     words = " ".join([claim["claim"], *articles])
     candidates = store_search.bm25_top(bm25, words, bm25_k)
-    query = store_search.query_vector(embedder, [instruction + q if q.strip() else q for q in [claim["claim"], *articles]])
+    texts = [claim["claim"], *articles]
+    query = store_search.query_vector(embedder, [instruction + q if q.strip() else q for q in texts])
     hits = store_search.rerank(cache, query, candidates, rerank_k, claim["claim"])
     scores = bm25_scores(bm25, words, [p for p, _ in hits])
     return [(p, cosine, score) for (p, cosine), score in zip(hits, scores)]
