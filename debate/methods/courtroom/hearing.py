@@ -202,7 +202,8 @@ def round_log(hearing):
     transcript), one dict per round with these fields:
       round; queries: per P-RAG call {side, query, ids (retrieved, best first), novelty and relevance (of
       each retrieved passage), admitted_ids (accepted as novel), retrieved and admitted (counts)}; admitted:
-      the ids P-RAG accepted this round (one the pool held already is accepted but not listed twice); pool_size: the evidence pool after the round's discovery; novelty: the mean novelty of
+      the ids P-RAG accepted this round (one the pool held already is accepted but not listed twice);
+      pool_size: the evidence pool after the round's discovery; novelty: the mean novelty of
       everything retrieved this round (Figure 3), None without retrieval; novelty_admitted: the mean novelty
       of what was admitted, 0.0 when nothing was (the novelty rule's input); relevance, relevance_gain:
       the mean query cosine of the admitted passages and its change from the previous round;
