@@ -43,7 +43,7 @@ _CONCESSION = re.compile(r"\b(?:" + "|".join(re.escape(m).replace(r"\ ", r"\s+")
                          + r")\b", re.IGNORECASE)
 
 # The paper's own figures, printed beside ours.
-PAPER = {"rounds_total": 5.47, "rounds_total_no_reflection": 7.06, "rounds_primary": "2-3",
+PAPER = {"evidence_pool": 67.5, "rounds_total": 5.47, "rounds_total_no_reflection": 7.06, "rounds_primary": "2-3",
          "novelty_share": 0.031, "fleiss_kappa": 0.4513, "ece": 0.034, "reflection_change": 0.3823,
          "role_play": {"plaintiff": 7.80, "defense": 6.22}, "concessions": {"plaintiff": 0.03, "defense": 0.01},
          "ks": "D1 1.14, D2 0.02, D3 0.46, D5 0.16"}
@@ -212,6 +212,14 @@ def termination(predictions):
             "rounds_total": mean_known([p.get("total_rounds", p.get("rounds")) for p in predictions])}
 
 
+def evidence_pool(predictions):
+    """Table 5's evidence pool per claim in both units: "returned", the passages returned by all retrieval calls
+    (the authors' count, run_eval_extended.py: the unit of the paper's 67.5) and "distinct", the distinct passages
+    the hearings' pools held; None where no record says."""
+    return {"returned": mean_known([p.get("retrieved") for p in predictions]),
+            "distinct": mean_known([p.get("evidence_pool") for p in predictions])}
+
+
 def discovery_by_round(predictions):
     """P-RAG's discovery round by round (Figure 3 and Table 5's pool), from each hearing's round_log: for the
     primary and the role-switched hearings apart, per round number, how many hearings held that round, and
@@ -295,7 +303,7 @@ def measures(predictions, references, digests=None):
     per_round = [aggregate_rounds(p, "round_confidence") for p in predictions]
     finals = [p["confidence"] for p in predictions if p.get("confidence") is not None]
     out = {"claims": len(predictions), "termination": termination(predictions),
-           "discovery_by_round": discovery_by_round(predictions),
+           "discovery_by_round": discovery_by_round(predictions), "evidence_pool": evidence_pool(predictions),
            "fleiss_kappa": fleiss_kappa([p.get("votes") or [] for p in predictions]),
            "calibration": calibration(predictions, references),
            "ks_stability": ks_stability([r for r in per_round if r], finals) or None,
@@ -340,7 +348,11 @@ def measures_text(m):
             lines.append(f"P-RAG by round, {phase + ' ' * (8 - len(phase))} " + " | ".join(
                 f"r{n}: pool {_f(v['pool_size'], 1)}, +{_f(v['admitted'], 1)} of {_f(v['retrieved'], 1)}, "
                 f"novelty {_f(v['novelty'], 2)} ({v['hearings']})" for n, v in rounds.items())
-                + ("   (paper: pool 67.5 a claim; novelty near 0.20 from round 4)" if phase == "primary" else ""))
+                + ("   (paper: novelty near 0.20 from round 4)" if phase == "primary" else ""))
+    pool = m.get("evidence_pool") or {}
+    if pool.get("returned") is not None or pool.get("distinct") is not None:
+        lines.append(f"evidence pool a claim  {_f(pool.get('returned'), 1)} passages returned by all retrieval calls "
+                     f"(paper {PAPER['evidence_pool']}, Table 5's unit), {_f(pool.get('distinct'), 1)} distinct")
     lines.append(f"Fleiss' kappa       {_f(m['fleiss_kappa'], 4)}   (paper {PAPER['fleiss_kappa']})")
     cal = m["calibration"]
     lines.append(f"ECE (Eq. 9)         {_f(cal['ece'], 4)} over {cal['n']} claims, bins "

@@ -212,7 +212,9 @@ def table3_text(table):
                      "(weighted total)")
     eff = table["efficiency"]
     lines.append(f"per claim: rounds {eff['avg_rounds'] or 0:.2f} (primary + switched), evidence "
-                 f"{eff['avg_evidence'] or 0:.1f} retrieved, tokens {eff['tokens']['per_claim'] or 0:,.0f}")
+                 f"{eff['avg_evidence'] or 0:.1f} passages returned by all calls (Table 5's unit, paper "
+                 f"{proclaim_measures.PAPER['evidence_pool']}), {eff['avg_evidence_pool'] or 0:.1f} distinct, "
+                 f"tokens {eff['tokens']['per_claim'] or 0:,.0f}")
     if table.get("measures"):
         lines.append(f"the paper's other measures, all {table['n_runs']} run(s) pooled:")
         lines.append(proclaim_measures.measures_text(table["measures"]))

@@ -44,7 +44,7 @@ def js(**fields):
 
 NO_SAMPLING = {f"{role}_temperature": 0.0 for role in config.COURTROOM_TEMPERATURES}
 # Options built here skip config.build, which fills the defaults that depend on other flags.
-SWITCH = {"switch_rounds": config.SWITCH_ROUNDS}
+SWITCH = {"switch_rounds": None}  # None: the full rerun under the primary's cap (config.build sets max_rounds)
 
 
 class Court:
@@ -184,19 +184,35 @@ def test_only_admitted_evidence_reaches_counsels_witness_and_judges_and_the_reru
 def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage(monkeypatch, embedder):
     near_duplicate = "The Eiffel Tower in Paris stands 330 metres tall."
     texts = [TOPICS[0], near_duplicate, TOPICS[1], TOPICS[3]]
-    court = Court(search=TOPICS[0],
-                  query=lambda side, r: near_duplicate if side == "plaintiff" else "potassium in bananas",
+    asks = {("plaintiff", 1): TOPICS[0], ("defense", 1): near_duplicate}
+    court = Court(search=TOPICS[0], query=lambda side, r: asks.get((side, r), "potassium in bananas"),
                   resolved=lambda r: "Yes")
     pred, said, _ = run(monkeypatch, court, library(embedder, texts), top_k=1, seed_k=0)
     assert pred["negotiation"]["admitted"] == 1  # only the tower passage was found before the hearing
-    plaintiff_q, defense_q = pred["hearings"][0]["queries"][:2]  # round 1's; round 2 asks again, finds nothing new
-    assert plaintiff_q["admitted"] == 0 and plaintiff_q["novelty"][0] < 0.20  # the near-duplicate is refused
-    assert defense_q["admitted"] == 1 and defense_q["novelty"][0] >= 0.20
-    assert pred["hearings"][0]["discovered"] == 1
-    arguments = prompts_of(said, "plaintiff", "first-1")
-    argument = next(p for p in arguments if "Give your statement" in p)
-    assert "potassium" in argument and "stands 330" not in argument  # the new passage is put before the court
+    exhibit, duplicate, bananas, again = pred["hearings"][0]["queries"]
+    # The primary's novelty pool starts empty (the authors' engine): the exhibit found again is novel, ...
+    assert exhibit["admitted"] == 1 and exhibit["novelty"] == [1.0]
+    # ... joins the novelty pool, and its near-duplicate is refused.
+    assert duplicate["admitted"] == 0 and duplicate["novelty"][0] < 0.20
+    assert bananas["admitted"] == 1 and bananas["novelty"][0] >= 0.20 and again["admitted"] == 0
+    assert pred["hearings"][0]["discovered"] == 1  # the exhibit is not listed twice
+    argument = argument_prompts(said, "plaintiff", "first-2")[0]
+    assert "potassium" in argument and argument.count(TOPICS[0]) == 1
+    assert not [p for p in prompts_of(said, "plaintiff") + prompts_of(said, "defense") if "stands 330 metres tall." in p
+                and "Give your statement" in p]  # never put before the counsels
     assert TOPICS[1] in [e["answer"] for e in pred["evidence"]]
+
+
+def test_a_calls_candidates_are_scored_together_against_the_pool_before_the_call(monkeypatch, embedder):
+    # Two near-identical passages come back from one call: scored one by one the second would be refused;
+    # the authors' engine scores them together against the (empty) pool, so both enter.
+    near_duplicate = "The Eiffel Tower in Paris stands 330 metres tall."
+    court = Court(search=TOPICS[3], query=lambda side, r: TOPICS[0], resolved=lambda r: "Yes")
+    pred, _, _ = run(monkeypatch, court, library(embedder, [TOPICS[0], near_duplicate, TOPICS[3]]), top_k=2,
+                     seed_k=0)
+    first, second = pred["hearings"][0]["queries"][:2]
+    assert first["novelty"] == [1.0, 1.0] and first["admitted"] == 2
+    assert second["admitted"] == 0 and max(second["novelty"]) < 0.20  # both are in the novelty pool now
 
 
 @pytest.mark.parametrize("override, rounds, reason", [
@@ -213,7 +229,10 @@ def test_progressive_retrieval_refuses_a_near_duplicate_and_admits_a_new_passage
       "resolved": lambda r: "Yes", "ready": lambda r: "Yes"}, 2, "reflection_plateau"),
     ({"resolved": lambda r: "Yes", "ready": lambda r: "Yes", "query": lambda side, r: TOPICS[0]}, 2,
      "critic_resolved"),
-    ({"ready": lambda r: "Yes", "query": lambda side, r: TOPICS[0]}, 2, "novelty_exhausted"),
+    # The exhibit asked for again is novel in round 1 (the primary's novelty pool starts empty), so round 1
+    # found something: novelty is not exhausted at round 2, and the court's signal ends the hearing.
+    ({"ready": lambda r: "Yes", "query": lambda side, r: TOPICS[0]}, 2, "court_ready"),
+    ({"query": lambda side, r: TOPICS[0]}, 3, "novelty_exhausted"),
     # Each counsel's total rises 0.048 in round 2 (S_total, their sum, 0.096: go on; their mean would have
     # moved 0.048 and stopped) and 0.02 in round 3 (S_total 0.04 < 0.05: stop).
     ({"reflection": lambda side, r: js(Logic={1: 0.5, 2: 0.62, 3: 0.67, 4: 0.9}[r], Novelty=0.5, Rebuttal=0.5,
@@ -490,15 +509,56 @@ def test_negotiation_injection_shows_each_counsel_both_pools(monkeypatch, embedd
                                    "defense": {"Disclose": [1], "Challenge": [2]}}
 
 
-def test_rerun_after_the_role_switch_is_capped_at_two_rounds(monkeypatch, embedder):
+def test_the_rerun_is_the_full_debate_under_the_primarys_cap_and_rules(monkeypatch, embedder):
     models = {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
     big = library(embedder, TOPICS + [f"Fact number {i}." for i in range(30)])
+    # No rule fires: the rerun goes on past round 2, to the primary's cap.
     pred, said, _ = run(monkeypatch, Court(), big, models=models, role_switch=True, max_rounds=4, novelty_stop=0.0)
-    assert [h["rounds"] for h in pred["hearings"]] == [4, 2]
+    assert [h["rounds"] for h in pred["hearings"]] == [4, 4]
     assert [h["stop_reason"] for h in pred["hearings"]] == ["max_rounds", "max_rounds"]
-    pred, _, _ = run(monkeypatch, Court(), big, models=models, role_switch=True, max_rounds=4, novelty_stop=0.0,
-                     switch_rounds=1)
-    assert [h["rounds"] for h in pred["hearings"]] == [4, 1]
+    assert "switched-3" in {t["round"] for t in said} and (pred["rounds_switched"], pred["total_rounds"]) == (4, 8)
+    # The primary's rules end the rerun too: the critic resolves the case in round 3 of each hearing.
+    pred, _, _ = run(monkeypatch, Court(resolved=lambda r: "Yes" if r == 3 else "No"), big, models=models,
+                     role_switch=True, max_rounds=10, novelty_stop=0.0)
+    assert [(h["rounds"], h["stop_reason"]) for h in pred["hearings"]] == [(3, "critic_resolved")] * 2
+    # Its P-RAG state is reset: the iteration counter starts again at 1, the criterion's cap is 10.
+    assert [q["round"] for q in pred["hearings"][1]["queries"]][:2] == [1, 1]
+    # --switch-rounds is the ablation: the rerun capped lower.
+    for cap in (2, 1):
+        pred, _, _ = run(monkeypatch, Court(), big, models=models, role_switch=True, max_rounds=4,
+                         novelty_stop=0.0, switch_rounds=cap)
+        assert [h["rounds"] for h in pred["hearings"]] == [4, cap]
+        assert "max_iterations" not in pred["hearings"][1]["prag_criteria"]
+
+
+def test_the_prag_iteration_criterion_holds_at_round_ten_whatever_the_hearings_cap(monkeypatch, embedder):
+    court = Court(query=lambda side, r: TOPICS[(2 * r + (side == "defense")) % len(TOPICS)] + f" {r}")
+    big = library(embedder, TOPICS + [f"Fact number {i}." for i in range(30)])
+    pred, _, _ = run(monkeypatch, court, big, novelty_stop=0.0, relevance_gain=float("-inf"))
+    criteria = pred["hearings"][0]["prag_criteria"]
+    assert len(criteria) == 10 and criteria[-1] == "max_iterations" and "max_iterations" not in criteria[:9]
+    pred, _, _ = run(monkeypatch, court, big, max_rounds=4, novelty_stop=0.0, relevance_gain=float("-inf"))
+    assert "max_iterations" not in pred["hearings"][0]["prag_criteria"]  # a 4-round hearing never reaches it
+
+
+def test_delta_ref_reads_the_reruns_last_reflection(monkeypatch, embedder):
+    # Model A reflects 0.7 of itself, model B 0.38; constant totals plateau at round 2 in each hearing.
+    totals = {"A": js(Logic=1.0, Novelty=0.5, Rebuttal=0.5, **{"Discovery Need": "x"}),
+              "B": js(Logic=0.2, Novelty=0.5, Rebuttal=0.5, **{"Discovery Need": "x"})}
+    court = Court()
+
+    def reply(model, conv, prompt):
+        return totals[model] if "Audit your own performance" in prompt else court(model, conv, prompt)
+
+    models = {"plaintiff": "A", "defense": "B", "judge_1": "j1", "judge_2": "j2", "judge_3": "j3"}
+    pred, _, _ = run(monkeypatch, reply, library(embedder), models=models, role_switch=True)
+    assert [h["rounds"] for h in pred["hearings"]] == [2, 2]
+    # Supported: the plaintiff's side. In the rerun model B argues it, so delta_ref = (0.38 - 0.5) x 0.6,
+    # where the primary's plaintiff (model A) would have given +0.12.
+    assert pred["confidence_parts"]["reflection"] == pytest.approx((0.38 - 0.5) * 0.6, abs=1e-4)
+    # Without the rerun, the primary hearing is the last one held.
+    pred, _, _ = run(monkeypatch, reply, library(embedder), models=models, role_switch=False)
+    assert pred["confidence_parts"]["reflection"] == pytest.approx((0.7 - 0.5) * 0.6, abs=1e-4)
 
 
 def test_one_counsel_model_reruns_the_role_switch_when_counsels_sample(monkeypatch, embedder):
@@ -509,18 +569,20 @@ def test_one_counsel_model_reruns_the_role_switch_when_counsels_sample(monkeypat
 
 
 def test_prag_records_redundancy_and_retrieves_again_next_round(monkeypatch, embedder):
-    # Both counsels ask for what the pool already holds: every retrieved passage is a duplicate.
+    # Both counsels ask for the admitted exhibit: round 1's first call finds it novel (the primary's novelty
+    # pool starts empty), and from then on every retrieved passage is a duplicate.
     court = Court(query=lambda side, r: TOPICS[0])
     pred, said, _ = run(monkeypatch, court, library(embedder, TOPICS[:3]), top_k=1, seed_k=1)
     hearing = pred["hearings"][0]
-    assert hearing["prag_criteria"] == ["redundancy", "redundancy"]
-    assert [q["round"] for q in hearing["queries"]] == [1, 1, 2, 2]  # the criterion is recorded, not obeyed
-    assert [p for p in prompts_of(said, "plaintiff", "first-2") if "critical gap in the exhibits" in p]
-    # Nothing was admitted in two rounds running: novelty exhaustion, the debate's rule, ends the hearing.
-    assert (pred["rounds"], pred["stop_reason"]) == (2, "novelty_exhausted")
-    first = hearing["round_log"][0]
-    assert first["admitted"] == [] and first["novelty_admitted"] == 0.0 and first["novelty"] < 0.15
-    assert first["queries"][0]["ids"] == ["p0"] and first["queries"][0]["admitted_ids"] == []
+    assert hearing["prag_criteria"] == [None, "redundancy", "redundancy"]
+    assert [q["round"] for q in hearing["queries"]] == [1, 1, 2, 2, 3, 3]  # recorded, not obeyed
+    assert [p for p in prompts_of(said, "plaintiff", "first-3") if "critical gap in the exhibits" in p]
+    # Nothing was accepted in rounds 2 and 3: novelty exhaustion, the debate's rule, ends the hearing.
+    assert (pred["rounds"], pred["stop_reason"]) == (3, "novelty_exhausted")
+    first, second = hearing["round_log"][:2]
+    assert first["admitted"] == ["p0"] and first["novelty_admitted"] == 1.0 and hearing["discovered"] == 0
+    assert second["admitted"] == [] and second["novelty_admitted"] == 0.0 and second["novelty"] < 0.15
+    assert second["queries"][0]["ids"] == ["p0"] and second["queries"][0]["admitted_ids"] == []
 
 
 def test_prag_admits_new_passages_in_round_three_and_later(monkeypatch, embedder):
@@ -639,8 +701,10 @@ def test_courtroom_flags_default_to_the_paper_and_temperature_sets_every_role():
 
     opts = cli.parse_run_args(["--method", "courtroom", "--model", "m"]).courtroom
     assert opts.temperatures == {"counsel": 0.5, "court": 0.2, "judge": 0.3, "witness": 0.5, "critic": 0.3}
+    # The rerun is the full debate under the primary's cap (10; 3 without P-RAG).
     assert (opts.switch_rounds, opts.seed_k, opts.redundancy_limit, opts.relevance_gain, opts.confidence_floor) == \
-        (2, 5, 0.70, 0.05, 0.10)
+        (10, 5, 0.70, 0.05, 0.10)
+    assert cli.parse_run_args(["--method", "courtroom", "--model", "m", "--no-prag"]).courtroom.switch_rounds == 3
     assert (opts.split_decision, opts.chief_justice, opts.inconclusive) == ("chief-justice", 1, "nee")
     greedy = cli.parse_run_args(["--method", "courtroom", "--model", "m", "--temperature", "0",
                                  "--judge-temperature", "0.7"]).courtroom
@@ -718,7 +782,7 @@ def test_each_ablation_switches_off_exactly_its_table_6_column(monkeypatch, embe
     judges = 1 if options.get("single_judge") else 3
     agents = scripted.agents(trial.model_of(judges), {"plaintiff": "A", "defense": "B", "judge_1": "j1",
                                                       "judge_2": "j2", "judge_3": "j3"})
-    # The rerun's cap as the flags make it (A3: 3 rounds, as the authors ran it; else 2).
+    # The rerun's cap as the flags make it (the primary's: 3 under A3, as the authors ran it; else 10).
     switch_rounds = config.build(method="courtroom", model="m", **options).courtroom.switch_rounds
     opts = config.Courtroom(**{**NO_SAMPLING, "role_switch": True, "top_k": 1, "seed_k": 0,
                                "relevance_gain": float("-inf"), "switch_rounds": switch_rounds, **options})
@@ -745,7 +809,7 @@ def test_each_ablation_switches_off_exactly_its_table_6_column(monkeypatch, embe
     assert observed == expected == pred["components"]
     # Table 5 counts both hearings' rounds: primary (plateau at 2, critic at 3, the cap of 4) + switched.
     primary = {"on": 2, "partial": 3, "off": 4}[expected["adaptive_convergence"]]
-    switched = {"A1": 0, "A3": 3}.get(column, 2)
+    switched = {"A1": 0, "A3": 3}.get(column, primary)  # the full rerun stops where the primary did
     assert (pred["rounds"], pred["rounds_switched"], pred["total_rounds"]) == (primary, switched, primary + switched)
     assert pred["retrieved"] > 0 and pred["evidence_pool"] >= 1
 

@@ -53,7 +53,8 @@ def test_golden_evidence_one_item_per_answer_with_boolean_and_unanswered(tmp_pat
     assert claim["gold_evidence"] == [
         {"question": "Q1?", "answer": "First.", "url": "https://example.org/1"},
         {"question": "Q1?", "answer": "Second.", "url": "https://example.org/2"},
-        {"question": "Q2?", "answer": "No. The record shows otherwise.", "url": "https://example.org/3"},
+        {"question": "Q2?", "answer": "No. The record shows otherwise.", "url": "https://example.org/3",
+         "boolean": {"answer": "No", "explanation": "The record shows otherwise."}},
         {"question": "Q3?", "answer": NO_ANSWER, "url": ""},
         {"question": "Q4?", "answer": NO_ANSWER, "url": ""},
         {"question": "Q5?", "answer": NO_ANSWER, "url": ""},

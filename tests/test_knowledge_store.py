@@ -105,7 +105,12 @@ def test_saved_file_is_herOs_format_and_mostly_from_the_claims_own_pages(world, 
     for row in rows[:-1]:
         assert len(row["evidence"]) == RERANK_K
         for item in row["evidence"]:
-            assert set(item) == {"question", "answer", "url"} and item["question"].endswith("?")
+            assert set(item) == {"question", "answer", "url", "bm25_score", "rerank_score"}
+            assert item["question"].endswith("?") and item["bm25_score"] > 0
+        # The file can be audited: the HyDE articles under HerO's name, the re-rank scores best first.
+        assert len(row["hypo_fc_docs"]) == 2 and all(isinstance(a, str) for a in row["hypo_fc_docs"])
+        ranks = [item["rerank_score"] for item in row["evidence"]]
+        assert ranks == sorted(ranks, reverse=True) and all(-1 <= r <= 1 for r in ranks)
     assert rows[-1]["evidence"] == [] and rows[-1]["retrieval"]["missing_store"]
     from_own = [item["answer"] in world["own"][row["claim_id"]] for row in rows[:-1] for item in row["evidence"]]
     # Measured: 10 of 12 items (83%) with the tiny model's noise articles (2 per claim) and all-MiniLM-L6-v2.
@@ -341,11 +346,85 @@ def test_few_shot_examples_never_come_from_the_claims_own_pairs():
     claims = [{"claim_id": k, "claim": f"claim {k}", "gold_evidence": [
         {"question": "Who won the vote", "answer": f"The mayor won the vote {k}", "url": ""},
         {"question": "Was it answered?", "answer": "No answer could be found.", "url": ""}]} for k in range(3)]
-    pool = knowledge_store.qa_examples(claims)
-    assert len(pool) == 3 and pool[0]["text"] == "Claim: claim 0\nEvidence: The mayor won the vote 0.\nQuestion: Who won the vote?"
+    pool = knowledge_store.qa_examples(claims, "dev")
+    assert len(pool) == 3 and pool[0]["split"] == "dev"
+    assert pool[0]["text"] == "Claim: claim 0\nEvidence: The mayor won the vote 0.\nQuestion: Who won the vote?"
     index = hero_retrieval.few_shot_index(pool)
-    chosen = hero_retrieval.examples_for(pool, index, "the mayor won the vote 1", 1, 5)
+    chosen = hero_retrieval.examples_for(pool, index, "the mayor won the vote 1", 1, 5, "dev")
     assert [e["claim_id"] for e in chosen] and all(e["claim_id"] != 1 for e in chosen)
+
+
+def test_a_dev_claim_keeps_the_train_claim_of_its_id_in_its_few_shot_pool():
+    # AVeriTeC's ids are positions within each split: train claim 1 is another claim than dev claim 1.
+    claims = [{"claim_id": k, "claim": f"claim {k}", "gold_evidence": [
+        {"question": "Who won the vote", "answer": f"The mayor won the vote in {town}", "url": ""}]}
+        for k, town in enumerate(("Leeds", "Hull", "York"))]
+    pool = knowledge_store.qa_examples(claims, "train")
+    index = hero_retrieval.few_shot_index(pool)
+    chosen = hero_retrieval.examples_for(pool, index, "the mayor won the vote in Hull", 1, 3, "dev")
+    assert [e["claim_id"] for e in chosen][0] == 1 and len(chosen) == 3
+    assert 1 not in [e["claim_id"] for e in hero_retrieval.examples_for(pool, index, "the mayor won the vote in Hull",
+                                                                        1, 3, "train")]
+
+
+def test_boolean_answers_read_as_hero_writes_them():
+    from debate.data import averitec
+
+    item = {"claim": "c", "questions": [{"question": "Did it happen", "answers": [
+        {"answer": "No", "answer_type": "Boolean", "boolean_explanation": "The Record shows otherwise."}]}]}
+    gold = averitec._gold_evidence("dev.json", "entry 0", item["questions"])
+    assert gold[0]["answer"] == "No. The Record shows otherwise."  # what the debates and the scorer read
+    pool = knowledge_store.qa_examples([{"claim_id": 0, "claim": "c", "gold_evidence": gold}], "train")
+    assert pool[0]["lookup"] == "No, because the record shows otherwise."
+    assert "Evidence: No, because the record shows otherwise.\nQuestion: Did it happen?" in pool[0]["text"]
+
+
+def test_the_hyde_prompt_asks_what_heros_asks_and_nothing_more():
+    from debate.data.prompts import render
+
+    prompt = render("hyde_fc", claim="The moon is made of cheese.")
+    # HerO: a fact-checking article passage that supports, refutes, indicates not enough evidence, or presents
+    # conflicting evidence regarding the claim; then the claim, and the reply opens with "Passage:".
+    for asked in ("fact-checking article", "supports", "refutes", "not enough evidence", "conflicting evidence"):
+        assert asked in prompt
+    assert prompt.endswith("Claim: The moon is made of cheese.\nPassage:")
+    # Nothing HerO does not ask: no call for concrete specifics, no reply-format instruction.
+    for added in ("concrete", "names", "dates", "figures", "only"):
+        assert added not in prompt.lower()
+
+
+def test_the_query_instruction_comes_from_the_flag_the_encoders_folder_or_heros_sfr_line(tmp_path):
+    sfr = tmp_path / "SFR-Embedding-2_R"
+    sfr.mkdir()
+    hero = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+    assert hero_retrieval.query_instruction(str(sfr)) == hero
+    assert hero_retrieval.query_instruction(str(sfr), "") == ""  # the flag wins, even when empty
+    assert hero_retrieval.query_instruction(str(sfr), "query:\\n") == "query:\n"
+    e5 = tmp_path / "e5"
+    e5.mkdir()
+    assert hero_retrieval.query_instruction(str(e5)) == ""
+    (e5 / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: ", "passage": ""}}))
+    assert hero_retrieval.query_instruction(str(e5)) == "query: "
+    (sfr / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"web": "Instruct: x\nQuery: "},
+                                                                        "default_prompt_name": "web"}))
+    assert hero_retrieval.query_instruction(str(sfr)) == "Instruct: x\nQuery: "
+
+
+def test_the_search_embeds_its_queries_under_the_instruction_and_scores_what_it_keeps(monkeypatch):
+    from types import SimpleNamespace
+
+    from debate.engine import store_search
+
+    texts = ["The mayor won the vote.", "Rain fell in May.", "The vote was close."]
+    seen = []
+    monkeypatch.setattr(store_search, "query_vector", lambda embedder, queries: seen.extend(queries) or "q")
+    monkeypatch.setattr(store_search, "rerank", lambda cache, query, candidates, k, claim: [(c, 0.5) for c in
+                                                                                            candidates[:k]])
+    hits = hero_retrieval.search({"claim": "Who won the vote?"}, SimpleNamespace(texts=texts), ["The mayor won."],
+                                 None, 10, 2, None, "Q: ")
+    assert seen == ["Q: Who won the vote?", "Q: The mayor won."]
+    assert len(hits) == 2 and all(len(h) == 3 and h[2] > 0 and h[1] == 0.5 for h in hits)
+    assert hits[0][2] >= hits[1][2]  # BM25's order, which the stub re-ranking kept
 
 
 def test_restatements_of_the_claim_are_dropped():

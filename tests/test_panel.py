@@ -167,4 +167,8 @@ def test_prag_stopping_criteria():
     assert rules.prag_criterion([0.5], 0.62, 0.60, 2, gain_floor=0.0) is None
     assert rules.prag_criterion([0.05, 0.1, 0.14, 0.9], 0.6, None, 1, redundancy_limit=0.8) is None
     # The round counter at the cap comes first, as in the authors' engine.
-    assert rules.prag_criterion([0.05, 0.1, 0.14, 0.9], 0.6, 0.6, 10, max_rounds=10) == "max_iterations"
+    assert rules.prag_criterion([0.05, 0.1, 0.14, 0.9], 0.6, 0.6, 10) == "max_iterations"
+    # The cap is Appendix I's fixed 10, not the hearing's round cap: round 2 of a 2-round rerun is not it.
+    assert rules.PRAG_MAX_ITERATIONS == 10
+    assert rules.prag_criterion([0.5], 0.9, 0.6, 9) is None
+    assert rules.prag_criterion([0.5], 0.9, 0.6, 2) is None

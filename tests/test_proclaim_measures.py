@@ -190,6 +190,15 @@ def test_discovery_by_round_averages_each_round_over_the_hearings_that_held_it()
     assert pm.discovery_by_round([{"hearings": [{}]}]) is None
     text = pm.measures_text(pm.measures(preds, {}))
     assert "P-RAG by round, primary  r1: pool 8.0, +3.0 of 6.0, novelty 0.60 (2) | r2: pool 9.0" in text
+    assert "67.5" not in text  # no record says how many passages its calls returned: no pool line
+
+
+def test_the_evidence_pool_is_given_in_both_units_beside_the_papers():
+    preds = [{"claim_id": 1, "retrieved": 30, "evidence_pool": 9}, {"claim_id": 2, "retrieved": 12, "evidence_pool": 5}]
+    assert pm.evidence_pool(preds) == {"returned": 21.0, "distinct": 7.0}
+    text = pm.measures_text(pm.measures(preds, {}))
+    assert "evidence pool a claim  21.0 passages returned by all retrieval calls (paper 67.5, Table 5's unit), " \
+           "7.0 distinct" in text
 
 
 # --- re-scoring a saved run ------------------------------------------------------------------------------

@@ -232,6 +232,10 @@ def test_table3_runs_majority_weighted_total_and_oracle_by_hand():
     text = trials.table3_text(table)
     assert "majority vote" in text and "oracle (best of 3)" in text
     assert "unanimity rate 66.7%, split rate 33.3% (weighted total)" in text  # 8 and 4 of 12
+    # The evidence pool in both units, Table 5's (passages returned by all calls) beside the paper's 67.5.
+    table["efficiency"].update(avg_evidence=20.0, avg_evidence_pool=7.0)
+    assert "evidence 20.0 passages returned by all calls (Table 5's unit, paper 67.5), 7.0 distinct" in \
+        trials.table3_text(table)
 
 
 def test_read_trials_takes_the_trial_directories_or_a_one_trial_run_itself(tmp_path):

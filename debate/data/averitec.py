@@ -103,8 +103,13 @@ def _gold_evidence(path, where, questions):
             expect(path, where, afield, ans, dict)
             text = required(path, where, ans, "answer", str, prefix=f"{afield}.")
             explanation = ans.get("boolean_explanation")
+            boolean = None
             if ans.get("answer_type") == "Boolean" and explanation:
-                text = f"{text}. {expect(path, where, f'{afield}.boolean_explanation', explanation, str)}"
+                boolean = {"answer": text,
+                           "explanation": expect(path, where, f'{afield}.boolean_explanation', explanation, str)}
+                text = f"{text}. {boolean['explanation']}"
             url = expect(path, where, f"{afield}.source_url", ans.get("source_url") or "", str)
-            items.append({"question": question, "answer": text, "url": url})
+            # A Boolean answer keeps its parts apart too: HerO's few-shot examples join them their own way.
+            item = {"question": question, "answer": text, "url": url}
+            items.append(dict(item, boolean=boolean) if boolean else item)
     return items

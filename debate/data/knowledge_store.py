@@ -208,19 +208,24 @@ def read_store(path):
 # ---------------------------------------------------------------- few-shot examples
 
 
-def qa_examples(claims):
+def qa_examples(claims, split=None):
     """HerO's few-shot pool from labelled claims' golden question-answer pairs: one example per answer, each
-    {"claim_id", "lookup" (the answer: what BM25 matches a retrieved sentence against), "text" (claim, answer as
-    evidence, question; cut to EXAMPLE_CHARS)}. Unanswered questions and passage evidence give none."""
+    {"split", "claim_id" (together they name the claim: AVeriTeC's ids restart in every split), "lookup" (the
+    answer: what BM25 matches a retrieved sentence against), "text" (claim, answer as evidence, question; cut to
+    EXAMPLE_CHARS)}. A Boolean answer reads "Yes, because <explanation in lower case>", as HerO writes it.
+    Unanswered questions and passage evidence give none."""
     pool = []
     for c in claims:
         for item in c.get("gold_evidence") or ():
             question, answer = (item.get("question") or "").strip(), (item.get("answer") or "").strip()
             if not question or not answer or answer == NO_ANSWER or "text" in item and "question" not in item:
                 continue
+            if item.get("boolean"):
+                said = item["boolean"]
+                answer = f"{said['answer'].strip()}, because {said['explanation'].lower().strip()}"
             question += "" if question.endswith("?") else "?"
             answer += "" if answer[-1] in ".!:?" else "."
             flat = [" ".join(part.split()) for part in (c["claim"], answer, question)]  # one line each
             text = "Claim: {}\nEvidence: {}\nQuestion: {}".format(*flat)
-            pool.append({"claim_id": c["claim_id"], "lookup": answer, "text": text[:EXAMPLE_CHARS]})
+            pool.append({"split": split, "claim_id": c["claim_id"], "lookup": answer, "text": text[:EXAMPLE_CHARS]})
     return pool

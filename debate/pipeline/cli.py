@@ -48,6 +48,7 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
                "plateau_delta": PROCLAIM, "admit_threshold": PROCLAIM, "dispute_threshold": PROCLAIM,
                "reflection_weights": PROCLAIM, "vote_weight": PROCLAIM, "batch_size": OURS, "seed": OURS,
                "hyde_docs": "HerO's", "hyde_max_tokens": "HerO's", "hyde_temperature": "HerO's", "rerank_k": "HerO's",
+               "bm25_k": "HerO's",
                "context": "HerO's code", "few_shot": "HerO's", "question_max_tokens": OURS}
 
 
@@ -133,15 +134,16 @@ def run_parser(description=None):
                    help="a panel of one judge, the first --judge-models path (ablation A2)")
     c.add_argument("--no-prag", dest="prag", action="store_false",
                    help="no progressive retrieval: no discovery, no adaptive stopping, --max-rounds 3 and "
-                   "--switch-rounds 3 by default (ablation A3)")
+                   "a rerun of 3 (ablation A3)")
     c.add_argument("--no-reflection", dest="reflection", action="store_false",
                    help="no self-reflection: discovery asks with the gap alone, no reflection plateau, no "
                    "reflection confidence adjustment, none in the judges' record (ablation A4)")
     c.add_argument("--no-witness", dest="witness", action="store_false",
                    help="never call an expert witness, even one a counsel requests and the court grants")
     c.add_argument("--switch-rounds", type=int,
-                   help="rounds at most of the rerun after the role switch (default 2, Appendix K; 3 under "
-                   "--no-prag, as the authors ran ablation A3: Table 5's 6.00 rounds)")
+                   help="ablation: cap the rerun after the role switch at this many rounds (default: --max-rounds, "
+                   "the full debate again under the primary's cap and stopping rules, as published; 2 gives "
+                   "the toolkit's earlier 2-round rerun)")
     c.add_argument("--seed-k", type=int,
                    help="passages retrieved with the claim itself for the seed pool (0: none)")
     c.add_argument("--redundancy-limit", type=float,
@@ -185,8 +187,12 @@ def run_parser(description=None):
                    "alone is the query)")
     k.add_argument("--hyde-max-tokens", type=int, help="tokens per hypothetical article")
     k.add_argument("--hyde-temperature", type=float, help="sampling temperature of the articles")
-    k.add_argument("--bm25-k", type=int, help="sentences BM25 passes to dense re-ranking (default: 10000 on a GPU, "
-                   "HerO's; 500 on a CPU, ours, to stay near 10 s a claim)")
+    k.add_argument("--bm25-k", type=int, help="sentences BM25 passes to dense re-ranking, on every device (a lower "
+                   "value is faster on a CPU, where the run prints the time it expects, but lets BM25 decide what "
+                   "HerO leaves to the re-ranker)")
+    k.add_argument("--query-instruction", help="text put before the claim and each article where the encoder embeds "
+                   "them as queries ('\\n' for a line break, '' for none; default: the query prompt in the "
+                   "encoder's config_sentence_transformers.json, else HerO's instruction for SFR-Embedding models)")
     k.add_argument("--rerank-k", type=int, help="evidence items kept per claim")
     k.add_argument("--embedding-cache-mb", type=int, help="the on-disk embedding cache of stores and corpora at most, "
                    "in MB; past it the files used longest ago are dropped (default: 2048; 0: nothing kept)")

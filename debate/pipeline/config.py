@@ -30,7 +30,6 @@ METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom", "
 COURTROOM_METHODS = ("courtroom", "standard-mad", "single-call")
 ROUNDS = {"courtroom": 10}  # default max_rounds per method; 3 for the others (Standard MAD's fixed 3 included)
 NO_PRAG_ROUNDS = 3  # PROClaim's ablation A3 (no P-RAG) runs 3 rounds (Table 6), its rerun too (Table 5's 6.00)
-SWITCH_ROUNDS = 2  # the rerun after the role switch (Appendix K)
 # --task explain: write the explanation of each claim's gold label (the MADR paper's task and its baselines).
 TASKS = ("verify", "explain")
 EXPLAIN_METHODS = ("zero-shot", "cot", "self-refine", "madr")
@@ -99,7 +98,7 @@ class Courtroom:
     prag: bool = identity(True)  # False: ablation A3, no P-RAG, no adaptive stopping, 3 rounds
     reflection: bool = identity(True)  # False: ablation A4, no self-reflection (nor its uses)
     witness: bool = identity(True)
-    switch_rounds: int = identity()  # rounds of the rerun after the role switch: 2 (Appendix K), 3 under A3
+    switch_rounds: int = identity()  # cap of the rerun after the role switch: None = max_rounds (the full rerun)
     seed_k: int = identity(5)  # passages retrieved with the claim itself for the seed pool (Appendix J's example)
     redundancy_limit: float = identity(0.70)  # P-RAG early exits (Appendix I)
     relevance_gain: float = identity(0.05)
@@ -149,7 +148,8 @@ class Retrieval:
     hyde_docs: int = identity(8)  # HyDE-FC articles per claim (HerO's n=8)
     hyde_max_tokens: int = identity(512)  # tokens per article (HerO's)
     hyde_temperature: float = identity(0.7)  # HerO's sampling of the articles (top_p 1.0)
-    bm25_k: int = identity()  # sentences BM25 passes to re-ranking; None: 10000 on a GPU (HerO's), 500 on a CPU
+    bm25_k: int = identity(10000)  # sentences BM25 passes to re-ranking (HerO's, on every device)
+    query_instruction: str = identity()  # text before each query the encoder embeds; None: the encoder's own
     rerank_k: int = identity(10)  # evidence items per claim (HerO's top 10)
     context: int = identity(0)  # neighbouring sentences of the page on each side of an answer (0: HerO's code)
     few_shot: int = identity(10)  # question-generation examples chosen by BM25 (HerO's 10)
@@ -289,7 +289,9 @@ def build(**settings: Any) -> "RunConfig":
     if s["max_rounds"] is None:
         s["max_rounds"] = NO_PRAG_ROUNDS if method == "courtroom" and not s["prag"] else ROUNDS.get(method, 3)
     if s["switch_rounds"] is None:
-        s["switch_rounds"] = SWITCH_ROUNDS if s["prag"] else NO_PRAG_ROUNDS
+        # The rerun is the full debate again under the primary's cap and rules (2.7; the authors'
+        # main_pipeline.py reruns with the same cap); a smaller --switch-rounds is an ablation.
+        s["switch_rounds"] = s["max_rounds"]
     if s["temperature"] is None:
         s["temperature"] = EXPLAIN_TEMPERATURE if explaining else TEMPERATURE.get(method, PAPER_TEMPERATURE)
     _check(s)

@@ -4,7 +4,6 @@ agents a run loads for those roles."""
 from debate.engine import engine, models
 from debate.methods import baselines, debatecv, explain, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
-from debate.pipeline import store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS
 
 
@@ -74,7 +73,7 @@ def method_options(config, labels, passages=None, log=print):
     if config.method.task == "verify" and config.method.method in COURTROOM_METHODS:
         store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
         kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log, store=store,
-                                                        bm25_k=store_retrieval.bm25_k_of(config))
+                                                        bm25_k=config.retrieval.bm25_k)
     return kwargs
 
 

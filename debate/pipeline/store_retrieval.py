@@ -2,7 +2,8 @@
 (debate.methods.hero_retrieval), saved in HerO's format, resumable.
 
     OUTPUT_DIR/retrieved.jsonl            one line per claim: {"claim_id", "claim", "evidence": [{question, answer,
-                                          url}], "retrieval": {what it took}}, readable by --retrieved-file
+                                          url, bm25_score, rerank_score}], "hypo_fc_docs": [the HyDE articles, as
+                                          HerO names them], "retrieval": {what it took}}, readable by --retrieved-file
     OUTPUT_DIR/retrieved.settings.json    the settings the file was retrieved with
 
 A claim is done once its line is on disk (flushed and synced), so a killed retrieval resumes with the claims not
@@ -31,7 +32,6 @@ from debate.pipeline import records
 
 RETRIEVED = "retrieved.jsonl"
 SETTINGS = "retrieved.settings.json"
-GPU_BM25_K, CPU_BM25_K = 10000, 500  # --bm25-k's default: HerO's on a GPU; ours on a CPU (docs/BENCHMARKS.md)
 FEW_SHOT_SPLIT = "train"
 # Peak memory of a store's search above the model, per byte of the store file (measured: docs/retrieval.md)
 MEMORY_PER_STORE_BYTE = 1.0  # measured 0.6 at 20 MB (docs/retrieval.md): the warning keeps a margin
@@ -105,21 +105,16 @@ def few_shot_claims(config):
                         "pairs, or --few-shot 0)") from None
 
 
-def bm25_k_of(config, device=None):
-    """--bm25-k, or its default on this device (GPU_BM25_K on a GPU, CPU_BM25_K else)."""
-    device = device or models.precision(config.models.use_4bit)["device"]
-    return config.retrieval.bm25_k or (GPU_BM25_K if device.startswith("cuda") else CPU_BM25_K)
-
-
 def settings_of(config, device):
-    """What the retrieved file depends on, resolved (the encoder's path, --bm25-k's default on this device)."""
+    """What the retrieved file depends on, resolved (the encoder's path; --bm25-k is HerO's on every device)."""
     r = config.retrieval
-    bm25_k = bm25_k_of(config, device)
+    bm25_k = r.bm25_k
     return {"knowledge_store": str(Path(r.knowledge_store).resolve()), "dataset": config.data.dataset,
             "split": config.data.split, "model": config.models.moderator_model, "use_4bit": config.models.use_4bit,
             "embedder": config.courtroom.embedder or retrieval.default_embedder_path(), "seed": config.generation.seed,
             "missing_store": r.missing_store, "hyde_docs": r.hyde_docs, "hyde_max_tokens": r.hyde_max_tokens,
-            "hyde_temperature": r.hyde_temperature, "bm25_k": bm25_k, "rerank_k": r.rerank_k, "context": r.context,
+            "hyde_temperature": r.hyde_temperature, "bm25_k": bm25_k,
+            "query_instruction": r.query_instruction, "rerank_k": r.rerank_k, "context": r.context,
             "few_shot": r.few_shot, "few_shot_split": (r.few_shot_split or FEW_SHOT_SPLIT) if r.few_shot else None,
             "question_max_tokens": r.question_max_tokens, "prompts": config.method.prompts}
 
@@ -179,12 +174,15 @@ def _retrieve(config, settings, todo, path, done, log):
     agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
                               device_map=config.models.device_map)["retriever"]
     embedder = retrieval.load_embedder(config.courtroom.embedder)
-    pool = knowledge_store.qa_examples(few_shot_claims(config)) if r.few_shot else []
+    instruction = hero_retrieval.query_instruction(embedder.path, r.query_instruction)
+    pool = knowledge_store.qa_examples(few_shot_claims(config), settings["few_shot_split"]) if r.few_shot else []
     pool_index = hero_retrieval.few_shot_index(pool)
     base = replace(_engine_settings(config), top_p=1.0)
     hyde_settings = replace(base, max_new_tokens=r.hyde_max_tokens, temperature=r.hyde_temperature)
     question_settings = replace(base, max_new_tokens=r.question_max_tokens, temperature=0.0)
     counts = {"missing_store": 0, "empty_store": 0, "empty_pages": 0, "seconds": 0.0, "search_seconds": 0.0}
+    if not str(embedder.model.device).startswith("cuda"):
+        _say_cost(config, todo[0], embedder, settings["bm25_k"], len(todo), log)
     start = time.time()
     bar = tqdm(total=len(todo) + len(done), initial=len(done), unit="claim", desc="retrieval", dynamic_ncols=True)
     with bar, open(path, "a", encoding="utf-8") as out:
@@ -199,7 +197,7 @@ def _retrieve(config, settings, todo, path, done, log):
             for claim in present:
                 t = time.time()
                 hits, store = hero_retrieval.search(claim, status_path(config, claim), articles[id(claim)], embedder,
-                                                    settings["bm25_k"], r.rerank_k)
+                                                    settings["bm25_k"], r.rerank_k, instruction)
                 answers = [store.answer(c, r.context) for c, _ in hits]
                 found[id(claim)] = (store, hits, answers, time.time() - t)
                 counts["search_seconds"] += time.time() - t
@@ -207,7 +205,8 @@ def _retrieve(config, settings, todo, path, done, log):
                 for (candidate, _), answer in zip(hits, answers):
                     items.append({"claim": claim["claim"], "evidence": answer, "claim_id": claim["claim_id"],
                                   "examples": [e["text"] for e in hero_retrieval.examples_for(
-                                      pool, pool_index, candidate.text, claim["claim_id"], r.few_shot)]})
+                                      pool, pool_index, candidate.text, claim["claim_id"], r.few_shot,
+                                      config.data.split)]})
             asked = iter(zip(*hero_retrieval.questions(agent, items, question_settings)))  # (question, tokens)
             for claim in batch:
                 line = {"claim_id": claim["claim_id"], "claim": claim["claim"], "evidence": []}
@@ -217,10 +216,13 @@ def _retrieve(config, settings, todo, path, done, log):
                 else:
                     store, hits, answers, seconds = found[id(claim)]
                     spent = 0
-                    for (candidate, score), answer in zip(hits, answers):
+                    for (candidate, rerank_score), answer in zip(hits, answers):
                         question, tokens = next(asked)
                         spent += tokens
-                        line["evidence"].append({"question": question, "answer": answer, "url": candidate.url})
+                        line["evidence"].append({"question": question, "answer": answer, "url": candidate.url,
+                                                 "bm25_score": round(float(candidate.score), 4),
+                                                 "rerank_score": round(float(rerank_score), 4)})
+                    line["hypo_fc_docs"] = articles[id(claim)]
                     line["retrieval"] = {"sentences": store.sentences, "pages": store.pages,
                                          "search_seconds": round(seconds, 3), "hyde_tokens": hyde_tokens[id(claim)],
                                          "question_tokens": spent}
@@ -232,6 +234,23 @@ def _retrieve(config, settings, todo, path, done, log):
     log(f"retrieved {len(todo)} claims in {counts['seconds']:.1f}s "
         f"(BM25 and re-ranking {counts['search_seconds']:.1f}s)")
     return counts
+
+
+def _say_cost(config, claim, embedder, bm25_k, claims, log):
+    """On a CPU: the re-ranking's expected time at this --bm25-k, measured on the first claim's store."""
+    if _status(config, claim) != "present":
+        return
+    sample = []  # a few of the store's own sentences: the encoder's speed on texts of this store's length
+    for page in knowledge_store.pages(status_path(config, claim)):
+        sample += [s for s in page.sentences if s][:32 - len(sample)]
+        if len(sample) >= 32:
+            break
+    info = _checked.get(str(status_path(config, claim)))
+    sentences = getattr(info, "sentences", None) or bm25_k
+    each = hero_retrieval.estimated_seconds(embedder, sample, min(bm25_k, sentences))
+    log(f"--bm25-k {bm25_k} on {embedder.model.device}: re-ranking embeds up to {bm25_k} sentences a claim, about "
+        f"{each:.0f}s a claim here ({each * claims / 60:.0f} min for {claims} claims, before any cached "
+        "embeddings); a lower --bm25-k is faster but lets BM25 decide what HerO leaves to the re-ranker")
 
 
 def _engine_settings(config):

@@ -77,7 +77,7 @@ class Hearing:
     speakers: dict  # side -> the role whose model argues it (swapped in the rerun; its temperature goes with it)
     convs: dict  # critic, court -> engine.Conversation (the counsels' turns are stateless, one-shot)
     pool: list  # the current evidence pool: admitted exhibits, then what P-RAG discovered {"passage", "status", ...}
-    vectors: object  # embeddings of the pool's passages, in pool order: what novelty is measured against
+    vectors: object  # P-RAG's novelty pool: embeddings of what P-RAG accepted (and, in the rerun, the exhibits)
     messages: list = field(default_factory=list)  # (speaker, text) in order: the debate history
     rounds: list = field(default_factory=list)  # per round {"round", "plaintiff", "defense", "testimony", ...}
     totals: list = field(default_factory=list)  # reflection total per round: the SUM of both counsels' (S_total)

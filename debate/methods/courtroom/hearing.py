@@ -24,14 +24,18 @@ from debate.methods.courtroom.reflection import reflect_and_review
 HISTORY = 5
 
 
-def open_hearing(case, agents, speakers):
+def open_hearing(case, agents, speakers, rerun=False):
     """A hearing from the originally admitted exhibits only: the rerun after the role switch starts again
-    from them (Appendix K), and disputed, dropped or unscored candidates never enter (section 2.3)."""
+    from them (Appendix K), and disputed, dropped or unscored candidates never enter (section 2.3).
+
+    P-RAG's novelty pool (`Hearing.vectors`) starts as the authors' engine starts it: empty in the primary
+    hearing (its first call finds everything novel), the admitted exhibits in the rerun (their reset_state)."""
     convs = {"critic": engine.Conversation(system=render("critic_meta", claim=case.claim["claim"],
                                                          premises="; ".join(case.premises))),
              "court": court_conversation(case)}
     pool = [e for e in case.pool if e["status"] == "admitted"]
-    vectors = case.index.vectors[[e["position"] for e in pool]] if pool else case.index.vectors[:0]
+    seeded = pool if rerun else []
+    vectors = case.index.vectors[[e["position"] for e in seeded]] if seeded else case.index.vectors[:0]
     hearing = Hearing(counsels={side: agents[role] for side, role in speakers.items()}, speakers=dict(speakers),
                       convs=convs, pool=pool, vectors=vectors)
     case.hearings.append(hearing)
@@ -45,13 +49,17 @@ def _counsel(active, side, settings, opts):
     return hearing.counsels[side], tuned(settings, opts, hearing.speakers[side])
 
 
-def _discover(agents, active, round_no, max_rounds, opts, library, settings, generator, tag):
+def _discover(agents, active, round_no, opts, library, settings, generator, tag):
     """P-RAG, every round: each counsel's gap (plus its last discovery need) becomes a query, the court
     refines it, and its novel top-k passages enter the pool; Appendix I's stopping criteria are checked
     and recorded (rules.prag_criterion), and the next round retrieves again.
 
-    Novelty is measured against the current pool (the admitted exhibits and what P-RAG added), so a
-    candidate dropped at admissibility can be rediscovered."""
+    Novelty is measured against P-RAG's novelty pool (see open_hearing; what it accepted joins it), and a
+    call's candidates are scored together against the pool as it stood before the call, as the authors'
+    engine scores them: two near-identical candidates of one call can both enter. A candidate dropped at
+    admissibility can be rediscovered. In the primary hearing an admitted exhibit retrieved again is novel
+    (the novelty pool does not hold the exhibits there) and counts as accepted, as in the authors' engine;
+    unlike their evidence pool, ours does not list a passage it already holds a second time."""
     stage = f"{tag}-{round_no}"
     requests = {}
     for side in SIDES:
@@ -90,11 +98,15 @@ def _discover(agents, active, round_no, max_rounds, opts, library, settings, gen
             case.retrieval_calls += 1
             case.retrieved += len(hits)
             positions = [p for p, _ in hits]
-            admitted, scores = retrieval.admit_novel(hearing.vectors, case.index.vectors[positions],
-                                                     opts.novelty_threshold)
+            scores = [float(n) for n in retrieval.novelty(case.index.vectors[positions], hearing.vectors)]
+            admitted = [k for k, n in enumerate(scores) if n >= opts.novelty_threshold]
+            held = {e["passage"]["id"] for e in hearing.pool}
             for k in admitted:
-                hearing.pool.append({"passage": case.index.passages[positions[k]], "position": positions[k],
-                                     "status": "discovered", "weight": None, "round": round_no})
+                passage = case.index.passages[positions[k]]
+                if passage["id"] not in held:  # accepted again (novel to the novelty pool) adds no second copy
+                    held.add(passage["id"])
+                    hearing.pool.append({"passage": passage, "position": positions[k], "status": "discovered",
+                                         "weight": None, "round": round_no})
                 relevance.append(hits[k][1])
                 admitted_novelty.append(scores[k])
             if admitted:
@@ -113,8 +125,8 @@ def _discover(agents, active, round_no, max_rounds, opts, library, settings, gen
         mean_relevance = sum(relevance) / len(relevance) if relevance else 0.0
         previous = hearing.relevance[-1] if hearing.relevance else None
         hearing.relevance.append(mean_relevance)
-        criterion = rules.prag_criterion(novelties, mean_relevance, previous, round_no, max_rounds,
-                                         opts.redundancy_limit, opts.relevance_gain)
+        criterion = rules.prag_criterion(novelties, mean_relevance, previous, round_no,
+                                         redundancy_limit=opts.redundancy_limit, gain_floor=opts.relevance_gain)
         if criterion:
             calls[-1]["prag_criterion"] = criterion
         hearing.rounds[-1]["discovery"] = {
@@ -189,8 +201,9 @@ def round_log(hearing):
     """What a saved record keeps of each round of `hearing` (its arguments and testimony are in the
     transcript), one dict per round with these fields:
       round; queries: per P-RAG call {side, query, ids (retrieved, best first), novelty and relevance (of
-      each retrieved passage), admitted_ids, retrieved and admitted (counts)}; admitted: the ids P-RAG added
-      this round; pool_size: the evidence pool after the round's discovery; novelty: the mean novelty of
+      each retrieved passage), admitted_ids (accepted as novel), retrieved and admitted (counts)}; admitted:
+      the ids P-RAG accepted this round (one the pool held already is accepted but not listed twice);
+      pool_size: the evidence pool after the round's discovery; novelty: the mean novelty of
       everything retrieved this round (Figure 3), None without retrieval; novelty_admitted: the mean novelty
       of what was admitted, 0.0 when nothing was (the novelty rule's input); relevance, relevance_gain:
       the mean query cosine of the admitted passages and its change from the previous round;
@@ -231,13 +244,13 @@ def _stop_reason(opts, round_no, max_rounds, said, hearing):
 
 def hold_hearings(agents, cases, speakers, opts, max_rounds, library, settings, generator, tag):
     """Hold one hearing per case, `speakers` {side: the role whose model argues it}, batched round by round."""
-    active = [(case, open_hearing(case, agents, speakers)) for case in cases]
+    active = [(case, open_hearing(case, agents, speakers, rerun=tag == "switched")) for case in cases]
     for round_no in range(1, max_rounds + 1):
         if not active:
             break
         open_round(active, round_no)
         if opts.prag:
-            _discover(agents, active, round_no, max_rounds, opts, library, settings, generator, tag)
+            _discover(agents, active, round_no, opts, library, settings, generator, tag)
         argue(active, round_no, opts, settings, generator, tag)
         if opts.witness:
             _call_witnesses(agents, active, round_no, opts, settings, generator, tag)

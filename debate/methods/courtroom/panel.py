@@ -107,6 +107,18 @@ def panel_note(agents, seats):
     return {"judges": paths, "distinct_models": distinct, "note": note}
 
 
+def reflection_total(case, winner, label, labels=AVERITEC):
+    """The reflection total delta_ref reads: the winning side's last one in the LAST hearing held (the rerun
+    when there was one: the authors' reset_state clears the reflection history before it, main_pipeline.py).
+    The side is the plaintiff's for a Supported panel and the defense's otherwise (Not Supported and
+    Inconclusive alike, as the authors pick it); None without a verdict, or without self-reflection (A4)."""
+    if label is None:
+        return None
+    supported = winner == rules.PANEL_SUPPORTED if winner else label == labels.supported
+    side = "plaintiff" if supported else "defense"
+    return case.hearings[-1].reflections.get(side, {}).get("total")
+
+
 def decide(case, seats, ballots, opts, labels=AVERITEC):
     votes, qualities, reasons = [], [], []
     for seat, source in seats.items():
@@ -122,10 +134,7 @@ def decide(case, seats, ballots, opts, labels=AVERITEC):
     readable = sum(v is not None for v in votes)
     decided_by = (None if label is None else "majority" if count > readable / 2
                   else "chief_justice" if winner is not None else "rule")
-    first_hearing = case.hearings[0]
-    side = {labels.supported: "plaintiff", labels.refuted: "defense"}.get(label)  # the side the verdict went to
-    # Without self-reflection (A4) there is no reflection adjustment: no total, delta 0.
-    winner_total = first_hearing.reflections.get(side, {}).get("total") if side else None
+    winner_total = reflection_total(case, winner, label, labels)
     conf, parts = rules.confidence(count / len(votes) if votes else 0.0,
                                    sum(qualities) / len(qualities) if qualities else None,
                                    case.consistency, winner_total, opts.vote_weight, opts.quality_weight,

@@ -108,20 +108,26 @@ def stop_reason(round_no, max_rounds, critic_resolved, court_ready, totals, nove
     return None
 
 
-def prag_criterion(retrieved_novelty, relevance, previous_relevance, round_no, max_rounds=10,
+# Appendix I's iteration cap of P-RAG and the authors' engine's (prag_engine.py): a fixed 10, counted from each
+# hearing's round 1 (the rerun resets the counter), whatever the hearing's own round cap.
+PRAG_MAX_ITERATIONS = 10
+
+
+def prag_criterion(retrieved_novelty, relevance, previous_relevance, round_no, max_iterations=PRAG_MAX_ITERATIONS,
                    redundancy_limit=0.70, gain_floor=0.05, duplicate_novelty=0.15):
     """Which of Appendix I's P-RAG stopping criteria holds after this round's retrievals, or None. It is
     recorded, not obeyed: the next round retrieves again (see docs/FIDELITY.md, row 8: the paper reports
     discovery in every active round, and the authors' code only logs the criterion).
 
     `retrieved_novelty`: the novelty of every passage retrieved this round; a passage is redundant when
-    its novelty is below `duplicate_novelty` (cosine above 0.85 to the pool, the authors' code). In the
-    authors' order: the round counter reached the cap ("max_iterations"); the redundant share is above
-    `redundancy_limit` ("redundancy"); from round 2 on, the mean relevance (query cosine) of the passages
-    admitted this round gained less than `gain_floor` over the previous round's ("relevance_gain"; a round
-    that admitted nothing has relevance 0).
+    its novelty is below `duplicate_novelty` (cosine above 0.85 to the novelty pool, the authors' code). In
+    the authors' order: the round counter reached the fixed cap ("max_iterations", PRAG_MAX_ITERATIONS: a
+    hearing capped below 10 rounds never reaches it); the redundant share is above `redundancy_limit`
+    ("redundancy"); from round 2 on, the mean relevance (query cosine) of the passages admitted this round
+    gained less than `gain_floor` over the previous round's ("relevance_gain"; a round that admitted
+    nothing has relevance 0).
     """
-    if round_no >= max_rounds:
+    if round_no >= max_iterations:
         return "max_iterations"
     if retrieved_novelty:
         redundant = sum(n < duplicate_novelty for n in retrieved_novelty) / len(retrieved_novelty)

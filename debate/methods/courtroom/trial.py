@@ -11,13 +11,15 @@
    (rules.prag_criterion), the plaintiff's and then the defense's argument, expert witnesses the court
    grants (unless --no-witness), then (reflection.py) each counsel's self-reflection, the critic's
    evaluation and the court's wait-or-close.
-4. Role switch (role_switch.py): the counsels' models swap sides and the hearing is held again (up to
-   --switch-rounds rounds) from the originally admitted exhibits; the consistency analyzer (critic's
+4. Role switch (role_switch.py): the counsels' models swap sides and the whole hearing is held again from
+   the originally admitted exhibits, under the primary's round cap and stopping rules (--switch-rounds caps
+   it lower, an ablation), its P-RAG state reset (open_hearing); the consistency analyzer (critic's
    model) scores the two hearings. With one model for both counsels and greedy decoding the rerun would
    repeat the first hearing token for token, so it is skipped and the output says so.
 5. The panel (panel.py): one judge per --judge-models path reads the whole case record and votes
    Supported / Not Supported / Inconclusive; rules.vote maps the votes onto the dataset's labels (a split
-   goes to the Chief Justice) and rules.confidence gives the confidence. Under greedy decoding, seats held
+   goes to the Chief Justice) and rules.confidence gives the confidence, its reflection adjustment read from
+   the last hearing held (the rerun's, as the authors compute it). Under greedy decoding, seats held
    by the same model vote alike, so each distinct model is asked once.
 
 What every stage shares (the case, one batched turn, the texts the roles read) is in case.py; the
@@ -82,7 +84,9 @@ def run_batch(agents, claims, settings, options, library, max_rounds, streams=No
     rerun, switch_note = switch_needed(agents, opts)
     if rerun:
         swapped = {"plaintiff": "defense", "defense": "plaintiff"}  # each model argues the other side
-        hold_hearings(agents, cases, swapped, opts, opts.switch_rounds, library, settings, generator, "switched")
+        # The full debate again under the primary's cap and stopping rules (2.7); --switch-rounds caps it lower.
+        hold_hearings(agents, cases, swapped, opts, opts.switch_rounds or max_rounds, library, settings, generator,
+                      "switched")
         score_consistency(agents, cases, opts, settings, generator)
     seats, ballots = judge_cases(agents, cases, opts, settings, streams, switch_note)
     records = []
