@@ -5,6 +5,7 @@ from debate.methods import baselines, debatecv, explain, madr, proclaim_baseline
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.engine import engine, models
 from debate.pipeline.config import COURTROOM_METHODS
+from debate.pipeline import grown_evidence
 
 
 def _fixed(table):
@@ -51,7 +52,7 @@ def method_entry(config):
 
 # The most turns one claim can take, per method, for the time left before a batch has finished (an
 # upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
-TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
+TURNS_AT_MOST = {"debatecv": lambda c: (5 if c.debate.debate_retrieval else 3) * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
                  "majority": lambda c: c.method.voters, "cooperation": lambda c: 2 * c.generation.max_rounds + 1}
 EXPLAIN_TURNS_AT_MOST = {"zero-shot": lambda c: 1, "cot": lambda c: 1,
                          "self-refine": lambda c: 1 + 2 * c.madr.self_refine_iterations,
@@ -73,6 +74,8 @@ def method_options(config, labels, passages=None, log=print):
     if config.method.task == "verify" and config.method.method in COURTROOM_METHODS:
         store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
         kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log, store=store)
+    if config.method.task == "verify" and config.debate.debate_retrieval:  # DebateCV's search during the debate
+        kwargs.update(grown_evidence.method_options(config, log))
     return kwargs
 
 

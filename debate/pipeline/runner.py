@@ -14,7 +14,7 @@ from pathlib import Path
 from debate.data import claims as data, prompts
 from debate.engine import models, retrieval, scheduler
 from debate.methods import madr, turns
-from debate.pipeline import evidence, lock, progress, records, shards, stops, store_retrieval
+from debate.pipeline import evidence, grown_evidence, lock, progress, records, shards, stops, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError
 from debate.pipeline.method_table import (EXPLAIN_TURNS_AT_MOST, TURNS_AT_MOST, check_schemas, load_agents,
                                           method_entry, method_options, model_roles, role_models, settings_of)
@@ -79,7 +79,9 @@ def run(config, log=print):
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = evidence.read(config)
     store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
-    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None)
+    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None
+              or config.debate.debate_retrieval)
+    grown_evidence.check(config, inputs.claims)  # a store searched only during the debate, before any model loads
     if store:
         if world.size > 1:
             raise ConfigError("--knowledge-store retrieves in one process: run it once with --retrieve-only, then "
