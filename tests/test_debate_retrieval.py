@@ -172,3 +172,16 @@ def test_a_store_searched_only_during_the_debate_is_allowed_with_golden_evidence
     assert built.retrieval.knowledge_store == "stores" and built.debate.debate_retrieval
     with pytest.raises(config.ConfigError, match="--evidence retrieved"):
         config.build(split="dev", evidence="golden", knowledge_store="stores")
+
+
+def test_syndec_synthesis_passes_the_flag_and_its_source_on():
+    import train_moderator
+    from train import stages
+
+    args = train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--debate-retrieval",
+                                       "--knowledge-store", "stores", "--out", "runs/x"])
+    built = stages.synth_config(args)
+    assert built.debate.debate_retrieval and built.retrieval.knowledge_store == "stores"
+    assert built.data.evidence == "golden"  # the store is searched during the debate only
+    plain = stages.synth_config(train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--out", "runs/x"]))
+    assert not plain.debate.debate_retrieval and plain.retrieval.knowledge_store is None

@@ -106,7 +106,15 @@ def synth_config(args):
                         batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                         max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, use_4bit=args.use_4bit,
                         structured=args.structured, output_dir=str(paths(args.out)["debates"]),
-                        overwrite=args.overwrite)
+                        overwrite=args.overwrite, **_debate_retrieval(args))
+
+
+def _debate_retrieval(args):
+    """run_debate.py's --debate-retrieval and the source it searches, as train_moderator.py passes them on."""
+    if not getattr(args, "debate_retrieval", False):
+        return {}
+    return {"debate_retrieval": True, "knowledge_store": args.knowledge_store, "corpus": args.corpus,
+            "embedder": args.embedder}
 
 
 def synth(args, log=print):
