@@ -143,7 +143,8 @@ def test_flag_off_prompts_are_the_papers_byte_for_byte(monkeypatch, embedder):
     assert [t["prompt"] for t in record["transcript"]["turns"] if t.get("kind") != "query"] == expected
 
 
-def test_the_grown_evidence_file_is_herOs_format_and_eval_evidence_scores_it(tmp_path):
+def test_the_grown_evidence_file_is_herOs_format_and_eval_evidence_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(grown_evidence.averitec, "meteor_available", lambda: False)  # METEOR is eval's to test
     predictions = [{"claim_id": "c1", "debate_retrieval": {"admitted": 1},
                     "evidence": [CLAIM["evidence"][0], {"question": "tower", "answer": TOWER, "url": "u", "round": 1}]}]
     claims = [dict(CLAIM, questions=[{"question": "Where was the Eiffel Tower built?", "answers": [
@@ -153,7 +154,8 @@ def test_the_grown_evidence_file_is_herOs_format_and_eval_evidence_scores_it(tmp
     assert rows == [{"claim_id": "c1", "claim": CLAIM["claim"], "evidence": [
         {"question": "Where is the Colosseum?", "answer": "The Colosseum stands in Rome.",
          "url": "https://example.org/colosseum"}, {"question": "tower", "answer": TOWER, "url": "u"}]}]
-    assert evidence_scores.claim_scores(rows[0], claims[0])["question_answer"] >= 0
+    # eval.evidence's own reader takes the file as it takes HerO's (what `python -m eval.evidence` reads first).
+    assert [r for _, r in evidence_scores.read_records(tmp_path / grown_evidence.FILE)] == rows
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -185,3 +187,32 @@ def test_syndec_synthesis_passes_the_flag_and_its_source_on():
     assert built.data.evidence == "golden"  # the store is searched during the debate only
     plain = stages.synth_config(train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--out", "runs/x"]))
     assert not plain.debate.debate_retrieval and plain.retrieval.knowledge_store is None
+
+
+def test_a_run_debates_with_growing_evidence_and_saves_it_in_herOs_format(monkeypatch, tmp_path):
+    """run_debate.py --debate-retrieval end to end with a tiny model on the demo claims, its store searched during the
+    debate only; a random model's query is garbage, so the search asks with fixed words instead."""
+    import run_debate
+    from tests.tiny_models import build_tiny_llama
+
+    found = "Riverton's bus ridership on the downtown loop doubled in the first month after fares ended."
+    store = tmp_path / "stores"
+    store.mkdir()
+    (store / "0.json").write_text(json.dumps({"url": "https://example.org/riverton/ridership", "url2text": [
+        found, "The weather in Riverton was mild that winter."]}) + "\n", encoding="utf-8")
+    monkeypatch.setattr(grow, "cut_query", lambda text, words: "Riverton bus ridership downtown loop fares")
+    out = tmp_path / "run"
+    run_debate.main(["--split", "demo", "--limit", "1", "--model", str(build_tiny_llama(tmp_path / "tiny")),
+                     "--max-rounds", "2", "--max-new-tokens", "8", "--no-structured", "--temperature", "0",
+                     "--knowledge-store", str(store), "--debate-retrieval", "--debate-top-k", "1",
+                     "--output-dir", str(out)])
+    transcript = json.loads((out / "transcripts.jsonl").read_text().splitlines()[0])
+    rounds = transcript["debate_retrieval"]["rounds"]
+    assert rounds[0]["queries"][0]["returned"][0]["text"] == found
+    assert rounds[0]["queries"][0]["returned"][0]["decision"] == "admitted"
+    assert rounds[0]["queries"][1]["returned"][0]["decision"] == "novelty"
+    assert all(found in t["prompt"] for t in transcript["turns"] if t["round"] == 1 and t.get("kind") != "query")
+    saved = json.loads((out / grown_evidence.FILE).read_text().splitlines()[0])
+    assert saved["claim_id"] == 0 and saved["evidence"][-1]["answer"] == found
+    config_saved = json.loads((out / "config.json").read_text())
+    assert config_saved["debate_retrieval"] is True and config_saved["evidence"] == "golden"

@@ -86,7 +86,7 @@ def save(out, predictions, claims, log=print):
     if not references or not rows:
         return None
     if not averitec.meteor_available():
-        log(f"debate retrieval's evidence: not scored ({wordnet.missing_reason()})")
+        log("debate retrieval's evidence: not scored here, METEOR needs WordNet (docs/wordnet.md)")
         return None
     wordnet.load_wordnet()
     scores = evidence_scores.score([(f"line {n}", r) for n, r in enumerate(rows, start=1)],

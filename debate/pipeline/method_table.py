@@ -52,7 +52,8 @@ def method_entry(config):
 
 # The most turns one claim can take, per method, for the time left before a batch has finished (an
 # upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
-TURNS_AT_MOST = {"debatecv": lambda c: (5 if c.debate.debate_retrieval else 3) * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
+TURNS_AT_MOST = {"debatecv": lambda c: (5 if c.debate.debate_retrieval else 3) * c.generation.max_rounds + 1,
+                 "rag-cot": lambda c: 1,
                  "majority": lambda c: c.method.voters, "cooperation": lambda c: 2 * c.generation.max_rounds + 1}
 EXPLAIN_TURNS_AT_MOST = {"zero-shot": lambda c: 1, "cot": lambda c: 1,
                          "self-refine": lambda c: 1 + 2 * c.madr.self_refine_iterations,
