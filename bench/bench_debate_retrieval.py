@@ -36,7 +36,7 @@ from debate.pipeline import grown_evidence, records, store_retrieval  # noqa: E4
 from eval import averitec, evidence as evidence_scores  # noqa: E402
 from tests.tiny_models import averitec_dir, build_tiny_llama  # noqa: E402
 
-GPU_COMMAND = ("python bench/bench_debate_retrieval.py --claims 100 --model meta-llama/Llama-3.1-8B-Instruct "
+GPU_COMMAND = ("python bench/bench_debate_retrieval.py --claims 100 --model /models/Llama-3.1-8B-Instruct "
                "--out bench/out/debate_retrieval-8b -- --bm25-k 10000")
 
 
