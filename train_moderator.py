@@ -41,6 +41,16 @@ def build_parser():
                    help="debate on this retrieved evidence (HerO's format, keyed by claim_id; `run_debate.py "
                    "--knowledge-store DIR --retrieve-only` writes one) instead of the golden evidence the DebateCV "
                    "paper synthesises from (default: golden)")
+    d.add_argument("--debate-retrieval", action="store_true",
+                   help="synthesise debates that retrieve as they go (run_debate.py --debate-retrieval, ours): each "
+                   "round both Debaters search --knowledge-store (each claim's own file) or --corpus, and novel "
+                   "passages join the evidence the Moderator, and so its training context, reads")
+    d.add_argument("--knowledge-store", metavar="DIR", help="with --debate-retrieval: DIR/<claim_id>.json, searched "
+                   "during the debate (BM25, then re-ranking)")
+    d.add_argument("--corpus", metavar="FILE", help="with --debate-retrieval: JSONL passages searched during the "
+                   "debate (default: the dataset's corpus where it has one)")
+    d.add_argument("--embedder", metavar="DIR", help="with --debate-retrieval: the sentence encoder (default: the "
+                   "shipped all-MiniLM-L6-v2)")
     d.add_argument("--limit", type=int, help="only the first N claims (default: all)")
     d.add_argument("--batch-size", type=int, default=D.batch_size, help="claims debated (or corrected) together (ours)")
     d.add_argument("--max-new-tokens", type=int,

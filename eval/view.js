@@ -263,6 +263,29 @@
     return el("section", {}, el("h3", {}, "votes" in p && "confidence" in p ? "Panel" : "Votes"), parts);
   }
 
+  // --debate-retrieval: per round, each side's query, what came back and what was decided on each passage.
+  function growthView(g) {
+    if (!g || typeof g !== "object" || !Array.isArray(g.rounds)) return null;
+    const rows = [];
+    g.rounds.forEach((round) => (round.queries || []).forEach((q) => {
+      const returned = q.returned || [];
+      const passages = returned.length ? el("ol", {class: "evidence"}, returned.map((p) => el("li", {},
+        el("span", {class: "badge"}, String(p.decision ?? "-")), " ",
+        el("span", {class: "muted"}, `novelty ${num(p.novelty, 2)} · score ${num(p.score, 2)}`),
+        value(p.text), p.url ? el("div", {class: "url"}, p.url) : null)))
+        : el("span", {class: "muted"}, "nothing came back");
+      rows.push(el("tr", {}, el("td", {}, `round ${round.round ?? "-"}`), el("td", {}, String(q.side ?? "-")),
+        el("td", {}, value(q.query), q.cut ? el("span", {class: "muted"}, "(cut to the word cap)") : null),
+        el("td", {}, passages), el("td", {}, num(round.evidence_size))));
+    }));
+    const limits = g.limits ? Object.entries(g.limits).map(([k, v]) => `${k} ${v}`).join(", ") : "-";
+    return el("section", {}, el("h3", {}, "Retrieval during the debate"),
+      facts([["source", g.source], ["limits", limits]]),
+      el("table", {class: "votes"}, el("thead", {}, el("tr", {}, ["round", "side", "query",
+        "passages returned (decision)", "evidence after the round"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, rows)));
+  }
+
   function debateView(r, d) {
     const run = runs[r];
     const p = d.prediction || {};
@@ -281,7 +304,7 @@
          p.madr ? facts(Object.entries(p.madr)) : null]
       : [el("h3", {}, "Justification"), value(p.justification)];
     const other = Object.entries(p).filter(([key]) => !SHOWN.has(key));
-    const recorded = Object.entries(d.transcript || {});
+    const recorded = Object.entries(d.transcript || {}).filter(([key]) => key !== "debate_retrieval");
     return el("article", {class: "debate"},
       el("p", {class: "muted"}, `${run.name}: claim ${d.id}`),
       el("h2", {class: "text"}, d.claim || "(no claim text)"),
@@ -289,6 +312,7 @@
         el("h3", {}, "Verdict"), verdict, probs),
       el("section", {}, justification),
       panelView(p),
+      growthView((d.transcript || {}).debate_retrieval),
       el("section", {}, el("h3", {}, `Evidence (${(d.evidence || []).length})`), evidenceList(d.evidence)),
       el("section", {}, el("h3", {}, `Debate (${(d.turns || []).length} turns)`),
         (d.turns || []).map((t, k) => turnView(t, k, labels))),

@@ -59,6 +59,8 @@ PLACEHOLDERS = {
     "geval_typology_step": set(),
     "hyde_fc": {"claim"},
     "hero_question": {"examples", "claim", "evidence"},
+    "debate_query": {"round", "side"},
+    "debate_evidence_added": {"evidence"},
     "hero_example": {"index", "example"},
     "counsel_meta": {"side", "stance"},
     "counsel_stance_plaintiff": set(),

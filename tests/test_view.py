@@ -473,3 +473,25 @@ def test_the_report_benchmark_still_runs_on_a_few_scripted_claims(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((root / "bench/out/view.json").read_text())
     assert (result["claims"], result["turns"]) == (3, 30) and result["report_mb"] > result["report_mb_no_prompts"] > 0
+
+
+def test_retrieval_during_the_debate_is_drawn_round_by_round(tmp_path, no_figures):
+    run = make_run(tmp_path / "run", "debatecv", GOLDS[:1], PREDS[:1])
+    grown = {"source": "knowledge store S", "limits": {"top_k": 1, "per_round": 2},
+             "rounds": [{"round": 1, "evidence_size": 2, "admitted": ["7"], "queries": [
+                 {"side": "affirmative", "query": "when was the lighthouse built", "cut": False, "returned": [
+                     {"id": "7", "text": "The lighthouse dates from 1902.", "url": "https://e/l", "score": 0.8,
+                      "novelty": 0.61, "decision": "admitted"}]},
+                 {"side": "negative", "query": "lighthouse age", "cut": True, "returned": [
+                     {"id": "7", "text": "The lighthouse dates from 1902.", "url": "https://e/l", "score": 0.7,
+                      "novelty": 0.0, "decision": "novelty"}]}]}]}
+    path = run / "transcripts.jsonl"
+    rows = [dict(json.loads(line), debate_retrieval=grown) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = view.write([run], tmp_path / "report.html", samples=100)
+    with Browser(chromium(), width=1280, height=900) as browser:
+        browser.open(report.resolve().as_uri())
+        go(browser, "location.hash = 'r0-c0'")
+        body = browser.evaluate("document.getElementById('debate-body').textContent")
+    assert "Retrieval during the debate" in body and "when was the lighthouse built" in body
+    assert "admitted" in body and "novelty 0.61" in body and "(cut to the word cap)" in body

@@ -24,7 +24,7 @@ def prompt_for(record):
     """The Corrector's user message for one wrong record."""
     debate = "\n\n".join(
         render("debate_turn", round=t.get("round", ""), speaker=SPEAKERS[t["role"]], argument=t["response"].strip())
-        for t in record["debate"] if t["role"] in SPEAKERS)
+        for t in record["debate"] if t["role"] in SPEAKERS and t.get("kind") != "query")  # queries argue nothing
     insights = []
     for t in record["debate"]:
         if t["role"] == "moderator" and t.get("round") != "final":

@@ -30,6 +30,10 @@ class TrainSettings:
     split: str = "train"
     data_dir: Optional[str] = None
     retrieved_file: Optional[str] = None
+    debate_retrieval: bool = False  # synthesis debates that retrieve as they go (run_debate.py's flag, ours)
+    knowledge_store: Optional[str] = None  # with debate_retrieval: each claim's store, searched during the debate
+    corpus: Optional[str] = None  # with debate_retrieval: JSONL passages searched instead
+    embedder: Optional[str] = None  # with debate_retrieval: the sentence encoder (None: the shipped one)
     limit: Optional[int] = None
     batch_size: int = 8
     max_new_tokens: Optional[int] = None  # None: DEMO_TURN on the demo split, else FULL_TURN (`from_args`)

@@ -112,7 +112,15 @@ def synth_config(settings: TrainSettings) -> config.RunConfig:
                         seed=settings.seed, max_new_tokens=settings.max_new_tokens, max_rounds=settings.max_rounds,
                         use_4bit=settings.use_4bit,
                         structured=settings.structured, output_dir=str(paths(settings.out)["debates"]),
-                        overwrite=settings.overwrite)
+                        overwrite=settings.overwrite, **_debate_retrieval(settings))
+
+
+def _debate_retrieval(settings: TrainSettings) -> dict:
+    """run_debate.py's --debate-retrieval and the source it searches, as train_moderator.py passes them on."""
+    if not settings.debate_retrieval:
+        return {}
+    return {"debate_retrieval": True, "knowledge_store": settings.knowledge_store, "corpus": settings.corpus,
+            "embedder": settings.embedder}
 
 
 def synth(settings: TrainSettings) -> None:

@@ -9,14 +9,20 @@ the dataset's labels ends the debate and goes straight to the final prompt for i
 run's dataset's (`labels`, a LabelSet): the Moderator's meta prompt defines them and its verdicts choose among them.
 
 Claims are debated in batches: each role's turn for every active claim is one batched generate call.
+
+With a search `source` (--debate-retrieval, the toolkit's own: debate/methods/debate_retrieval.py), each round
+opens with both Debaters naming the evidence they lack as a query; what is admitted from the claim's source is
+shown, above their prompts, to the Affirmative, the Negative and the Moderator of that round, and stays in their
+conversations from then on. Without a source the debate is the paper's, prompt for prompt.
 """
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from debate.engine import engine
 from debate.methods import turns as shared
 from debate.data.labels import AVERITEC
-from debate.data.parsing import parse_moderator
+from debate.data.parsing import parse_moderator, read_fields
 from debate.data.prompts import format_evidence, render, verdict_criteria
+from debate.methods import debate_retrieval as grow
 
 ROLES = ("affirmative", "negative", "moderator")
 MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag
@@ -33,6 +39,7 @@ class ClaimDebate:
     outcome: dict = None  # the parsed verdict once the debate has ended
     rounds: int = 0
     stop_reason: str = ""
+    growth: object = None  # debate_retrieval.Growth under --debate-retrieval, else None
 
 
 def moderator_system(claim_text, evidence_items, labels=AVERITEC):
@@ -66,10 +73,15 @@ def _finish(debate, parsed, reason):
         conv.drop_cache()  # the memory goes to the claims still debating
 
 
-def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=None, labels=AVERITEC):
+def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=None, labels=AVERITEC, source=None,
+              limits=None):
     """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records. `labels`: the
-    dataset's LabelSet."""
+    dataset's LabelSet. `source` (a debate_retrieval.Source): search it during the debate within `limits`."""
     debates = [start_debate(c, labels) for c in claims]
+    limits = limits or grow.Limits()
+    if source is not None:
+        for d in debates:
+            d.growth = grow.start(d.claim, source, limits)
     answer = {"label_choices": labels.choices(), "label_answer": labels.answer_format()}
     active, final, records = list(debates), [], []
     # One stream for the whole run: a fresh seed per call would repeat the same draws every turn.
@@ -84,16 +96,22 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
     for round_no in range(1, max_rounds + 1):
         if not active:
             break
+        # The evidence admitted this round, shown above each of the round's prompts ("" without a source).
+        shown = _search(agents, active, round_no, max_rounds, settings, generator, limits) if source else {}
         if round_no == 1:
             aff_prompts = [render("affirmative_opening", claim=d.claim["claim"]) for d in active]
         else:
             aff_prompts = [render("debater_rebuttal", opponent_argument=d.arguments["negative"]) for d in active]
+        aff_prompts = [shown.get(id(d), "") + p for d, p in zip(active, aff_prompts)]
         _speak(agents, "affirmative", active, aff_prompts, round_no, settings, generator)
         opening = "negative_opening" if round_no == 1 else "debater_rebuttal"
-        neg_prompts = [render(opening, opponent_argument=d.arguments["affirmative"]) for d in active]
+        neg_prompts = [shown.get(id(d), "") + render(opening, opponent_argument=d.arguments["affirmative"])
+                       for d in active]
         _speak(agents, "negative", active, neg_prompts, round_no, settings, generator)
-        mod_prompts = [render("moderator_round", round=round_no, affirmative_argument=d.arguments["affirmative"],
-                              negative_argument=d.arguments["negative"], **answer) for d in active]
+        mod_prompts = [shown.get(id(d), "") + render("moderator_round", round=round_no,
+                                                     affirmative_argument=d.arguments["affirmative"],
+                                                     negative_argument=d.arguments["negative"], **answer)
+                       for d in active]
         replies = _speak(agents, "moderator", active, mod_prompts, round_no, settings, generator, "moderator_round")
 
         still = []
@@ -123,6 +141,50 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
     return records
 
 
+def _search(agents, active, round_no, max_rounds, settings, generator, limits):
+    """The round's retrieval: each Debater's query turn (in its own conversation), then each claim's search and
+    admission; returns {id(debate): the prompt block of what was admitted}."""
+    asked = {id(d): [] for d in active}
+    # A query is a line, not an argument: its turn gets the tokens its words need, at most the run's.
+    short = replace(settings, max_new_tokens=min(settings.max_new_tokens, 2 * limits.query_words + 32))
+    for role in ("affirmative", "negative"):
+        prompts = [render("debate_query", round=round_no, side=grow.SIDE_NAMES[role]) for _ in active]
+        replies = shared.speak(agents[role], [d.convs[role] for d in active], prompts, short, generator,
+                               "debate_query", active[0].labels)
+        for d, prompt, reply in zip(active, prompts, replies):
+            conv = d.convs[role]
+            fields = conv.structured["fields"] if conv.structured else read_fields(reply, ("Query",))[0]
+            query = fields.get("Query")
+            query = query.strip() if isinstance(query, str) and query.strip() else reply.strip()
+            d.turns.append({"round": round_no, "role": role, "prompt": prompt, "response": reply, "kind": "query",
+                            **shared.structured_note(conv)})
+            asked[id(d)].append((role, query))
+    context = grow.context_of([agents[r] for r in ROLES])
+    shown = {}
+    for d in active:
+        fits = _fits(d, agents, context, round_no, max_rounds, settings)
+        admitted = grow.admit(d.growth, round_no, asked[id(d)], limits, fits)
+        shown[id(d)] = grow.block(d.growth, admitted)
+    return shown
+
+
+def _fits(debate, agents, context, round_no, max_rounds, settings):
+    """Whether admitted items still leave every conversation of `debate` room, in `context` tokens, for its turns
+    to come (each its --max-new-tokens and TURN_ROOM of prompt): the items go into all three conversations."""
+    if context is None:
+        return lambda items: True
+    rounds_left = max_rounds - round_no + 1
+    turns_left = {"affirmative": 2 * rounds_left - 1, "negative": 2 * rounds_left - 1, "moderator": rounds_left + 1}
+    counts = {role: grow.counter(agents[role]) for role in ROLES}
+    used = {role: grow.conversation_tokens(debate.convs[role], counts[role]) for role in ROLES}
+
+    def fits(items):
+        text = "\n".join(grow.evidence_line(e) for e in items)
+        return all(used[role] + counts[role](text) + turns_left[role] * (settings.max_new_tokens + grow.TURN_ROOM)
+                   <= context for role in ROLES)
+    return fits
+
+
 def _read(debate, reply):
     """The Moderator's reply parsed (from its schema result when structured); noted on its turn."""
     structured = debate.convs["moderator"].structured
@@ -134,5 +196,17 @@ def _read(debate, reply):
 
 def to_record(debate):
     """The prediction and transcript of one finished debate, as written to the output files."""
-    return shared.record(debate.claim, debate.outcome, debate.turns, debate.convs.values(),
-                         reply=debate.turns[-1]["response"], rounds=debate.rounds, stop_reason=debate.stop_reason)
+    if debate.growth is None:
+        return shared.record(debate.claim, debate.outcome, debate.turns, debate.convs.values(),
+                             reply=debate.turns[-1]["response"], rounds=debate.rounds, stop_reason=debate.stop_reason)
+    g = debate.growth
+    # The evidence the verdict was given on: the claim's own, then what the debate admitted, in order.
+    record = shared.record(debate.claim, debate.outcome, debate.turns, debate.convs.values(),
+                           reply=debate.turns[-1]["response"], rounds=debate.rounds, stop_reason=debate.stop_reason,
+                           evidence=list(debate.claim["evidence"]) + g.added,
+                           debate_retrieval={"source": g.source_name, "queries": sum(len(r["queries"])
+                                                                                     for r in g.rounds),
+                                             "admitted": len(g.added)})
+    record["transcript"]["debate_retrieval"] = {"source": g.source_name, "limits": asdict(g.limits),
+                                                "rounds": g.rounds}
+    return record

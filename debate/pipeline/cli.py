@@ -49,7 +49,9 @@ RUN_SOURCES = {"voters": PAPER, "top_k": PROCLAIM, "novelty_threshold": PROCLAIM
                "reflection_weights": PROCLAIM, "vote_weight": PROCLAIM, "batch_size": OURS, "seed": OURS,
                "hyde_docs": "HerO's", "hyde_max_tokens": "HerO's", "hyde_temperature": "HerO's", "rerank_k": "HerO's",
                "bm25_k": "HerO's",
-               "context": "HerO's code", "few_shot": "HerO's", "question_max_tokens": OURS}
+               "context": "HerO's code", "few_shot": "HerO's", "question_max_tokens": OURS,
+               "debate_top_k": PROCLAIM, "debate_novelty_threshold": PROCLAIM, "admit_per_round": OURS,
+               "admit_per_claim": OURS, "query_max_words": OURS}
 
 
 def add_4bit_flags(group, what):
@@ -204,6 +206,22 @@ def run_parser(description=None):
                    "examples (default: train, HerO's); a claim's own pairs are never its examples")
     k.add_argument("--question-max-tokens", type=int, help="tokens per generated question (HerO allows 512 and "
                    "keeps the text up to the first '?')")
+
+    q = p.add_argument_group("retrieval during the debate (--method debatecv; ours, the DebateCV paper's future "
+                             "work: docs/debate_retrieval.md)")
+    q.add_argument("--debate-retrieval", action="store_true",
+                   help="each round, before arguing, each Debater names the evidence it lacks as one query; it is "
+                   "searched in the claim's --knowledge-store file (BM25, then re-ranking with --embedder), else "
+                   "--corpus, else the dataset's corpus; novel passages join the evidence the Debaters and the "
+                   "Moderator see from then on (recorded per round; OUTPUT_DIR/debate_retrieved.jsonl in HerO's "
+                   "format). With --evidence golden, --knowledge-store is searched during the debate only")
+    q.add_argument("--debate-top-k", type=int, help="passages each query returns (the courtroom's --top-k)")
+    q.add_argument("--debate-novelty-threshold", type=float,
+                   help="a passage joins only if 1 - its largest cosine to the evidence shown is at least this "
+                   "(the courtroom's --novelty-threshold)")
+    q.add_argument("--admit-per-round", type=int, help="passages admitted per claim and round, both sides together")
+    q.add_argument("--admit-per-claim", type=int, help="passages admitted per claim over the whole debate")
+    q.add_argument("--query-max-words", type=int, help="a Debater's query is cut to its first words")
 
     r = p.add_argument_group("refinement (MADR, Self-Refine)")
     r.add_argument("--madr-iterations", type=int, help="revisions of the debaters' feedback at most, the judge asked "

@@ -159,6 +159,18 @@ class Retrieval:
 
 
 @dataclass(frozen=True)
+class DebateRetrieval:
+    """--debate-retrieval: DebateCV's Debaters search the claim's source during the debate (ours, the DebateCV paper's
+    future work; docs/debate_retrieval.md); the bounds are debate.methods.debate_retrieval.Limits'."""
+    debate_retrieval: bool = identity(False)
+    debate_top_k: int = identity(3)  # passages each query returns (the courtroom's --top-k)
+    debate_novelty_threshold: float = identity(0.20)  # the courtroom's --novelty-threshold
+    admit_per_round: int = identity(2)  # passages admitted per claim and round, both sides together (ours)
+    admit_per_claim: int = identity(6)  # passages admitted per claim in the whole debate (ours)
+    query_max_words: int = identity(32)  # a query is cut to its first words (ours)
+
+
+@dataclass(frozen=True)
 class Madr:
     madr_iterations: int = identity(3)  # revisions at most (Algorithm 1's N); ours: the paper does not give it
     madr_temperature: float = identity(0.0)  # MADR's four roles, whatever the run's; ours: the paper does not say
@@ -211,6 +223,7 @@ class RunConfig:
     generation: Generation = field(default_factory=Generation)
     courtroom: Courtroom = field(default_factory=Courtroom)
     retrieval: Retrieval = field(default_factory=Retrieval)
+    debate: DebateRetrieval = field(default_factory=DebateRetrieval)
     madr: Madr = field(default_factory=Madr)
     output: Output = field(default_factory=Output)
 
@@ -308,6 +321,7 @@ def build(**settings: Any) -> "RunConfig":
         raise ConfigError("--judge-temperatures must be >= 0")
     _fill_data(s)
     _check_retrieval(s)
+    _check_debate_retrieval(s)
     if s["output_dir"] is None:
         suffix = "-madr" if s["refine"] == "madr" else ""
         dataset = "" if s["dataset"] == "averitec" else f"{s['dataset']}-"
@@ -383,7 +397,7 @@ def _check_retrieval(s):
     if s["knowledge_store"] is None and s["retrieve_only"]:
         raise ConfigError("--retrieve-only retrieves from --knowledge-store DIR; give one")
     if s["knowledge_store"] is not None:
-        if s["evidence"] != "retrieved":
+        if s["evidence"] != "retrieved" and not s["debate_retrieval"]:
             raise ConfigError(f"--knowledge-store retrieves the evidence: it runs with --evidence retrieved, "
                               f"not {s['evidence']}")
         if s["retrieved_file"] is not None:
@@ -391,6 +405,26 @@ def _check_retrieval(s):
                               "(a store's saved file is OUTPUT_DIR/retrieved.jsonl, for --retrieved-file later)")
         if s["corpus"] is not None and s["method"] in COURTROOM_METHODS:
             raise ConfigError("--knowledge-store and --corpus are two corpora for the courtroom; give one")
+
+
+def _check_debate_retrieval(s):
+    """Refuse --debate-retrieval settings that make no run: another method, no source to search, bounds out of range."""
+    from debate.data import datasets
+
+    for name in ("debate_top_k", "admit_per_round", "admit_per_claim", "query_max_words"):
+        if s[name] < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= s["debate_novelty_threshold"] <= 1:
+        raise ConfigError("--debate-novelty-threshold must be in [0, 1]")
+    if not s["debate_retrieval"]:
+        return
+    if s["task"] != "verify" or s["method"] != "debatecv":
+        raise ConfigError(f"--debate-retrieval is DebateCV's (--method debatecv), not {s['method']!r}")
+    if s["claim_evidence_only"]:
+        raise ConfigError("--debate-retrieval searches a store or a corpus; --claim-evidence-only forbids both")
+    if not (s["knowledge_store"] or s["corpus"] or datasets.get(s["dataset"]).corpus is not None):
+        raise ConfigError(f"--debate-retrieval needs something to search: --knowledge-store DIR (each claim's own "
+                          f"store), or --corpus FILE (JSONL passages); {s['dataset']} has no corpus of its own")
 
 
 def _check(s):

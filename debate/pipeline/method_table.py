@@ -4,6 +4,7 @@ agents a run loads for those roles."""
 from debate.engine import engine, models
 from debate.methods import baselines, debatecv, explain, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
+from debate.pipeline import grown_evidence
 from debate.pipeline.config import COURTROOM_METHODS
 
 
@@ -51,7 +52,8 @@ def method_entry(config):
 
 # The most turns one claim can take, per method, for the time left before a batch has finished (an
 # upper bound: a debate may stop early). The courtroom's depends on its discovery; there is none.
-TURNS_AT_MOST = {"debatecv": lambda c: 3 * c.generation.max_rounds + 1, "rag-cot": lambda c: 1,
+TURNS_AT_MOST = {"debatecv": lambda c: (5 if c.debate.debate_retrieval else 3) * c.generation.max_rounds + 1,
+                 "rag-cot": lambda c: 1,
                  "majority": lambda c: c.method.voters, "cooperation": lambda c: 2 * c.generation.max_rounds + 1}
 EXPLAIN_TURNS_AT_MOST = {"zero-shot": lambda c: 1, "cot": lambda c: 1,
                          "self-refine": lambda c: 1 + 2 * c.madr.self_refine_iterations,
@@ -74,6 +76,8 @@ def method_options(config, labels, passages=None, log=print):
         store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
         kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log, store=store,
                                                         bm25_k=config.retrieval.bm25_k)
+    if config.method.task == "verify" and config.debate.debate_retrieval:  # DebateCV's search during the debate
+        kwargs.update(grown_evidence.method_options(config, log))
     return kwargs
 
 

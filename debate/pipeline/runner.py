@@ -18,7 +18,7 @@ from debate.engine import models, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema import SchemaBudgetError
 from debate.methods import madr, turns
-from debate.pipeline import lock, progress, records, run_claims, shards, stops, store_retrieval
+from debate.pipeline import grown_evidence, lock, progress, records, run_claims, shards, stops, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError
 from debate.pipeline.config_file import config_json, saved_config
 from debate.pipeline.method_table import (
@@ -93,7 +93,9 @@ def _run_checked(config, prompt_info, world, log):
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = run_claims.read(config)
     store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
-    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None)
+    check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None
+              or config.debate.debate_retrieval)
+    grown_evidence.check(config, inputs.claims)  # a store searched only during the debate, before any model loads
     retrieval.set_cache_limit(config.retrieval.embedding_cache_mb)
     if store:
         if world.size > 1:

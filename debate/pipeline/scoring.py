@@ -4,7 +4,7 @@ WordNet (and how a later run adds it). The runner calls in here; eval never call
 from pathlib import Path
 
 from debate.data import claims as data
-from debate.pipeline import records, store_retrieval
+from debate.pipeline import grown_evidence, records, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS
 from eval import (
     averitec,
@@ -105,6 +105,8 @@ def finish(config, claims, log=print, labels=None):
     wanted = {c["claim_id"] for c in claims}
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
+    if config.debate.debate_retrieval:  # the evidence each debate ended with, in HerO's format, scored
+        grown_evidence.save(out, predictions, claims, log)
     if config.method.task == "explain":
         metrics = geval_scores.explanation_stats(predictions)
         records.write_json(out / records.METRICS, metrics)
