@@ -208,7 +208,8 @@ def table3_text(table):
                      f"{'-' if r['split'] is None else r['split']:>5}  {_cell(r.get('fleiss_kappa'))}   {gt}")
     total = table["weighted_total"]
     if total["unanimity_rate"] is not None:
-        lines.append(f"unanimity rate {100 * total['unanimity_rate']:.1f}%, split rate {100 * total['split_rate']:.1f}% "
+        lines.append(f"unanimity rate {100 * total['unanimity_rate']:.1f}%, "
+                     f"split rate {100 * total['split_rate']:.1f}% "
                      "(weighted total)")
     eff = table["efficiency"]
     lines.append(f"per claim: rounds {eff['avg_rounds'] or 0:.2f} (primary + switched), evidence "

@@ -6,12 +6,11 @@ import re
 
 import pytest
 
-from debate.pipeline import config, method_table
-from debate.methods.courtroom import case, rules, trial
-from debate.engine import engine, retrieval
-from debate.methods import turns
 from debate.data.labels import SUPPORTED, LabelSet
-from debate.methods import proclaim_baselines
+from debate.engine import engine, retrieval
+from debate.methods import proclaim_baselines, turns
+from debate.methods.courtroom import case, rules, trial
+from debate.pipeline import config, method_table
 from tests import scripted
 
 TOPICS = ["The Eiffel Tower in Paris is 330 metres tall.",
@@ -312,7 +311,8 @@ def test_prag_finds_a_passage_outside_the_claims_own_evidence_in_the_datasets_co
     assert pred["corpus"] == "dataset corpus"
     own = {e["answer"] for e in CLAIM["evidence"]}
     found = [q for q in pred["hearings"][0]["queries"] if q["admitted"]]
-    assert [q["round"] for q in found] == [1, 1, 2, 2] and TOPICS[1] not in own and TOPICS[1] in argument_prompts(said, "plaintiff", "first-1")[0]
+    assert [q["round"] for q in found] == [1, 1, 2, 2] and TOPICS[1] not in own
+    assert TOPICS[1] in argument_prompts(said, "plaintiff", "first-1")[0]
     # Searching the claim's own evidence only (ours), P-RAG has nothing new to find.
     lib = case.library_from(config.Courtroom(claim_evidence_only=True), passages=passages)
     pred, _, _ = run(monkeypatch, Court(ready=lambda r: "Yes"), lib, top_k=1, seed_k=0)

@@ -137,7 +137,8 @@ def test_store_run_debates_on_the_retrieved_evidence_and_the_file_reads_back(wor
     assert metrics["n"] == CLAIMS
     back = tmp_path / "file-run"
     run_debate.main(["--split", "dev", "--data-dir", str(world["data"]), "--model", world["model"],
-                     "--retrieved-file", str(run / store_retrieval.RETRIEVED), "--output-dir", str(back), *debate_flags()])
+                     "--retrieved-file", str(run / store_retrieval.RETRIEVED), "--output-dir", str(back),
+                     *debate_flags()])
     assert "evidence: retrieved, from the file" in capsys.readouterr().out
     assert lines(back / "predictions.jsonl") == lines(run / "predictions.jsonl")
 
@@ -162,7 +163,8 @@ def test_a_retrieval_stopped_half_way_resumes_to_the_same_file(world, retrieved,
     assert stop.value.code == 2
     assert f"{third}: line 9: not valid JSON" in capsys.readouterr().err
     # the first batch (two claims) was retrieved before the bad line and is kept
-    assert [r["claim_id"] for r in lines(run / store_retrieval.RETRIEVED)] == [c["claim_id"] for c in world["claims"][:2]]
+    written = [r["claim_id"] for r in lines(run / store_retrieval.RETRIEVED)]
+    assert written == [c["claim_id"] for c in world["claims"][:2]]
     monkeypatch.undo()
     searched = []
     monkeypatch.setattr(store_search, "bm25_candidates", lambda path, q, k: searched.append(path) or real(path, q, k))
@@ -318,10 +320,12 @@ def test_empty_pages_are_skipped_and_counted_and_duplicates_kept_once(tmp_path):
 
 def test_missing_files_and_a_store_of_other_claims(tmp_path):
     write(tmp_path / "1.json", {"url": "a", "url2text": ["x."]})
-    with pytest.raises(StoreError, match=r"2\.json: no such store file \(1 of 2 claims have none\); --missing-store skip"):
+    with pytest.raises(StoreError,
+                       match=r"2\.json: no such store file \(1 of 2 claims have none\); --missing-store skip"):
         knowledge_store.check_directory(tmp_path, [1, 2])
     assert knowledge_store.check_directory(tmp_path, [1, 2], missing="skip") == [2]
-    with pytest.raises(StoreError, match=r"no store file for any of the 2 claims .* it holds 1\.json: a store for other"):
+    with pytest.raises(StoreError,
+                       match=r"no store file for any of the 2 claims .* it holds 1\.json: a store for other"):
         knowledge_store.check_directory(tmp_path, [7, 8], missing="skip")
     with pytest.raises(StoreError, match="not a directory"):
         knowledge_store.check_directory(tmp_path / "nowhere", [1])
@@ -433,7 +437,8 @@ def test_restatements_of_the_claim_are_dropped():
     # two texts with no word in common are orthogonal; the same words give cosine 1
     assert tfidf_cosine("red apples", "blue sky") == 0 and tfidf_cosine("a red apple", "apple red") == pytest.approx(1)
     assert restates("Joe Biden won the 2020 election.", "joe biden won the 2020 election")
-    assert not restates("Joe Biden won", "Official results show that Joe Biden won the 2020 election by 7 million votes")
+    assert not restates("Joe Biden won",
+                        "Official results show that Joe Biden won the 2020 election by 7 million votes")
 
 
 def test_question_is_the_reply_up_to_its_first_question_mark():
@@ -463,7 +468,8 @@ def test_evidence_scores_against_a_hand_worked_example():
     # 0.5 * (1 chunk / 5 matches)^3 = 0.004, so 0.996; the second shares no word with anything: 0. The Hungarian
     # sum 0.996 over 2 golden questions is 0.498. Question+answer: "Where was the mayor born Paris" (6 words, one
     # chunk): 1 - 0.5 / 216 = 0.99769, over 2 golden strings 0.49884.
-    result = evidence_scores.score([("line 1", retrieved)], [("entry 0", reference), ("entry 1", dict(reference, claim_id=1))])
+    result = evidence_scores.score([("line 1", retrieved)],
+                                   [("entry 0", reference), ("entry 1", dict(reference, claim_id=1))])
     assert result["n"] == 1 and result["n_missing"] == 1
     assert result["question_only"] == pytest.approx(0.498, abs=1e-4)
     assert result["question_answer"] == pytest.approx(0.5 * (1 - 0.5 / 216), abs=1e-4)
@@ -502,6 +508,7 @@ def test_the_courtroom_searches_bm25s_best_of_the_claims_own_store(tmp_path, mon
 
 def test_streamed_bm25_finds_what_bm25s_finds(tmp_path, monkeypatch):
     import bm25s
+
     from debate.engine import store_search
 
     rng = random.Random(3)

@@ -7,8 +7,7 @@ import random
 import pytest
 
 from debate.data.prompts import render
-from eval import proclaim_measures as pm
-from eval import trials
+from eval import proclaim_measures as pm, trials
 
 S, N, I = "Supported", "Not Supported", "Inconclusive"  # noqa: E741 (the panel's three words)
 
@@ -125,7 +124,8 @@ def test_transcript_digest_reads_arguments_and_the_consistency_analyzer():
          "response": "I concede nothing: a gap request", "schema": "counsel_gap"},
         _argument("plaintiff", "I concede the point."),
         _argument("defense", "No concession here."),
-        {"round": "switched-1", "role": "plaintiff", "response": "You are right.", "prompt": _argument("x", "")["prompt"]},
+        {"round": "switched-1", "role": "plaintiff", "response": "You are right.",
+         "prompt": _argument("x", "")["prompt"]},
         {"round": "role-switch", "role": "critic", "prompt": "...",
          "response": '{"Model A": 8, "Model B": "6/10", "Contradictions": "none", "Consistency": 7}'}]}
     digest = pm.digest_transcript(row)

@@ -1,5 +1,5 @@
-"""Structured decoding (debate.data.schemas, debate.engine.schema and the engine): any model answers with the object its prompt asks
-for, choices are scored as whole values, and free generation is untouched when it is off."""
+"""Structured decoding (debate.data.schemas, debate.engine.schema and the engine): any model answers with the
+object its prompt asks for, choices are scored as whole values, and free generation is untouched when it is off."""
 import json
 import re
 
@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
 from debate.data import schemas
-from debate.engine import chat, engine, schema
-from debate.methods import turns
 from debate.data.labels import LABELS
 from debate.data.prompts import PROMPT_DIR, PromptError, raw_prompt
+from debate.engine import chat, engine, schema
+from debate.methods import turns
 from tests.tiny_models import build_tiny_llama
 
 SCHEMA_NAMES = sorted(p.name[: -len(".schema.json")] for p in PROMPT_DIR.glob("*.schema.json"))

@@ -13,6 +13,7 @@ Cached and uncached runs feed the model the same token sequence, so under greedy
 the same tokens; debate.engine.reference is the plain path the tests hold the engine to.
 """
 import logging
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -146,10 +147,10 @@ def plan_batches(model, targets, usables, settings, schemas=None):
     groups = chunk_groups(targets, usables)
     parts = [part for group in groups for part in split(group)]
     if len(parts) > len(groups):
-        # Said once where the user sees it (a warning reaches stderr with no logging set up); every later
-        # split, which a long run may make on every turn, only at INFO.
-        level = logging.INFO if _split_said else logging.WARNING
-        _split_said.append(True)
+        # Said once per loaded model where the user sees it (a warning reaches stderr with no logging set up);
+        # every later split, which a long run may make on every turn, only at INFO.
+        level = logging.INFO if model in _split_said else logging.WARNING
+        _split_said.add(model)
         where = "of RAM" if gen.model_device(model).type == "cpu" else "of GPU memory"
         log.log(level, "memory budget %.2f GB %s: %d conversations run as %d batches (of %s)%s", budget / 2**30,
                 where, len(targets), len(parts), ", ".join(str(len(p)) for p in parts),
@@ -157,7 +158,9 @@ def plan_batches(model, targets, usables, settings, schemas=None):
     return parts
 
 
-_split_said = []  # whether a split has been logged as a warning yet (once per process)
+# The models whose batches have been split and said so as a warning: keyed weakly, so the set holds no model
+# alive and a model loaded later (another run in the same process) is warned about again.
+_split_said = weakref.WeakSet()
 
 
 def _run_splitting(run, rows, results):

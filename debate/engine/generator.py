@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
 from debate.engine import kv_store, schema as schemas_mod
 from debate.engine.sampling import next_tokens
 from debate.engine.structured import SchemaRow

@@ -26,9 +26,9 @@ import torch
 from tqdm import tqdm
 
 from debate.data import jsonl
-from debate.engine import models
 from debate.data.claims import evidence_text, json_problem
 from debate.data.inputs import open_text
+from debate.engine import models
 
 log = logging.getLogger(__name__)
 
@@ -313,11 +313,6 @@ def cache_summary(cache_dir=None):
     return (f"embedding cache {root}: {len(entries)} files ({stores} stores, {len(entries) - stores} corpora), "
             f"{held:.1f} MB of its {_cache['limit_mb']} MB bound (--embedding-cache-mb); this run wrote "
             f"{_cache['written']} and dropped {_cache['dropped']} ({_cache['dropped_bytes'] / 2**20:.1f} MB)")
-
-
-def cache_path(passages, embedder, cache_dir=None):
-    """Where the embeddings of `passages` under `embedder` are cached."""
-    return cache_file(texts_sha256(p["text"] for p in passages), embedder, cache_dir)
 
 
 def check_passages(passages, source="corpus"):

@@ -22,9 +22,9 @@ with memory that grows with the store's sentence count (about 10 bytes a sentenc
 """
 import hashlib
 import heapq
-from array import array
 import math
 import re
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 

@@ -17,12 +17,11 @@ conversations from then on. Without a source the debate is the paper's, prompt f
 """
 from dataclasses import asdict, dataclass, field, replace
 
-from debate.engine import engine
-from debate.methods import turns as shared
 from debate.data.labels import AVERITEC
 from debate.data.parsing import parse_moderator, read_fields
 from debate.data.prompts import format_evidence, render, verdict_criteria
-from debate.methods import debate_retrieval as grow
+from debate.engine import engine
+from debate.methods import debate_retrieval as grow, turns as shared
 
 ROLES = ("affirmative", "negative", "moderator")
 MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag

@@ -19,10 +19,9 @@ need a language model, and the search between them.
 
 docs/FIDELITY.md ("Retrieval (HerO)") sets each step against HerO's code.
 """
-from dataclasses import replace
-
 import json
 import os
+from dataclasses import replace
 
 from debate.data.prompts import render
 from debate.engine import store_search

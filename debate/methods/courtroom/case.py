@@ -5,12 +5,11 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from debate.data import knowledge_store
 from debate.data.parsing import read_fields
 from debate.data.prompts import load_prompt, render
-from debate.data import knowledge_store
 from debate.engine import engine, retrieval, store_search
 from debate.methods import turns
-
 
 SIDES = ("plaintiff", "defense")
 

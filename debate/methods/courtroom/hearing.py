@@ -16,8 +16,20 @@ import torch
 from debate.data.prompts import load_prompt, render
 from debate.engine import engine, retrieval
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (Hearing, SIDES, SIDE_NAMES, ask, counsel_conversation, court_conversation,
-                                           field_text, format_pool, named_word, recent_messages, reply_fields, tuned)
+from debate.methods.courtroom.case import (
+    SIDE_NAMES,
+    SIDES,
+    Hearing,
+    ask,
+    counsel_conversation,
+    court_conversation,
+    field_text,
+    format_pool,
+    named_word,
+    recent_messages,
+    reply_fields,
+    tuned,
+)
 from debate.methods.courtroom.reflection import reflect_and_review
 
 # Messages of the proceedings an argument or testimony prompt quotes (the authors' code; the paper gives none).

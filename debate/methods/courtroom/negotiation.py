@@ -11,10 +11,20 @@ from debate.data.parsing import number_in
 from debate.data.prompts import render
 from debate.engine import engine, retrieval
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (Case, POOL_ORDER, SIDES, SIDE_NAMES, ask, counsel_conversation,
-                                           court_conversation, field_text, generator_of, passage_text, reply_fields,
-                                           tuned)
-
+from debate.methods.courtroom.case import (
+    POOL_ORDER,
+    SIDE_NAMES,
+    SIDES,
+    Case,
+    ask,
+    counsel_conversation,
+    court_conversation,
+    field_text,
+    generator_of,
+    passage_text,
+    reply_fields,
+    tuned,
+)
 
 MAX_PREMISES = 10  # a guard against runaway lists; the paper sets no number
 

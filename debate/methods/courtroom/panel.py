@@ -7,8 +7,18 @@ from debate.data.prompts import load_prompt, render
 from debate.engine import engine
 from debate.methods import turns
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (SHOWN, SIDES, SIDE_NAMES, ask, field_text, format_pool, hearing_text,
-                                           passage_text, testimony_text, tuned)
+from debate.methods.courtroom.case import (
+    SHOWN,
+    SIDE_NAMES,
+    SIDES,
+    ask,
+    field_text,
+    format_pool,
+    hearing_text,
+    passage_text,
+    testimony_text,
+    tuned,
+)
 
 
 def _seats(agents, opts):

@@ -9,8 +9,18 @@ the hearing (rules.FIRST_STOP_ROUND)."""
 from debate.data.parsing import number_in, yes_no
 from debate.data.prompts import render
 from debate.methods.courtroom import rules
-from debate.methods.courtroom.case import (SIDES, SIDE_NAMES, ask, counsel_conversation, field_text, named_word,
-                                           own_arguments, reply_fields, round_record, tuned)
+from debate.methods.courtroom.case import (
+    SIDE_NAMES,
+    SIDES,
+    ask,
+    counsel_conversation,
+    field_text,
+    named_word,
+    own_arguments,
+    reply_fields,
+    round_record,
+    tuned,
+)
 
 
 def _side_scores(fields, side):

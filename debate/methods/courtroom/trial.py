@@ -29,11 +29,11 @@ Table 6 are the options role_switch (A1), single_judge (A2: a one-seat panel), p
 """
 from debate.data.labels import AVERITEC
 from debate.methods import turns
-from debate.methods.courtroom.case import Case, SIDES, generator_of, index_for, token_report
-from debate.methods.courtroom.negotiation import mine_premises, negotiate
+from debate.methods.courtroom.case import SIDES, Case, generator_of, index_for, token_report
 from debate.methods.courtroom.hearing import hold_hearings, round_log
-from debate.methods.courtroom.role_switch import score_consistency, switch_needed
+from debate.methods.courtroom.negotiation import mine_premises, negotiate
 from debate.methods.courtroom.panel import decide, judge_cases, panel_evidence, panel_note
+from debate.methods.courtroom.role_switch import score_consistency, switch_needed
 
 SCHEMAS = ("critic_premises", "counsel_search", "counsel_disclosure", "court_admissibility", "counsel_gap",
            "courtroom_query", "court_query", "counsel_expert", "court_witness", "counsel_reflection", "critic_round",
