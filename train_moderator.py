@@ -46,7 +46,7 @@ def build_parser():
                    "round both Debaters search --knowledge-store (each claim's own file) or --corpus, and novel "
                    "passages join the evidence the Moderator, and so its training context, reads")
     d.add_argument("--knowledge-store", metavar="DIR", help="with --debate-retrieval: DIR/<claim_id>.json, searched "
-                   "during the debate (BM25, then re-ranking)")
+                   "during the debate (BM25, then re-ranking; default: none, --corpus or the dataset's corpus)")
     d.add_argument("--corpus", metavar="FILE", help="with --debate-retrieval: JSONL passages searched during the "
                    "debate (default: the dataset's corpus where it has one)")
     d.add_argument("--embedder", metavar="DIR", help="with --debate-retrieval: the sentence encoder (default: the "

@@ -21,7 +21,6 @@ check with a tiny model). The table is printed and saved as JSON in --out.
 import argparse
 import json
 import random
-import re
 import shutil
 import sys
 import time
@@ -34,34 +33,17 @@ import run_debate  # noqa: E402
 from debate.data import claims as data  # noqa: E402
 from debate.pipeline import grown_evidence, records, store_retrieval  # noqa: E402
 from eval import averitec, evidence as evidence_scores  # noqa: E402
-from tests.tiny_models import averitec_dir, build_tiny_llama  # noqa: E402
+from tests.tiny_models import averitec_dir, build_tiny_llama, claim_pages  # noqa: E402
 
 GPU_COMMAND = ("python bench/bench_debate_retrieval.py --claims 100 --model /models/Llama-3.1-8B-Instruct "
                "--out bench/out/debate_retrieval-8b -- --bm25-k 10000")
-
-
-def _sentences(text):
-    return [s for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if s]
-
-
-def pages(claim):
-    """A claim's own pages: one per substantive golden answer, and one of its justification (the tests' rule)."""
-    out = []
-    for q in claim["questions"]:
-        for a in q.get("answers") or []:
-            if a.get("answer_type") != "Unanswerable" and len(a["answer"].split()) > 3:
-                out.append({"url": a.get("source_url") or "https://example.org/answer", "type": "web",
-                            "query": q["question"], "url2text": _sentences(a["answer"])})
-    if claim.get("justification"):
-        out.append({"url": "https://example.org/justification", "url2text": _sentences(claim["justification"])})
-    return out
 
 
 def build(out, n, others):
     """OUT/data/dev.json (the first `n` dev claims with four pages or more, ids their dev positions) and one store
     file per claim in OUT/store."""
     dev = json.loads((averitec_dir() / "dev.json").read_text(encoding="utf-8"))
-    chosen = [i for i, c in enumerate(dev) if len(pages(c)) >= 4][:n]
+    chosen = [i for i, c in enumerate(dev) if len(claim_pages(c)) >= 4][:n]
     data_dir, store = out / "data", out / "store"
     for d in (data_dir, store):
         shutil.rmtree(d, ignore_errors=True)
@@ -70,9 +52,9 @@ def build(out, n, others):
     (data_dir / "dev.json").write_text(json.dumps(claims), encoding="utf-8")
     rng = random.Random(0)
     for c in claims:
-        found = pages(c)
+        found = claim_pages(c)
         for other in rng.sample([k for k in range(len(dev)) if k != c["claim_id"]], others):
-            found += pages(dev[other])
+            found += claim_pages(dev[other])
         rng.shuffle(found)
         (store / f"{c['claim_id']}.json").write_text("".join(json.dumps(p) + "\n" for p in found), encoding="utf-8")
     return claims, data_dir, store

@@ -1,4 +1,5 @@
-"""What many test files share: the tiny random-weight model (tests/tiny_models.py) as the `tiny` fixture."""
+"""What many test files share: the tiny random-weight model (tests/tiny_models.py) as the `tiny` fixture, and
+`own_cache`, the embeddings' cache in a folder of the tests' own."""
 import pytest
 
 from tests.tiny_models import build_tiny_llama
@@ -8,6 +9,15 @@ from tests.tiny_models import build_tiny_llama
 def tiny(tmp_path_factory):
     """The path of a tiny random-weight Llama (seed 0), built once per test module."""
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def own_cache(tmp_path_factory):
+    """The store and corpus embeddings' cache in a folder of the module's own, not the user's (use it with
+    `pytestmark = pytest.mark.usefixtures("own_cache")`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEBATECV_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 def run_argv(model, out, *extra, max_new_tokens=4, max_rounds=1, batch_size=None, limit=None, temperature=None):

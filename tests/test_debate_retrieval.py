@@ -26,12 +26,7 @@ PROCEED = json.dumps({"Primary Insight": "p", "Evidence Gaps": "g", "Justificati
 FINAL = json.dumps({"Justification for Verdict": "because", "Verdict": SUPPORTED})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def own_cache(tmp_path_factory):
-    """The store embeddings' cache in a folder of the tests' own, not the user's."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DEBATECV_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: the embeddings' cache of our own
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ share of evidence from the claim's own pages measures BM25 with the claim and th
 """
 import json
 import random
-import re
 from pathlib import Path
 
 import pytest
@@ -19,35 +18,13 @@ from debate.data.knowledge_store import StoreError
 from debate.methods import hero_retrieval
 from debate.pipeline import store_retrieval
 from eval import evidence as evidence_scores
-from tests.tiny_models import averitec_dir, build_tiny_llama, missing
+from tests.tiny_models import averitec_dir, build_tiny_llama, claim_pages, missing
 
 CLAIMS = 5  # claims of the test split; the last has no store file
 RERANK_K = 3
 
 
-def _sentences(text):
-    return [s for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if s]
-
-
-def _pages(claim):
-    """A claim's own pages: one per substantive golden answer, and one of its gold justification."""
-    pages = []
-    for q in claim["questions"]:
-        for a in q.get("answers") or []:
-            if a.get("answer_type") != "Unanswerable" and len(a["answer"].split()) > 3:
-                pages.append({"url": a.get("source_url") or "https://example.org/answer", "type": "web",
-                              "query": q["question"], "url2text": _sentences(a["answer"])})
-    if claim.get("justification"):
-        pages.append({"url": "https://example.org/justification", "url2text": _sentences(claim["justification"])})
-    return pages
-
-
-@pytest.fixture(scope="module", autouse=True)
-def own_cache(tmp_path_factory):
-    """The store embeddings' cache in a folder of the tests' own, not the user's."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DEBATECV_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: the embeddings' cache of our own
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +33,7 @@ def world(tmp_path_factory):
     if not path.is_file():
         missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)")
     dev = json.loads(path.read_text(encoding="utf-8"))
-    chosen = [i for i, c in enumerate(dev) if len(_pages(c)) >= 4][:CLAIMS]
+    chosen = [i for i, c in enumerate(dev) if len(claim_pages(c)) >= 4][:CLAIMS]
     root = tmp_path_factory.mktemp("ks")
     data, store = root / "data", root / "store"
     data.mkdir()
@@ -66,10 +43,10 @@ def world(tmp_path_factory):
     rng = random.Random(0)
     own = {}
     for c in claims[:-1]:  # the last claim has no store file
-        pages = _pages(c)
+        pages = claim_pages(c)
         own[c["claim_id"]] = {" ".join(s.split()) for p in pages for s in p["url2text"]}
         for other in rng.sample([k for k in range(len(dev)) if k != c["claim_id"]], 3):
-            pages += _pages(dev[other])
+            pages += claim_pages(dev[other])
         rng.shuffle(pages)
         (store / f"{c['claim_id']}.json").write_text("".join(json.dumps(p) + "\n" for p in pages), encoding="utf-8")
     model = str(build_tiny_llama(root / "tiny", seed=0))
@@ -414,21 +391,21 @@ def test_the_query_instruction_comes_from_the_flag_the_encoders_folder_or_heros_
     assert hero_retrieval.query_instruction(str(sfr)) == "Instruct: x\nQuery: "
 
 
-def test_the_search_embeds_its_queries_under_the_instruction_and_scores_what_it_keeps(monkeypatch):
-    from types import SimpleNamespace
-
+def test_the_search_embeds_its_queries_under_the_instruction_and_scores_what_it_keeps(monkeypatch, tmp_path):
     from debate.engine import store_search
 
-    texts = ["The mayor won the vote.", "Rain fell in May.", "The vote was close."]
+    path = write(tmp_path / "0.json", {"url": "a", "url2text": ["The mayor won the vote.", "Rain fell in May."]},
+                 {"url": "b", "url2text": ["The vote was close."]})
     seen = []
     monkeypatch.setattr(store_search, "query_vector", lambda embedder, queries: seen.extend(queries) or "q")
+    monkeypatch.setattr(store_search, "VectorCache", lambda digest, embedder: None)
     monkeypatch.setattr(store_search, "rerank", lambda cache, query, candidates, k, claim: [(c, 0.5) for c in
                                                                                             candidates[:k]])
-    hits = hero_retrieval.search({"claim": "Who won the vote?"}, SimpleNamespace(texts=texts), ["The mayor won."],
-                                 None, 10, 2, None, "Q: ")
+    hits, found = hero_retrieval.search({"claim": "Who won the vote?"}, path, ["The mayor won."], None, 10, 2, "Q: ")
     assert seen == ["Q: Who won the vote?", "Q: The mayor won."]
-    assert len(hits) == 2 and all(len(h) == 3 and h[2] > 0 and h[1] == 0.5 for h in hits)
-    assert hits[0][2] >= hits[1][2]  # BM25's order, which the stub re-ranking kept
+    # Each kept sentence carries its BM25 score for the retrieved file; "Rain fell in May." shares no word.
+    assert [c.text for c, _ in hits] == ["The mayor won the vote.", "The vote was close."]
+    assert all(c.score > 0 and cosine == 0.5 for c, cosine in hits) and hits[0][0].score >= hits[1][0].score
 
 
 def test_restatements_of_the_claim_are_dropped():

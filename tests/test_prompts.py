@@ -58,6 +58,7 @@ PLACEHOLDERS = {
     "geval_typology": {"typology"},
     "geval_typology_step": set(),
     "hyde_fc": {"claim"},
+    "sfr_query": {"query"},
     "hero_question": {"examples", "claim", "evidence"},
     "debate_query": {"round", "side"},
     "debate_evidence_added": {"evidence"},

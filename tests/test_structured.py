@@ -262,6 +262,8 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
     extra = ["--refine", "madr", "--madr-iterations", "1"] if method == "rag-cot" else []
     # The courtroom critic's seven scores need 144 tokens of keys with the tiny model's tokenizer (82 with Gemma's).
     tokens = "160" if method == "courtroom" else "120"
+    if method == "courtroom":  # one round each, but a two-round rerun, whose round 2 asks the court (court_ready)
+        extra = ["--switch-rounds", "2"]
     run_debate.main(["--split", "demo", "--method", method, "--model", tiny_path, "--max-new-tokens", tokens,
                      "--max-rounds", "1", "--limit", "2", "--batch-size", "2", "--output-dir", str(out), *extra])
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]

@@ -8,6 +8,7 @@ The same seed gives the same tokenizer and the same weights, so tests in differe
 compare outputs across builds.
 """
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -199,3 +200,20 @@ def bench_claims(n, condition="golden"):
             return data.attach_evidence(claims, condition, retrieved), f"AVeriTeC dev, {condition} evidence"
     demo = data.attach_evidence(averitec.load_split("demo"), "golden")
     return [dict(demo[k % len(demo)], claim_id=k) for k in range(n)], "the demo claims, repeated"
+
+
+def claim_pages(claim):
+    """An AVeriTeC claim's own pages in its knowledge store's layout, for the tests' and bench/'s stores: one per
+    substantive golden answer (its sentences), and one of the gold justification."""
+    def sentences(text):
+        return [s for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if s]
+
+    pages = []
+    for q in claim["questions"]:
+        for a in q.get("answers") or []:
+            if a.get("answer_type") != "Unanswerable" and len(a["answer"].split()) > 3:
+                pages.append({"url": a.get("source_url") or "https://example.org/answer", "type": "web",
+                              "query": q["question"], "url2text": sentences(a["answer"])})
+    if claim.get("justification"):
+        pages.append({"url": "https://example.org/justification", "url2text": sentences(claim["justification"])})
+    return pages

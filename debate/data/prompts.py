@@ -44,7 +44,7 @@ NAMES = ("affirmative_opening", "cooperation_assistant_meta", "cooperation_final
     "explain_cot", "explain_zero_shot", "geval_document", "geval_sentence", "geval_typology", "geval_typology_step",
     "self_refine_feedback", "self_refine_revise") + (
     # retrieval from a knowledge store, HerO's strategy (debate/methods/hero_retrieval.py)
-    "hero_example", "hero_question", "hyde_fc") + (
+    "hero_example", "hero_question", "hyde_fc", "sfr_query") + (
     # DebateCV's retrieval during the debate (debate/methods/debate_retrieval.py)
     "debate_evidence_added", "debate_query")
 
