@@ -117,7 +117,7 @@ def resident_bytes():
 
 def _measure(model_dir, r, length, target):
     """In a fresh process: load NF4 through train.lora at its default LoRA dropout, then one D-DPO step; the
-    resident set before the step and its high-water mark after (ru_maxrss: the step's peak above its start is
+    resident set before the step and its high-water mark after (VmHWM: the step's peak above its start is
     the difference) and the weights' footprint. Printed as JSON."""
     import torch
 
@@ -141,11 +141,14 @@ def _measure(model_dir, r, length, target):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     model.train()
+    Path("/proc/self/clear_refs").write_text("5")
     before = resident_bytes()
     loss, _, _ = losses.dpo_step_loss(model, batch, beta=0.1)
     loss.backward()
     optimizer.step()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # This process's own high-water mark (VmHWM), restarted just before the step; ru_maxrss would carry the
+    # parent's resident set in through fork and exec.
+    after = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024
     print(json.dumps({"weights_bytes": weights, "step_peak_bytes": after - before}))
 
 
@@ -178,7 +181,7 @@ def check_cpu(args):
     print(f"  weights: formula {(quantised + rest) / 2**20:.2f} MiB (NF4 part {quantised / 2**20:.2f}), measured "
           "(parameters' and block scales' bytes) "
           f"{measured['weights_bytes'] / 2**20:.2f} MiB")
-    print(f"  one D-DPO step above the loaded model: formula {step / 2**20:.1f} MiB, measured (ru_maxrss after "
+    print(f"  one D-DPO step above the loaded model: formula {step / 2**20:.1f} MiB, measured (VmHWM after "
           "less the resident set before) "
           f"{measured['step_peak_bytes'] / 2**20:.1f} MiB")
 

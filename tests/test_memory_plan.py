@@ -5,7 +5,7 @@ measured on a CPU in a fresh process and compared with the plan's bytes for that
 How it measures: each step runs in its own `python -c` process with glibc told to give every block above
 64 KiB its own mapping (MALLOC_MMAP_THRESHOLD_), so freed memory leaves the resident set at once and the
 resident set follows the live tensors rather than what the heap keeps. The step's peak is the process's
-high-water mark after it (ru_maxrss, restarted just before the step through /proc/self/clear_refs) less its
+high-water mark after it (VmHWM, restarted just before the step through /proc/self/clear_refs) less its
 resident set just before it (/proc/self/statm), after a warm-up call of the same kind (library buffers, the
 schema masks). The model is tiny but its step's transients (tens to hundreds of MiB) dwarf the few MiB of
 Python objects a step allocates.
@@ -31,7 +31,10 @@ def resident():
     return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
 
 def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # This process's own high-water mark (VmHWM), not ru_maxrss: Linux carries the parent's resident set into a
+    # child's ru_maxrss through fork and exec, so a large pytest process would be read as the step's peak.
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
 
 def reset_peak():
     # The high-water mark restarts here, so the warm-up's own peak (a longer prefill) is not the step's.
