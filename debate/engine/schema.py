@@ -19,6 +19,7 @@ Choices (and numbers declared `scored`) are scored as whole candidates; other nu
 generated number feeds exactly the ids a scored one would: the trie is built over the same tokenisation
 of each value, so only the way of picking the value differs.
 """
+import functools
 import json
 import weakref
 from dataclasses import dataclass, field as dataclass_field
@@ -73,7 +74,7 @@ class Compiled:
     def tokenizer(self):
         return self.tokenizer_ref()
 
-    @property
+    @functools.cached_property
     def scratch_columns(self):
         """The most tokens one scoring pass feeds (the largest prefix tree of a scored choice): the cache
         columns a batch keeps free past its end for it."""
