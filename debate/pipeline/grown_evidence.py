@@ -15,7 +15,7 @@ from pathlib import Path
 from debate.data import claims as data, datasets, knowledge_store
 from debate.engine import retrieval
 from debate.methods import debate_retrieval
-from debate.pipeline import records, run_claims
+from debate.pipeline import records, run_claims, store_retrieval
 from eval import averitec, evidence as evidence_scores, wordnet
 
 FILE = "debate_retrieved.jsonl"
@@ -25,7 +25,10 @@ def check(config, claims):
     """A store searched only during the debate (--evidence golden) is checked as the retrieval stage checks its own."""
     r = config.retrieval
     if config.debate.debate_retrieval and r.knowledge_store and config.data.evidence != "retrieved":
-        knowledge_store.check_directory(r.knowledge_store, [c["claim_id"] for c in claims], r.missing_store)
+        missing = {str(m) for m in knowledge_store.check_directory(r.knowledge_store, [c["claim_id"] for c in claims],
+                                                                   r.missing_store)}
+        # every line of every store it will search, before any model loads (the stage's own check)
+        store_retrieval.check_stores(config, [c for c in claims if str(c["claim_id"]) not in missing])
 
 
 def limits_of(config):
