@@ -2,13 +2,13 @@
 choice scored after a long cached context, and a D-DPO training step at the default LoRA dropout, each
 measured on a CPU in a fresh process and compared with the plan's bytes for that very step.
 
-How it measures: each step runs in its own `python -c` process with glibc told to give every block above
-64 KiB its own mapping (MALLOC_MMAP_THRESHOLD_), so freed memory leaves the resident set at once and the
-resident set follows the live tensors rather than what the heap keeps. The step's peak is the process's
-high-water mark after it (VmHWM, restarted just before the step through /proc/self/clear_refs) less its
-resident set just before it (/proc/self/statm), after a warm-up call of the same kind (library buffers, the
-schema masks). The model is tiny but its step's transients (tens to hundreds of MiB) dwarf the few MiB of
-Python objects a step allocates.
+How it measures: each step runs in its own `python -c` process with glibc told to give every block above 64 KiB its
+own mapping (MALLOC_MMAP_THRESHOLD_), so freed memory leaves the resident set at once and the resident set follows
+the live tensors rather than what the heap keeps. The step's peak is the process's high-water mark after it (VmHWM,
+restarted just before the step through /proc/self/clear_refs) less its resident set just before it
+(/proc/self/statm), after a warm-up call of the same kind (library buffers, the schema masks), with transparent
+huge pages off for the process whatever the machine's setting. The model is tiny but its step's transients (tens to
+hundreds of MiB) dwarf the few MiB of Python objects a step allocates.
 """
 import json
 import subprocess
@@ -22,8 +22,11 @@ from tests.tiny_models import build_tiny_llama
 ROOT = Path(__file__).resolve().parents[1]
 
 PRELUDE = """
-import json, resource, sys
+import ctypes, json, resource, sys
 from pathlib import Path
+# No transparent huge pages in this process: where a machine sets them to "always", a 2 MiB page can back a few
+# small blocks and the resident set would grow by pages no tensor uses (PR_SET_THP_DISABLE is prctl option 41).
+assert ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0) == 0
 import torch
 sys.path.insert(0, {root!r})
 
@@ -81,8 +84,18 @@ ids = lambda: torch.randint(0, vocab, (length,)).tolist()
 rows = [{{"input_ids": x, "labels": [-100] * (length - target) + x[-target:]}} for x in (ids(), ids())]
 batch = losses.collate(rows, 0, "cpu")
 batch["ref"] = torch.zeros(1, 2)
-optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+trainable = [p for p in model.parameters() if p.requires_grad]
 model.train()
+# Warm-up: one whole step first, so the libraries' one-time buffers (autograd's, bitsandbytes' and oneDNN's,
+# which differ by CPU) are not read as the step's; its gradients and AdamW state are then dropped, so the
+# measured step starts where a run's first step starts.
+loss, _, _ = losses.dpo_step_loss(model, batch, beta=0.1)
+loss.backward()
+torch.optim.AdamW(trainable, lr=1e-4).step()
+del loss
+for p in trainable:
+    p.grad = None
+optimizer = torch.optim.AdamW(trainable, lr=1e-4)
 reset_peak()
 before = resident()
 loss, _, _ = losses.dpo_step_loss(model, batch, beta=0.1)
