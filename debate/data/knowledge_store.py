@@ -96,10 +96,9 @@ def _decode(path, number, offset, raw):
                          f"the line, offset {offset + e.start} of the file: {e.reason})") from None
 
 
-def pages(path, digest=None, tidy=True):
+def pages(path, digest=None):
     """Every page of a store file, in order (blank lines skipped), one line in memory at a time; `digest` (a
-    hashlib object) is fed every byte of the file; `tidy` False leaves each sentence's spaces as they are (what
-    only counts words does not need them collapsed). A bad line is one StoreError naming the file, line and field."""
+    hashlib object) is fed every byte of the file. A bad line is one StoreError naming the file, line and field."""
     path = Path(path)
     offset = 0
     with _open(path) as f:
@@ -109,7 +108,7 @@ def pages(path, digest=None, tidy=True):
             at, offset = offset, offset + len(raw)
             text = _decode(path, number, at, raw)
             if text.strip():
-                url, sentences = _page(path, number, text, tidy)
+                url, sentences = _page(path, number, text)
                 yield Page(number, at, url, sentences)
 
 
@@ -136,7 +135,7 @@ def check_store(path):
     return info
 
 
-def _page(path, number, line, tidy=True):
+def _page(path, number, line):
     where = f"{path}: line {number}"
     line = line.rstrip("\r\n")  # a column counted from the line's own start, never from after its break
     try:
@@ -157,7 +156,7 @@ def _page(path, number, line, tidy=True):
     url = row.get("url")
     if url is not None and not isinstance(url, str):
         raise StoreError(f"{where}: field 'url': expected a string, got {kind_of(url)}")
-    return url or "", [" ".join(s.split()) for s in sentences] if tidy else sentences
+    return url or "", [" ".join(s.split()) for s in sentences]
 
 
 # ---------------------------------------------------------------- a whole store in memory (small stores, tests)

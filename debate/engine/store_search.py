@@ -1,17 +1,20 @@
 """Search one claim's knowledge store as HerO does: BM25 over its sentences, then dense re-ranking of BM25's best,
-with memory that grows with the store's sentence count (about 10 bytes a sentence), never with its text.
+with memory that grows with the store's sentence count (about 20-40 bytes a sentence, by the query's size), never
+with its text.
 
 - BM25 is Lucene's (k1 1.5, b 0.75, the values of rank_bm25's Okapi that HerO used) with bm25s's tokens
   (lower-cased words of two or more characters, no stop-word list and no stemmer, as HerO's nltk tokens had none),
-  scored as bm25s scores it (`bm25s_scores` in the tests holds our scores against it), streamed from the file
-  in three passes, none of which holds the store (`bm25_candidates`):
-  1. which sentences are distinct: a 64-bit hash of each sentence's lower-cased text, the first of equal hashes
-     kept (8 bytes a sentence; two distinct sentences of a million-sentence store share a hash, and the second is
-     dropped, about once in 40 million stores);
-  2. the sentence count, their mean length and the document frequency of the query's words alone;
-  3. each sentence's score, 20,000 sentences at a time, keeping the best `k` (their text, url and page)
-     and nothing else.
-  Ties keep store order. A query word counts as often as the query holds it, as bm25s counts it.
+  scored as bm25s scores it (`bm25s_scores` in the tests holds our scores against it), from one pass over the file
+  that holds no text (`bm25_candidates`):
+  1. CHUNK sentences at a time are lower-cased, hashed and tokenised in one regex call; of each sentence only a
+     64-bit hash of its lower-cased text, its length and the query words it holds (ids and counts) are kept,
+     as small integer arrays;
+  2. the first of equal hashes is the distinct sentence (two distinct sentences of a million-sentence store share
+     a hash, and the second is dropped, about once in 40 million stores); document frequencies and the mean
+     length count the distinct sentences only, and every distinct sentence is scored from the arrays;
+  3. the best `k` are read back from their pages (by byte offset, each page once) for their text and url.
+  Ties keep store order. A query word counts as often as the query holds it, as bm25s counts it. Tokenising once
+  and never per sentence in Python is what makes a 1 GB store a minute and a half on one core, not six.
 - Re-ranking embeds the query texts (the claim and its hypothetical articles) with the sentence encoder
   (debate.engine.retrieval), averages them into one query vector, and orders BM25's candidates by cosine to it.
 - HerO drops a candidate that only restates the claim: TF-IDF cosine to the claim above 0.97, or the claim inside
@@ -21,12 +24,11 @@ with memory that grows with the store's sentence count (about 10 bytes a sentenc
   the same store embed nothing twice; the cache directory is bounded (debate.engine.retrieval).
 """
 import hashlib
-import heapq
 import math
 import re
-from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -37,8 +39,11 @@ from debate.engine import retrieval
 DUPLICATE_COSINE = 0.97  # HerO's: TF-IDF cosine to the claim above which a sentence only restates it
 DUPLICATE_SHARE = 0.92  # HerO's: share of a sentence's length the claim may fill before it only restates it
 K1, B = 1.5, 0.75
-CHUNK = 20000  # sentences scored at once: a few MB, and enough that numpy's per-call cost vanishes
+CHUNK = 5000  # sentences read and tokenised at once: few enough that their tokens (Python strings) stay a few MB
 _WORD = re.compile(r"(?u)\b\w\w+\b")
+# a word as _WORD finds it (the longest run of two or more word characters), or a line break: a sentence's end
+_WORD_OR_BREAK = re.compile(r"\w\w+|\n")
+_BREAK = -2  # the line break's id among the query's words
 _NOT_WORD = re.compile(r"[^\w\s]+")
 
 
@@ -81,105 +86,131 @@ def tokens(text):
     return _WORD.findall(text.lower())
 
 
-def _distinct(path):
-    """(a bool per non-empty sentence of the file: the first of its lower-cased text, the file's sha256, pages,
-    empty pages' line numbers)."""
-    digest = hashlib.sha256()
-    hashes, pages, empty = array("q"), 0, []  # 8 bytes a sentence, where a list of ints takes 36
-    for page in knowledge_store.pages(path, digest):
-        pages += 1
-        texts = [s for s in page.sentences if s]
-        if not texts:
-            empty.append(page.number)
-        hashes.extend(hash(s.lower()) for s in texts)
-    keys = np.frombuffer(hashes, dtype=np.int64)
-    first = np.zeros(len(keys), dtype=bool)
-    if len(keys):
-        first[np.unique(keys, return_index=True)[1]] = True
-    return first, digest.hexdigest(), pages, empty
+@dataclass
+class _Chunk:
+    """What the one pass keeps of CHUNK sentences (every non-empty one, duplicates included), each array in the
+    smallest integer type its values fit: no text, no Python object per sentence."""
+    hashes: np.ndarray  # int64: the hash of each sentence's lower-cased text (which sentences are distinct)
+    lengths: np.ndarray  # each sentence's token count
+    matched: np.ndarray  # how many distinct query words each sentence holds
+    words: np.ndarray  # those words' ids, sentence by sentence, in id order
+    counts: np.ndarray  # how often the sentence holds each of them
 
 
-def _sentences(path, keep):
-    """(page, place in the page, text) of each distinct sentence, in store order; the text's spaces as the file
-    has them (its words are the same)."""
-    i = 0
-    for page in knowledge_store.pages(path, tidy=False):
-        for at, text in enumerate(page.sentences):
-            if text and not text.isspace():
-                if keep[i]:
-                    yield page, at, text
-                i += 1
+def _smallest(values):
+    values = np.asarray(values)
+    return values.astype(np.min_scalar_type(int(values.max()) if values.size else 0))
+
+
+def _read_chunk(texts, ids):
+    """_Chunk of `texts` (non-empty sentences): their lower-cased text joined by line breaks is hashed sentence by
+    sentence and tokenised in one regex call, its words mapped to the query's ids in C (map over dict.get)."""
+    low = "\n".join(texts).lower()  # a tidy sentence has no line break; lower() reads one as a sentence's end
+    hashes = np.fromiter(map(hash, low.split("\n")), dtype=np.int64, count=len(texts))
+    found = _WORD_OR_BREAK.findall(low)
+    word = np.fromiter(map(ids.get, found, repeat(-1)), dtype=np.int64, count=len(found))
+    brk = word == _BREAK
+    row = np.cumsum(brk)  # the sentence of each token: the breaks before it
+    lengths = np.bincount(row[~brk], minlength=len(texts))
+    hit = word >= 0
+    pairs, counts = np.unique(row[hit] * len(ids) + word[hit], return_counts=True)  # (sentence, word) once each
+    rows, words = np.divmod(pairs, len(ids))
+    return _Chunk(hashes, _smallest(lengths), _smallest(np.bincount(rows, minlength=len(texts))), _smallest(words),
+                  _smallest(counts))
+
+
+def _best(scores, positions, k, best):
+    """The best `k` of (scores, positions) and of `best` (the same pair of arrays): higher score first, then
+    the earlier position (ties keep store order)."""
+    scores, positions = np.concatenate([best[0], scores]), np.concatenate([best[1], positions])
+    order = np.lexsort((positions, -scores))[:k]
+    return scores[order], positions[order]
 
 
 def bm25_candidates(path, query, k):
     """Found: the `k` distinct sentences of the store file at `path` that score highest under BM25 for `query`
-    (a string), best first, those scoring 0 left out; three streamed passes (see the module doc)."""
-    keep, digest, pages, empty = _distinct(path)
+    (a string), best first, those scoring 0 left out; one pass over the file, then its winners' pages read back
+    (see the module doc)."""
     weights = Counter(tokens(query))
     words = list(weights)
     ids = {w: i for i, w in enumerate(words)}
-    df = [0] * len(words)
-    n = total = 0
-    known = ids.keys()
-    for _, _, text in _sentences(path, keep):
-        found = tokens(text)
-        n += 1
-        total += len(found)
-        for w in known & found:  # the query's words in the sentence, each once
-            df[ids[w]] += 1
-    found = Found(path, [], n, pages, empty, digest)
+    ids["\n"] = _BREAK
+    digest = hashlib.sha256()
+    pages, empty, chunks, texts = [], [], [], []  # pages: (line, offset, its first sentence's index)
+    held = 0  # non-empty sentences read, duplicates included
+    for page in knowledge_store.pages(path, digest):
+        kept = [s for s in page.sentences if s]
+        if not kept:
+            empty.append(page.number)
+            continue
+        pages.append((page.number, page.offset, held))
+        held += len(kept)
+        texts.extend(kept)
+        if len(texts) >= CHUNK:
+            chunks.append(_read_chunk(texts, ids))
+            texts = []
+    if texts:
+        chunks.append(_read_chunk(texts, ids))
+    page_count = len(pages) + len(empty)
+    keys = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.int64)
+    first = np.zeros(len(keys), dtype=bool)
+    first[np.unique(keys, return_index=True)[1]] = True  # the first of equal hashes is the distinct sentence
+    del keys
+    n = int(first.sum())
+    found = Found(path, [], n, page_count, empty, digest.hexdigest())
     if not n or not k or not words:
         return found
+    # Document frequency and mean length over the distinct sentences only, then every sentence's score.
+    df = np.zeros(len(words), dtype=np.int64)
+    total, start = 0, 0
+    for c in chunks:
+        mine = first[start:start + len(c.lengths)]
+        df += np.bincount(c.words[np.repeat(mine, c.matched)].astype(np.int64), minlength=len(words))
+        total += int(c.lengths[mine].sum(dtype=np.int64))
+        start += len(c.lengths)
     avg = total / n
     idf = np.array([math.log(1 + (n - d + 0.5) / (d + 0.5)) if d else 0.0 for d in df], dtype=np.float32)
     count = np.array([weights[w] for w in words], dtype=np.float64)
-    best = []  # (score, -position, Candidate): a heap whose smallest is the first to go
-    chunk = []
-    position = 0
-    for page, at, text in _sentences(path, keep):
-        chunk.append((position, page, at, text))
-        position += 1
-        if len(chunk) == CHUNK:
-            _score_chunk(chunk, ids, idf, count, avg, k, best)
-            chunk = []
-    _score_chunk(chunk, ids, idf, count, avg, k, best)
-    found.candidates = [c for _, _, c in sorted(best, key=lambda e: (-e[0], -e[1]))]
+    best = (np.zeros(0, np.float32), np.zeros(0, np.int64))
+    start = 0
+    for c in chunks:
+        size = len(c.lengths)
+        scores = _score_chunk(c, idf, count, avg)
+        keep = first[start:start + size] & (scores > 0)
+        best = _best(scores[keep], np.nonzero(keep)[0] + start, k, best)
+        start += size
+    position = np.cumsum(first, dtype=np.int64)[best[1]] - 1  # the winners' places among the distinct sentences
+    found.candidates = _fetch(path, pages, [(float(s), int(i), int(at)) for s, i, at in zip(*best, position)])
     return found
 
 
-def _score_chunk(chunk, ids, idf, count, avg, k, best):
-    """Score a chunk's sentences as bm25s does and keep the best `k` of them and of `best` in `best`."""
-    if not chunk:
-        return
-    rows, cols, lengths = array("i"), array("i"), array("d")  # 4-8 bytes an entry, where a list takes 36
-    get = ids.get
-    for r, (_, _, _, text) in enumerate(chunk):
-        found = tokens(text)
-        lengths.append(len(found))
-        matched = [i for i in map(get, found) if i is not None]
-        if matched:
-            cols.extend(matched)
-            rows.extend([r] * len(matched))
-    if not rows:
-        return
-    pairs, tf = np.unique(np.frombuffer(rows, np.int32).astype(np.int64) * len(ids) + np.frombuffer(cols, np.int32),
-                          return_counts=True)  # each (sentence, word) once, with its count
-    rows, cols, tf = pairs // len(ids), pairs % len(ids), tf.astype(np.float32)
-    lengths = np.frombuffer(lengths, np.float64)
+def _score_chunk(c, idf, count, avg):
+    """Each sentence's BM25 score, as bm25s computes it (float32)."""
+    rows = np.repeat(np.arange(len(c.lengths)), c.matched)
+    cols, tf = c.words.astype(np.int64), c.counts.astype(np.float32)
     # bm25s: term frequency as float32, the length norm in float64, each term's score rounded to float32
-    norm = K1 * ((1 - B) + B * lengths[rows] / avg)
+    norm = K1 * ((1 - B) + B * c.lengths[rows].astype(np.float64) / avg)
     term = (idf[cols].astype(np.float64) * (tf / (norm + tf))).astype(np.float32)
-    scores = np.bincount(rows, weights=term.astype(np.float64) * count[cols], minlength=len(chunk))
-    scores = scores.astype(np.float32)
-    floor = best[0][0] if len(best) >= k else 0.0
-    for r in np.nonzero(scores > floor)[0] if floor > 0 else np.nonzero(scores > 0)[0]:
-        position, page, at, text = chunk[r]
-        entry = (float(scores[r]), -position, Candidate(position, float(scores[r]), " ".join(text.split()), page.url,
-                                                        page.number, page.offset, at))
-        if len(best) < k:
-            heapq.heappush(best, entry)
-        elif entry[:2] > best[0][:2]:
-            heapq.heapreplace(best, entry)
+    scores = np.bincount(rows, weights=term.astype(np.float64) * count[cols], minlength=len(c.lengths))
+    return scores.astype(np.float32)
+
+
+def _fetch(path, pages, winners):
+    """Candidate of each (score, sentence index, position) in `winners`, in their order: each page holding one is
+    read back once, by its byte offset."""
+    starts = np.array([p[2] for p in pages], dtype=np.int64)
+    by_page = {}
+    for score, index, position in winners:
+        by_page.setdefault(int(np.searchsorted(starts, index, side="right")) - 1, []).append((score, index, position))
+    found = {}
+    for p, items in by_page.items():
+        number, offset, base = pages[p]
+        page = knowledge_store.page_at(path, offset, number)
+        places = [at for at, s in enumerate(page.sentences) if s]  # the page's non-empty sentences
+        for score, index, position in items:
+            at = places[index - base]
+            found[index] = Candidate(position, score, page.sentences[at], page.url, number, offset, at)
+    return [found[index] for _, index, _ in winners]
 
 
 # ---------------------------------------------------------------- BM25 over a few texts in memory (few-shot pool)
