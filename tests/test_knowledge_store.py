@@ -229,9 +229,21 @@ def test_an_empty_store_is_named_empty_or_counted_as_empty(tmp_path):
         store_retrieval.check_stores(config("error"), claims, said.append, available=1 << 40)
     with pytest.raises(StoreError, match=r"2\.json: no sentence in any of its 2 lines"):
         store_retrieval.check_stores(config("error"), claims[1:], said.append, available=1 << 40)
-    store_retrieval.check_stores(config("skip"), claims, said.append, available=1 << 40)
+    # the status is read from the file, not from what an earlier check in this process left behind
     assert [store_retrieval._status(config("skip"), c) for c in claims] == ["empty_store", "empty_store", "present"]
+    store_retrieval.check_stores(config("skip"), claims, said.append, available=1 << 40)
     assert said == []
+
+
+def test_a_stores_first_sentences_are_read_without_reading_the_rest(tmp_path):
+    path = write(tmp_path / "1.json", {"url": "a", "url2text": ["", "One.", "  Two  words. "]},
+                 {"url": "b", "url2text": ["Three."]})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"url": "c", "url2text": ["cut short\n')  # a broken line after them: never reached
+    assert knowledge_store.first_sentences(path, 2) == ["One.", "Two words."]
+    assert knowledge_store.first_sentences(path, 3) == ["One.", "Two words.", "Three."]
+    with pytest.raises(StoreError, match=r"1\.json: line 3: not valid JSON"):
+        knowledge_store.first_sentences(path, 4)
 
 
 def test_a_store_bigger_than_the_memory_allows_is_warned_about_in_one_line(tmp_path):

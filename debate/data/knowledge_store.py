@@ -135,6 +135,17 @@ def check_store(path):
     return info
 
 
+def first_sentences(path, n):
+    """The first `n` non-empty sentences of a store file (fewer if it holds fewer), reading only as far as they are:
+    whether a store is empty, or a sample of its sentences, without a pass over all of it."""
+    found = []
+    for page in pages(path):
+        found += [s for s in page.sentences if s][:n - len(found)]
+        if len(found) >= n:
+            break
+    return found
+
+
 def _page(path, number, line):
     where = f"{path}: line {number}"
     line = line.rstrip("\r\n")  # a column counted from the line's own start, never from after its break

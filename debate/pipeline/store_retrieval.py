@@ -35,7 +35,6 @@ SETTINGS = "retrieved.settings.json"
 FEW_SHOT_SPLIT = "train"
 # Peak memory of a store's search above the model, per byte of the store file (measured: docs/retrieval.md)
 MEMORY_PER_STORE_BYTE = 1.0  # measured 0.6 at 20 MB (docs/retrieval.md): the warning keeps a margin
-_checked = {}  # store path -> its StoreInfo (check_stores), so the stage knows the empty ones without reading again
 
 
 def retrieved_path(config):
@@ -67,7 +66,6 @@ def check_stores(config, claims, log=print, available=None):
     for claim in tqdm(claims, unit="store", desc="checking stores", dynamic_ncols=True, disable=len(claims) < 50):
         path = knowledge_store.store_file(r.knowledge_store, claim["claim_id"])
         info = knowledge_store.check_store(path)
-        _checked[str(path)] = info
         if not info.sentences and r.missing_store != "skip":
             what = "an empty file" if not info.lines else (f"no sentence in any of its {info.lines} lines (field "
                                                             "'url2text' empty everywhere)")
@@ -240,14 +238,10 @@ def _say_cost(config, claim, embedder, bm25_k, claims, log):
     """On a CPU: the re-ranking's expected time at this --bm25-k, measured on the first claim's store."""
     if _status(config, claim) != "present":
         return
-    sample = []  # a few of the store's own sentences: the encoder's speed on texts of this store's length
-    for page in knowledge_store.pages(status_path(config, claim)):
-        sample += [s for s in page.sentences if s][:32 - len(sample)]
-        if len(sample) >= 32:
-            break
-    info = _checked.get(str(status_path(config, claim)))
-    sentences = getattr(info, "sentences", None) or bm25_k
-    each = hero_retrieval.estimated_seconds(embedder, sample, min(bm25_k, sentences))
+    path = status_path(config, claim)
+    sample = knowledge_store.first_sentences(path, 32)  # the encoder's speed on texts of this store's length
+    sentences = len(knowledge_store.first_sentences(path, bm25_k))  # a store smaller than --bm25-k embeds it all
+    each = hero_retrieval.estimated_seconds(embedder, sample, sentences)
     log(f"--bm25-k {bm25_k} on {embedder.model.device}: re-ranking embeds up to {bm25_k} sentences a claim, about "
         f"{each:.0f}s a claim here ({each * claims / 60:.0f} min for {claims} claims, before any cached "
         "embeddings); a lower --bm25-k is faster but lets BM25 decide what HerO leaves to the re-ranker")
@@ -266,7 +260,8 @@ def status_path(config, claim):
 
 def _status(config, claim):
     """"present", or where the claim retrieves nothing under --missing-store skip: "missing_store" (no file) or
-    "empty_store" (no sentence at all; checked before any model loaded). Without skip, both are errors."""
+    "empty_store" (no sentence at all). Without skip, both are errors (the stage's check, before any model loads,
+    refused them); the store is read only up to its first sentence."""
     r = config.retrieval
     path = status_path(config, claim)
     if not path.is_file():
@@ -274,8 +269,4 @@ def _status(config, claim):
             return "missing_store"
         raise knowledge_store.StoreError(f"{path}: no such store file; --missing-store skip retrieves nothing for "
                                          "the claim and goes on")
-    info = _checked.get(str(path))
-    if info is None:  # the stage run without its check (a caller of its own): check the file now
-        check_stores(config, [claim])
-        info = _checked[str(path)]
-    return "present" if info.sentences else "empty_store"
+    return "present" if knowledge_store.first_sentences(path, 1) else "empty_store"
