@@ -501,7 +501,9 @@ def test_streamed_bm25_finds_what_bm25s_finds(tmp_path, monkeypatch):
     from debate.engine import store_search
 
     rng = random.Random(3)
-    vocab = [f"w{i}" for i in range(80)] + ["the", "of", "a", "I", "x9"]
+    # non-ASCII words too: one regex call over many sentences must cut and lower-case them as bm25s does (a final
+    # sigma lower-cases by its place in the word, and a sentence's end is a word's end)
+    vocab = [f"w{i}" for i in range(80)] + ["the", "of", "a", "I", "x9", "naïve", "Straße", "ΣΟΦΟΣ", "日本語", "é"]
     rows = []
     for p in range(150):
         sentences = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 14))) for _ in range(rng.randint(0, 9))]
@@ -511,7 +513,8 @@ def test_streamed_bm25_finds_what_bm25s_finds(tmp_path, monkeypatch):
     store = knowledge_store.read_store(path)
     index = store_search.bm25_index(store.texts)
     monkeypatch.setattr(store_search, "CHUNK", 97)  # many chunks: the running best must merge them right
-    for query in ("w1 w2 w3 the the of w50 zz w7 w7 W7", "x9", "nothing known here", "w5 " * 30 + "w6"):
+    for query in ("w1 w2 w3 the the of w50 zz w7 w7 W7", "x9", "nothing known here", "w5 " * 30 + "w6",
+                  "σοφος straße NAÏVE 日本語"):
         words = [w for w in bm25s.tokenize([query], stopwords=None, show_progress=False, return_ids=False)[0]
                  if w in index.vocab_dict]
         oracle = index.get_scores(words) if words else None
