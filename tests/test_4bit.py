@@ -374,7 +374,7 @@ def test_the_training_step_under_bf16_autocast_matches_float32(smooth, tmp_path)
 
 
 def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeypatch):
-    from debate.data import schemas as declared
+    from debate.data import answer_schemas as declared
 
     # A verdict with nothing before it: both models score the labels after the very same tokens. One-letter
     # labels (one token each, plus the closing quote): AVeriTeC's own run to 10+ tokens on this tokenizer, and

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from debate.data import schemas
+from debate.data import answer_schemas
 from debate.engine import chat, engine, generator, kv_store, schema
 from debate.engine.structured import SchemaRow
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama, build_tiny_tokenizer
@@ -36,7 +36,7 @@ def family(request):
 
 
 def scores_schema(tmp_path, monkeypatch, scored=False, name="scores"):
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / f"{name}.schema.json").write_text(json.dumps({"fields": [
         {"key": "Logic", "type": "number", "min": 0, "max": 1, "step": 0.01, "scored": scored},
         {"key": "Rating", "type": "number", "min": 0, "max": 10, "step": 1}]}))

@@ -1,4 +1,4 @@
-"""Structured decoding (debate.data.schemas, debate.engine.schema and the engine): any model answers with the
+"""Structured decoding (debate.data.answer_schemas, debate.engine.schema and the engine): any model answers with the
 object its prompt asks for, choices are scored as whole values, and free generation is untouched when it is off."""
 import json
 import re
@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.data import schemas
+from debate.data import answer_schemas
 from debate.data.labels import LABELS
 from debate.data.prompts import PROMPT_DIR, PromptError, raw_prompt
 from debate.engine import chat, engine, schema
@@ -45,7 +45,7 @@ def the_object(text):
 
 @pytest.mark.parametrize("name", SCHEMA_NAMES)
 def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(name):
-    keys = schemas.load(name).keys
+    keys = answer_schemas.load(name).keys
     text = raw_prompt(name)
     if name in ("ragcot", "majority_vote"):
         text += raw_prompt("verdict_answer")  # rendered into it as {answer}
@@ -60,29 +60,29 @@ def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(
 
 
 def test_a_bad_schema_file_is_refused_with_its_file_and_field(tmp_path, monkeypatch):
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
-    schemas.load.cache_clear()
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
+    answer_schemas.load.cache_clear()
     try:
         (tmp_path / "broken.schema.json").write_text(json.dumps({"fields": [{"key": "Verdict", "type": "choice"}]}))
         with pytest.raises(PromptError, match=r"broken\.schema\.json: fields\[0\].*values"):
-            schemas.load("broken")
+            answer_schemas.load("broken")
         (tmp_path / "late.schema.json").write_text(json.dumps({"fields": [
             {"key": "A", "type": "text", "when": {"B": "Yes"}}, {"key": "B", "type": "choice", "values": ["Yes"]}]}))
         with pytest.raises(PromptError, match="earlier fields"):
-            schemas.load("late")
+            answer_schemas.load("late")
         (tmp_path / "odd.schema.json").write_text(json.dumps({"fields": [
             {"key": "A", "type": "choice", "values": ["Yes", "No"], "scored": True}]}))
         with pytest.raises(PromptError, match=r"odd\.schema\.json: fields\[0\].*'scored'.*number field only"):
-            schemas.load("odd")
+            answer_schemas.load("odd")
     finally:
-        schemas.load.cache_clear()
+        answer_schemas.load.cache_clear()
 
 
 def test_numbers_take_the_values_of_their_range_and_only_g_evals_are_scored():
-    assert schemas.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
-    assert schemas.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
+    assert answer_schemas.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
+    assert answer_schemas.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
     # G-Eval's score is the probability-weighted mean of 1-5: its distribution is read, so it is scored.
-    numbers = {(n, f.key): f.scored for n in SCHEMA_NAMES for f in schemas.load(n).fields if f.kind == "number"}
+    numbers = {(n, f.key): f.scored for n in SCHEMA_NAMES for f in answer_schemas.load(n).fields if f.kind == "number"}
     assert {k for k, scored in numbers.items() if scored} == {("geval_document", "Faithfulness"),
                                                               ("geval_sentence", "Faithfulness")}
 
@@ -173,7 +173,7 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
     # Labels of many tokens are far less probable under a random model; a choice among values the tiny
     # vocabulary spells in one token each shows the match where the probabilities are spread.
     values = ("claim", "source", "evidence")
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "words.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": list(values)}]}))
     conv = engine.Conversation(system="You pick a word.")
@@ -184,7 +184,7 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
 
 def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch):
     model, tok = soft
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "pick.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": ["claim", "source", "evidence"]}]}))
     compiled = schema.compile_for("pick", tok)
@@ -278,7 +278,7 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
             if "schema" in turn:
                 seen.add(turn["schema"])
                 assert turn["parse_status"] == "structured"
-                assert list(the_object(turn["response"])) == list(schemas.load(turn["schema"]).keys)
+                assert list(the_object(turn["response"])) == list(answer_schemas.load(turn["schema"]).keys)
             elif re.search(r"Answer ONLY with a JSON object", turn["prompt"]):
                 pytest.fail(f"a JSON answer was asked for without a schema: {turn['prompt'][:80]}")
     expected = {"debatecv": {"moderator_round"}, "rag-cot": {"ragcot", "madr_judge", "madr_refine"},
