@@ -24,7 +24,7 @@ import torch
 import run_debate
 import train_moderator
 from debate.data.labels import LABELS
-from debate.engine import engine, models, schema
+from debate.engine import engine, models, schema_program
 from debate.methods import debatecv
 from debate.pipeline import records
 from tests import syndec_task
@@ -385,7 +385,7 @@ def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeyp
     probs = {}
     for name, use_4bit in (("nf4", True), ("fp32", False)):
         loaded = models.load_model(smooth, use_4bit=use_4bit)
-        compiled = schema.compile_for(spec.name, loaded.tokenizer)
+        compiled = schema_program.compile_for(spec.name, loaded.tokenizer)
         conv = engine.Conversation(system="You are the Moderator.")
         engine.generate(loaded.model, loaded.tokenizer, [conv], ["Is the claim supported?"],
                         engine.Settings(max_new_tokens=40), schemas=[compiled])

@@ -1,5 +1,6 @@
-"""Structured decoding (debate.data.answer_schemas, debate.engine.schema and the engine): any model answers with the
-object its prompt asks for, choices are scored as whole values, and free generation is untouched when it is off."""
+"""Structured decoding (debate.data.answer_schemas, debate.engine.schema_program and the engine): any model
+answers with the object its prompt asks for, choices are scored as whole values, and free generation is untouched
+when it is off."""
 import json
 import re
 
@@ -11,7 +12,7 @@ import run_debate
 from debate.data import answer_schemas
 from debate.data.labels import LABELS
 from debate.data.prompts import PROMPT_DIR, PromptError, raw_prompt
-from debate.engine import chat, engine, schema
+from debate.engine import chat, engine, schema_program
 from debate.methods import turns
 from tests.tiny_models import build_tiny_llama
 
@@ -89,9 +90,9 @@ def test_numbers_take_the_values_of_their_range_and_only_g_evals_are_scored():
 
 def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
     model, tok = tiny
-    compiled = schema.compile_for("moderator_round", tok)
+    compiled = schema_program.compile_for("moderator_round", tok)
     conv = engine.Conversation(system="s")
-    with pytest.raises(schema.SchemaBudgetError, match=r"--max-new-tokens 10 .*'moderator_round'.* need \d+"):
+    with pytest.raises(schema_program.SchemaBudgetError, match=r"--max-new-tokens 10 .*'moderator_round'.* need \d+"):
         engine.generate(model, tok, [conv], ["go"], engine.Settings(max_new_tokens=10), schemas=[compiled])
     assert conv.generated == []  # nothing ran
 
@@ -102,7 +103,7 @@ def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
 @pytest.mark.parametrize("name", SCHEMA_NAMES)
 def test_garbage_logits_still_give_the_object_within_the_token_limit(tiny, name):
     model, tok = tiny
-    compiled = schema.compile_for(name, tok)
+    compiled = schema_program.compile_for(name, tok)
     limit = compiled.fixed_cost + 40
     convs = [engine.Conversation(system=f"Claim {i}. " + "Evidence says so. " * i) for i in range(3)]
     replies = engine.generate(model, tok, convs, ["Answer now."] * 3, engine.Settings(max_new_tokens=limit),
@@ -130,7 +131,7 @@ def test_garbage_logits_still_give_the_object_within_the_token_limit(tiny, name)
 
 def test_a_no_round_reply_has_a_verdict_and_a_yes_leaves_it_empty(tiny):
     model, tok = tiny
-    compiled = schema.compile_for("moderator_round", tok)
+    compiled = schema_program.compile_for("moderator_round", tok)
     convs = [engine.Conversation(system=f"Claim number {i}. " + "A source. " * i) for i in range(8)]
     engine.generate(model, tok, convs, ["Judge the round."] * 8, engine.Settings(max_new_tokens=140),
                     schemas=[compiled] * 8)
@@ -146,7 +147,7 @@ def test_a_no_round_reply_has_a_verdict_and_a_yes_leaves_it_empty(tiny):
 def independent_choice_probs(model, tok, conv, prompt, name, key, values):
     """Decode `prompt` under schema `name`, then score `key`'s values again with plain forward passes over
     the whole sequence (no cache, no batch): (the engine's probabilities, the independent ones)."""
-    compiled = schema.compile_for(name, tok)
+    compiled = schema_program.compile_for(name, tok)
     context = chat.context_ids(tok, engine.Conversation(system=conv.system, messages=[
         {"role": "user", "content": prompt}]))
     engine.generate(model, tok, [conv], [prompt], engine.Settings(max_new_tokens=compiled.fixed_cost + 30),
@@ -187,7 +188,7 @@ def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch
     monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "pick.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": ["claim", "source", "evidence"]}]}))
-    compiled = schema.compile_for("pick", tok)
+    compiled = schema_program.compile_for("pick", tok)
     convs = [engine.Conversation(system="You pick a word.") for _ in range(30)]
     engine.generate(model, tok, convs, ["Which word?"] * 30, engine.Settings(max_new_tokens=40, temperature=1.0),
                     schemas=[compiled] * 30, generator=torch.Generator().manual_seed(5))
@@ -198,7 +199,7 @@ def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch
 
 
 def structured_turns(model, tok, reuse, batch_size, name="moderator_round", turns_=2, max_new_tokens=120):
-    compiled = schema.compile_for(name, tok)
+    compiled = schema_program.compile_for(name, tok)
     settings = engine.Settings(max_new_tokens=max_new_tokens, reuse_cache=reuse)
     systems = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(6)]
     convs = [engine.Conversation(system=s) for s in systems]
