@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from debate.data import answer_schemas
 from debate.engine import chat, engine, generator, kv_store, schema_program
-from debate.engine.structured import SchemaRow
+from debate.engine.constrained_row import SchemaRow
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama, build_tiny_tokenizer
 
 

@@ -12,8 +12,8 @@ from functools import lru_cache
 import torch
 
 from debate.engine import kv_store, schema_program
+from debate.engine.constrained_row import SchemaRow
 from debate.engine.sampling import next_tokens
-from debate.engine.structured import SchemaRow
 
 
 @dataclass

@@ -9,7 +9,7 @@ reply may be) are shared, since they define the task rather than how it is compu
 import torch
 
 from debate.engine import chat, schema_program
-from debate.engine.structured import SchemaRow
+from debate.engine.constrained_row import SchemaRow
 
 
 def _logprobs(model, ids):
