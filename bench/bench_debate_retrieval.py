@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import run_debate  # noqa: E402
 from debate.data import claims as data  # noqa: E402
 from debate.pipeline import grown_evidence, records, store_retrieval  # noqa: E402
-from eval import averitec, evidence as evidence_scores  # noqa: E402
+from eval import averitec, evidence_score as evidence_scores  # noqa: E402
 from tests.tiny_models import averitec_dir, build_tiny_llama, claim_pages  # noqa: E402
 
 GPU_COMMAND = ("python bench/bench_debate_retrieval.py --claims 100 --model /models/Llama-3.1-8B-Instruct "

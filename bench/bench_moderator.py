@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from debate.data.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
 from debate.data.parsing import parse_moderator  # noqa: E402
-from debate.engine import engine, models, schema  # noqa: E402
+from debate.engine import engine, models, schema_program  # noqa: E402
 from debate.engine.models import adapter_scope  # noqa: E402
 from debate.pipeline import records
 from eval import averitec  # noqa: E402
@@ -58,7 +58,8 @@ def rejudge(role_model, rows, batch_size, max_new_tokens):
             part = [r for r in batch if examples.dialogue(r)[3] == final]
             if not part:
                 continue
-            compiled = schema.compile_for("moderator_final" if final else "moderator_round", role_model.tokenizer)
+            compiled = schema_program.compile_for("moderator_final" if final else "moderator_round",
+                                                  role_model.tokenizer)
             convs, prompts = zip(*(examples.conversation(role_model.tokenizer, r) for r in part))
             with adapter_scope(role_model):
                 engine.generate(role_model.model, role_model.tokenizer, list(convs), list(prompts), settings,

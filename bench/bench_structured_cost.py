@@ -97,7 +97,7 @@ def reflection_only(args, calls):
     """One reflection at a ~N-token prompt through engine.generate, as a counsel turn makes it."""
     import statistics
 
-    from debate.engine import engine, gguf, models, schema
+    from debate.engine import engine, gguf, models, schema_program
     loaded = models.load_model(gguf.default_model_path())
     model, tok = loaded.model, loaded.tokenizer
     docs = [json.loads(line) for line in Path(args.corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -111,7 +111,7 @@ def reflection_only(args, calls):
         used += len(tok(s, add_special_tokens=False)["input_ids"]) + 1
     text = template.format_map(defaultdict(str, side="plaintiff", opponent="defense", round=3,
                                            claim="Masks reduce the spread of COVID-19.", own=" ".join(filler)))
-    compiled = schema.compile_for("counsel_reflection", tok)
+    compiled = schema_program.compile_for("counsel_reflection", tok)
     settings = engine.Settings(max_new_tokens=96, temperature=0.0)
     seconds = []
     for _ in range(args.repeat):

@@ -39,7 +39,7 @@ from eval import view  # noqa: E402
 def scripted_run(args, out):
     """DebateCV's protocol over the bench claims with a scripted engine (see the module doc); returns seconds."""
     from debate.data import claims as data
-    from debate.engine import engine, schema
+    from debate.engine import engine, schema_program
     from debate.methods import debatecv
     from debate.pipeline import records
     from eval import averitec
@@ -89,7 +89,7 @@ def scripted_run(args, out):
             replies.append(text)
         return replies
 
-    engine.generate, schema.compile_for = generate, lambda name, tokenizer, labels=None: name
+    engine.generate, schema_program.compile_for = generate, lambda name, tokenizer, labels=None: name
     agent = type("Scripted", (), {"model": "scripted", "tokenizer": None, "adapter": None, "path": "scripted"})()
     settings = engine.Settings(max_new_tokens=512)
     start = time.perf_counter()

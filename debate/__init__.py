@@ -3,7 +3,7 @@
 
 Four wings, each a package whose docstring says what it owns: pipeline (config, CLI, runner, records) ->
 methods (DebateCV, baselines, MADR, the courtroom) -> engine (models, KV cache, generation); data (claims,
-labels, prompts, schemas, parsing) sits below all three. Imports only go that way.
+labels, prompts, answer_schemas, parsing) sits below all three. Imports only go that way.
 
 The names are looked up on first use, so `import debate.data.claims` (or the CLIs' --help) never imports torch.
 """

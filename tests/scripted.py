@@ -13,9 +13,9 @@ would have given (the conversation's `structured`).
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from debate.data import schemas
+from debate.data import answer_schemas
 from debate.data.labels import LABELS
-from debate.engine import engine, schema
+from debate.engine import engine, schema_program
 
 
 @dataclass
@@ -65,6 +65,7 @@ def install(monkeypatch, reply):
 
     monkeypatch.setattr(engine, "generate", fake_generate)
     # No tokenizer here: the declared schema stands in for the compiled one (and proves the name exists).
-    monkeypatch.setattr(schema, "compile_for",
-                        lambda name, tokenizer, labels=LABELS: schemas.resolve(schemas.load(name), labels))
+    monkeypatch.setattr(schema_program, "compile_for",
+                        lambda name, tokenizer, labels=LABELS:
+                        answer_schemas.resolve(answer_schemas.load(name), labels))
     return calls

@@ -24,7 +24,7 @@ import torch
 import run_debate
 import train_moderator
 from debate.data.labels import LABELS
-from debate.engine import engine, models, schema
+from debate.engine import engine, models, schema_program
 from debate.methods import debatecv
 from debate.pipeline import records
 from tests import syndec_task
@@ -374,7 +374,7 @@ def test_the_training_step_under_bf16_autocast_matches_float32(smooth, tmp_path)
 
 
 def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeypatch):
-    from debate.data import schemas as declared
+    from debate.data import answer_schemas as declared
 
     # A verdict with nothing before it: both models score the labels after the very same tokens. One-letter
     # labels (one token each, plus the closing quote): AVeriTeC's own run to 10+ tokens on this tokenizer, and
@@ -385,7 +385,7 @@ def test_nf4_label_probabilities_are_the_float32_ones_as_numbers(smooth, monkeyp
     probs = {}
     for name, use_4bit in (("nf4", True), ("fp32", False)):
         loaded = models.load_model(smooth, use_4bit=use_4bit)
-        compiled = schema.compile_for(spec.name, loaded.tokenizer)
+        compiled = schema_program.compile_for(spec.name, loaded.tokenizer)
         conv = engine.Conversation(system="You are the Moderator.")
         engine.generate(loaded.model, loaded.tokenizer, [conv], ["Is the claim supported?"],
                         engine.Settings(max_new_tokens=40), schemas=[compiled])

@@ -9,7 +9,7 @@ from debate.data.prompts import render
 from debate.engine import engine, retrieval
 from debate.methods import debate_retrieval as grow, debatecv
 from debate.pipeline import config, grown_evidence
-from eval import evidence as evidence_scores
+from eval import evidence_score as evidence_scores
 from tests import scripted as engine_script
 
 CLAIM = {"claim_id": "c1", "claim": "The Eiffel Tower is in Rome.", "label": SUPPORTED,
@@ -149,7 +149,8 @@ def test_the_grown_evidence_file_is_herOs_format_and_eval_evidence_reads_it(tmp_
     assert rows == [{"claim_id": "c1", "claim": CLAIM["claim"], "evidence": [
         {"question": "Where is the Colosseum?", "answer": "The Colosseum stands in Rome.",
          "url": "https://example.org/colosseum"}, {"question": "tower", "answer": TOWER, "url": "u"}]}]
-    # eval.evidence's own reader takes the file as it takes HerO's (what `python -m eval.evidence` reads first).
+    # eval.evidence_score's own reader takes the file as it takes HerO's
+    # (what `python -m eval.evidence_score` reads first).
     assert [r for _, r in evidence_scores.read_records(tmp_path / grown_evidence.FILE)] == rows
 
 

@@ -200,8 +200,8 @@ def test_the_checker_catches_a_renamed_flag_and_a_bad_choice():
         (2, "python run_debate.py --split dev --model M   # note")]
 
 
-USER_ENTRIES = ("run_debate.py", "train_moderator.py", "eval.averitec", "eval.compare", "eval.evidence", "eval.view",
-                "eval.trials", "eval.meteor", "debate.pipeline.geval_run")
+USER_ENTRIES = ("run_debate.py", "train_moderator.py", "eval.averitec", "eval.compare", "eval.evidence_score",
+                "eval.view", "eval.trials", "eval.meteor", "debate.pipeline.geval_run")
 
 
 # Pages about more than the tools their commands call: the docs' index and the benchmarks name every tool's

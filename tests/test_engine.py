@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate.engine import chat, engine, generator, kv_store, ram, reference, schema
+from debate.engine import chat, engine, generator, kv_store, ram, reference, schema_program
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama
 
 
@@ -32,7 +32,7 @@ SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 1
 def debate_like(model, tok, reuse, batch_size, turns=3, max_new_tokens=12, generate=engine.generate,
                 schema_name=None, systems=SYSTEMS, **extra):
     settings = engine.Settings(max_new_tokens=max_new_tokens, reuse_cache=reuse, **extra)
-    compiled = schema.compile_for(schema_name, tok) if schema_name else None
+    compiled = schema_program.compile_for(schema_name, tok) if schema_name else None
     convs = [engine.Conversation(system=s) for s in systems]
     for turn in range(turns):
         for start in range(0, len(convs), batch_size):
@@ -161,7 +161,7 @@ def test_greedy_structured_replies_equal_the_reference_path_for_llama_and_gemma(
     close) scored by the engine in one tree pass over its batch cache and by the reference with fresh full
     passes, numbers generated inside their value trie (a reflection's three 0.00-1.00 scores)."""
     model, tok = family
-    limit = schema.compile_for(name, tok).fixed_cost + 16
+    limit = schema_program.compile_for(name, tok).fixed_cost + 16
     kwargs = dict(turns=1, max_new_tokens=limit, schema_name=name, systems=SYSTEMS[:4])
     want = debate_like(model, tok, False, 1, generate=reference.generate, **kwargs)
     for reuse, batch_size in ((True, 4), (False, 3)):

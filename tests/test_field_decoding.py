@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from debate.data import schemas
-from debate.engine import chat, engine, generator, kv_store, schema
-from debate.engine.structured import SchemaRow
+from debate.data import answer_schemas
+from debate.engine import chat, engine, generator, kv_store, schema_program
+from debate.engine.constrained_row import SchemaRow
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama, build_tiny_tokenizer
 
 
@@ -36,7 +36,7 @@ def family(request):
 
 
 def scores_schema(tmp_path, monkeypatch, scored=False, name="scores"):
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / f"{name}.schema.json").write_text(json.dumps({"fields": [
         {"key": "Logic", "type": "number", "min": 0, "max": 1, "step": 0.01, "scored": scored},
         {"key": "Rating", "type": "number", "min": 0, "max": 10, "step": 1}]}))
@@ -99,9 +99,9 @@ def test_tree_scoring_gives_the_copied_cache_scorers_probabilities_without_touch
     model, tok = family
     # Contexts of different lengths (left padding) and longer than Gemma's 16-token window several times.
     systems = [f"Claim {i}. Evidence: " + "the minister said it in a speech. " * (2 + 3 * i) for i in range(3)]
-    fields = schema.compile_for("ragcot", tok).spec.fields
-    verdict = schema.compile_for("ragcot", tok).candidates[[f.key for f in fields].index("Verdict")]
-    reflection = schema.compile_for("counsel_reflection", tok)
+    fields = schema_program.compile_for("ragcot", tok).spec.fields
+    verdict = schema_program.compile_for("ragcot", tok).candidates[[f.key for f in fields].index("Verdict")]
+    reflection = schema_program.compile_for("counsel_reflection", tok)
     hundred = reflection.candidates[0]  # 0.00 .. 1.00 with its closing token: 101 candidates
     go_on_close = [reflection.list_go_on, reflection.list_close]
     assert len(hundred) == 101 and max(len(c) for c in verdict) > 2
@@ -139,7 +139,7 @@ def test_tree_scoring_gives_the_copied_cache_scorers_probabilities_without_touch
 def test_a_number_trie_holds_exactly_the_schemas_tokenisation_of_each_value(tmp_path, monkeypatch):
     tok = build_tiny_tokenizer()
     scores_schema(tmp_path, monkeypatch)
-    c = schema.compile_for("scores", tok)
+    c = schema_program.compile_for("scores", tok)
     for i in (0, 1):
         spelled = {}
 
@@ -154,12 +154,12 @@ def test_a_number_trie_holds_exactly_the_schemas_tokenisation_of_each_value(tmp_
         assert [spelled[j] for j in range(len(c.candidates[i]))] == c.candidates[i]
     assert c.scratch_columns == 0  # nothing in this schema is scored as a choice
     with pytest.raises(ValueError, match="field 'X'.*runs past"):
-        schema.trie([[5, 9], [5, 9, 7]], "field 'X'")
+        schema_program.trie([[5, 9], [5, 9, 7]], "field 'X'")
 
 
 def drive(compiled, logits_for, settings, generator_=None, limit=120):
     """Run one row's schema program on logits from `logits_for(fed ids)`: (fed ids, result)."""
-    masks = schema.masks(compiled.tokenizer, logits_for([]).shape[-1], [compiled.tokenizer.eos_token_id], "cpu")
+    masks = schema_program.masks(compiled.tokenizer, logits_for([]).shape[-1], [compiled.tokenizer.eos_token_id], "cpu")
     row = SchemaRow(compiled, limit, masks, settings, generator_,
                     lambda candidates, logits: [random.random() for _ in candidates])
     fed = []
@@ -173,7 +173,7 @@ def drive(compiled, logits_for, settings, generator_=None, limit=120):
 def test_generated_numbers_only_ever_take_allowed_values_under_random_logits_and_temperatures(tmp_path, monkeypatch):
     tok = build_tiny_tokenizer()
     scores_schema(tmp_path, monkeypatch)
-    compiled = schema.compile_for("scores", tok)
+    compiled = schema_program.compile_for("scores", tok)
     spec = compiled.spec
     rng, seen = random.Random(0), set()
     gen = torch.Generator().manual_seed(0)
@@ -199,7 +199,7 @@ def test_generated_numbers_only_ever_take_allowed_values_under_random_logits_and
 def test_a_greedy_number_is_the_argmax_path_through_its_allowed_tokens(soft_llama, tmp_path, monkeypatch):
     model, tok = soft_llama
     scores_schema(tmp_path, monkeypatch)
-    compiled = schema.compile_for("scores", tok)
+    compiled = schema_program.compile_for("scores", tok)
     conv = engine.Conversation(system="You score an argument.")
     context = chat.context_ids(tok, engine.Conversation(system=conv.system, messages=[
         {"role": "user", "content": "Score it."}]))
@@ -227,7 +227,7 @@ def test_a_greedy_number_is_the_argmax_path_through_its_allowed_tokens(soft_llam
 @torch.inference_mode()
 def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_the_batch(soft_llama):
     model, tok = soft_llama
-    compiled = schema.compile_for("counsel_reflection", tok)
+    compiled = schema_program.compile_for("counsel_reflection", tok)
     calls = []
     hook = model.register_forward_pre_hook(
         lambda m, a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
@@ -252,7 +252,7 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
 def test_a_scored_number_keeps_its_probabilities_and_a_generated_one_none(soft_llama, tmp_path, monkeypatch):
     model, tok = soft_llama
     scores_schema(tmp_path, monkeypatch, scored=True, name="scored")
-    compiled = schema.compile_for("scored", tok)
+    compiled = schema_program.compile_for("scored", tok)
     conv = engine.Conversation(system="You score an argument.")
     engine.generate(model, tok, [conv], ["Score it."], engine.Settings(max_new_tokens=60), schemas=[compiled])
     probs = conv.structured["probs"]
@@ -265,10 +265,10 @@ def test_a_scored_number_keeps_its_probabilities_and_a_generated_one_none(soft_l
 
 def test_a_dropped_tokenizer_is_freed_with_its_compiled_schemas_and_masks():
     tok = build_tiny_tokenizer()
-    compiled = schema.compile_for("counsel_reflection", tok)
-    masks = schema.masks(tok, len(tok), [tok.eos_token_id], "cpu")
-    assert schema.masks(tok, len(tok), [tok.eos_token_id], "cpu") is masks  # cached while it lives
-    assert schema.compile_for("counsel_reflection", tok) is compiled and compiled.tokenizer is tok
+    compiled = schema_program.compile_for("counsel_reflection", tok)
+    masks = schema_program.masks(tok, len(tok), [tok.eos_token_id], "cpu")
+    assert schema_program.masks(tok, len(tok), [tok.eos_token_id], "cpu") is masks  # cached while it lives
+    assert schema_program.compile_for("counsel_reflection", tok) is compiled and compiled.tokenizer is tok
     alive = weakref.ref(tok)
     del tok
     gc.collect()

@@ -17,7 +17,7 @@ from debate.data import knowledge_store
 from debate.data.knowledge_store import StoreError
 from debate.methods import hero_retrieval
 from debate.pipeline import store_retrieval
-from eval import evidence as evidence_scores
+from eval import evidence_score as evidence_scores
 from tests.tiny_models import averitec_dir, build_tiny_llama, claim_pages, missing
 
 CLAIMS = 5  # claims of the test split; the last has no store file
@@ -93,7 +93,7 @@ def test_saved_file_is_herOs_format_and_mostly_from_the_claims_own_pages(world, 
     # Measured: 10 of 12 items (83%) with the tiny model's noise articles (2 per claim) and all-MiniLM-L6-v2.
     print(f"share of items from the claim's own pages: {sum(from_own)} of {len(from_own)}")
     assert sum(from_own) / len(from_own) >= 0.75
-    # --retrieve-only scores the file on its own (eval/evidence.py) against the claims' golden pairs
+    # --retrieve-only scores the file on its own (eval/evidence_score.py) against the claims' golden pairs
     # (the claim without a store is in the file with no evidence, and scores 0 as AVeriTeC's scorer has it)
     assert scores["n"] == CLAIMS and scores["n_missing"] == 0 and 0 < scores["question_answer"] <= 1
     assert json.loads((out / "retrieved.scores.json").read_text())["n"] == CLAIMS

@@ -45,12 +45,12 @@ def reset_peak():
 """
 
 ENGINE_STEP = PRELUDE + """
-from debate.engine import engine, models, schema
+from debate.engine import engine, models, schema_program
 model_dir, schema_name, context, rows, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
     int(sys.argv[5])
 loaded = models.load_model(model_dir, use_4bit=False)
 model, tok = loaded.model, loaded.tokenizer
-compiled = schema.compile_for(schema_name, tok)
+compiled = schema_program.compile_for(schema_name, tok)
 settings = engine.Settings(max_new_tokens=new_tokens, temperature=0.0, memory_budget=1 << 60)
 planned = []
 plain = engine.plan_batches

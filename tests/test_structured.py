@@ -1,5 +1,6 @@
-"""Structured decoding (debate.data.schemas, debate.engine.schema and the engine): any model answers with the
-object its prompt asks for, choices are scored as whole values, and free generation is untouched when it is off."""
+"""Structured decoding (debate.data.answer_schemas, debate.engine.schema_program and the engine): any model
+answers with the object its prompt asks for, choices are scored as whole values, and free generation is untouched
+when it is off."""
 import json
 import re
 
@@ -8,10 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.data import schemas
+from debate.data import answer_schemas
 from debate.data.labels import LABELS
 from debate.data.prompts import PROMPT_DIR, PromptError, raw_prompt
-from debate.engine import chat, engine, schema
+from debate.engine import chat, engine, schema_program
 from debate.methods import turns
 from tests.tiny_models import build_tiny_llama
 
@@ -45,7 +46,7 @@ def the_object(text):
 
 @pytest.mark.parametrize("name", SCHEMA_NAMES)
 def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(name):
-    keys = schemas.load(name).keys
+    keys = answer_schemas.load(name).keys
     text = raw_prompt(name)
     if name in ("ragcot", "majority_vote"):
         text += raw_prompt("verdict_answer")  # rendered into it as {answer}
@@ -60,38 +61,38 @@ def test_each_schema_declares_the_keys_its_prompt_asks_for_in_the_prompts_order(
 
 
 def test_a_bad_schema_file_is_refused_with_its_file_and_field(tmp_path, monkeypatch):
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
-    schemas.load.cache_clear()
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
+    answer_schemas.load.cache_clear()
     try:
         (tmp_path / "broken.schema.json").write_text(json.dumps({"fields": [{"key": "Verdict", "type": "choice"}]}))
         with pytest.raises(PromptError, match=r"broken\.schema\.json: fields\[0\].*values"):
-            schemas.load("broken")
+            answer_schemas.load("broken")
         (tmp_path / "late.schema.json").write_text(json.dumps({"fields": [
             {"key": "A", "type": "text", "when": {"B": "Yes"}}, {"key": "B", "type": "choice", "values": ["Yes"]}]}))
         with pytest.raises(PromptError, match="earlier fields"):
-            schemas.load("late")
+            answer_schemas.load("late")
         (tmp_path / "odd.schema.json").write_text(json.dumps({"fields": [
             {"key": "A", "type": "choice", "values": ["Yes", "No"], "scored": True}]}))
         with pytest.raises(PromptError, match=r"odd\.schema\.json: fields\[0\].*'scored'.*number field only"):
-            schemas.load("odd")
+            answer_schemas.load("odd")
     finally:
-        schemas.load.cache_clear()
+        answer_schemas.load.cache_clear()
 
 
 def test_numbers_take_the_values_of_their_range_and_only_g_evals_are_scored():
-    assert schemas.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
-    assert schemas.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
+    assert answer_schemas.load("court_admissibility").fields[0].values == tuple(f"{i / 10:.1f}" for i in range(11))
+    assert answer_schemas.load("judge_case").fields[1].values == tuple(str(i) for i in range(11))
     # G-Eval's score is the probability-weighted mean of 1-5: its distribution is read, so it is scored.
-    numbers = {(n, f.key): f.scored for n in SCHEMA_NAMES for f in schemas.load(n).fields if f.kind == "number"}
+    numbers = {(n, f.key): f.scored for n in SCHEMA_NAMES for f in answer_schemas.load(n).fields if f.kind == "number"}
     assert {k for k, scored in numbers.items() if scored} == {("geval_document", "Faithfulness"),
                                                               ("geval_sentence", "Faithfulness")}
 
 
 def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
     model, tok = tiny
-    compiled = schema.compile_for("moderator_round", tok)
+    compiled = schema_program.compile_for("moderator_round", tok)
     conv = engine.Conversation(system="s")
-    with pytest.raises(schema.SchemaBudgetError, match=r"--max-new-tokens 10 .*'moderator_round'.* need \d+"):
+    with pytest.raises(schema_program.SchemaBudgetError, match=r"--max-new-tokens 10 .*'moderator_round'.* need \d+"):
         engine.generate(model, tok, [conv], ["go"], engine.Settings(max_new_tokens=10), schemas=[compiled])
     assert conv.generated == []  # nothing ran
 
@@ -102,7 +103,7 @@ def test_a_turn_too_short_for_the_object_is_refused_up_front(tiny):
 @pytest.mark.parametrize("name", SCHEMA_NAMES)
 def test_garbage_logits_still_give_the_object_within_the_token_limit(tiny, name):
     model, tok = tiny
-    compiled = schema.compile_for(name, tok)
+    compiled = schema_program.compile_for(name, tok)
     limit = compiled.fixed_cost + 40
     convs = [engine.Conversation(system=f"Claim {i}. " + "Evidence says so. " * i) for i in range(3)]
     replies = engine.generate(model, tok, convs, ["Answer now."] * 3, engine.Settings(max_new_tokens=limit),
@@ -130,7 +131,7 @@ def test_garbage_logits_still_give_the_object_within_the_token_limit(tiny, name)
 
 def test_a_no_round_reply_has_a_verdict_and_a_yes_leaves_it_empty(tiny):
     model, tok = tiny
-    compiled = schema.compile_for("moderator_round", tok)
+    compiled = schema_program.compile_for("moderator_round", tok)
     convs = [engine.Conversation(system=f"Claim number {i}. " + "A source. " * i) for i in range(8)]
     engine.generate(model, tok, convs, ["Judge the round."] * 8, engine.Settings(max_new_tokens=140),
                     schemas=[compiled] * 8)
@@ -146,7 +147,7 @@ def test_a_no_round_reply_has_a_verdict_and_a_yes_leaves_it_empty(tiny):
 def independent_choice_probs(model, tok, conv, prompt, name, key, values):
     """Decode `prompt` under schema `name`, then score `key`'s values again with plain forward passes over
     the whole sequence (no cache, no batch): (the engine's probabilities, the independent ones)."""
-    compiled = schema.compile_for(name, tok)
+    compiled = schema_program.compile_for(name, tok)
     context = chat.context_ids(tok, engine.Conversation(system=conv.system, messages=[
         {"role": "user", "content": prompt}]))
     engine.generate(model, tok, [conv], [prompt], engine.Settings(max_new_tokens=compiled.fixed_cost + 30),
@@ -173,7 +174,7 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
     # Labels of many tokens are far less probable under a random model; a choice among values the tiny
     # vocabulary spells in one token each shows the match where the probabilities are spread.
     values = ("claim", "source", "evidence")
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "words.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": list(values)}]}))
     conv = engine.Conversation(system="You pick a word.")
@@ -184,10 +185,10 @@ def test_label_probs_are_the_softmax_of_each_whole_values_log_probability(soft, 
 
 def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch):
     model, tok = soft
-    monkeypatch.setattr(schemas, "PROMPT_DIR", tmp_path)
+    monkeypatch.setattr(answer_schemas, "PROMPT_DIR", tmp_path)
     (tmp_path / "pick.schema.json").write_text(json.dumps({"fields": [
         {"key": "Word", "type": "choice", "values": ["claim", "source", "evidence"]}]}))
-    compiled = schema.compile_for("pick", tok)
+    compiled = schema_program.compile_for("pick", tok)
     convs = [engine.Conversation(system="You pick a word.") for _ in range(30)]
     engine.generate(model, tok, convs, ["Which word?"] * 30, engine.Settings(max_new_tokens=40, temperature=1.0),
                     schemas=[compiled] * 30, generator=torch.Generator().manual_seed(5))
@@ -198,7 +199,7 @@ def test_sampled_choices_draw_from_the_probabilities(soft, tmp_path, monkeypatch
 
 
 def structured_turns(model, tok, reuse, batch_size, name="moderator_round", turns_=2, max_new_tokens=120):
-    compiled = schema.compile_for(name, tok)
+    compiled = schema_program.compile_for(name, tok)
     settings = engine.Settings(max_new_tokens=max_new_tokens, reuse_cache=reuse)
     systems = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(6)]
     convs = [engine.Conversation(system=s) for s in systems]
@@ -278,7 +279,7 @@ def test_every_method_gives_readable_structured_replies_and_a_label_for_every_cl
             if "schema" in turn:
                 seen.add(turn["schema"])
                 assert turn["parse_status"] == "structured"
-                assert list(the_object(turn["response"])) == list(schemas.load(turn["schema"]).keys)
+                assert list(the_object(turn["response"])) == list(answer_schemas.load(turn["schema"]).keys)
             elif re.search(r"Answer ONLY with a JSON object", turn["prompt"]):
                 pytest.fail(f"a JSON answer was asked for without a schema: {turn['prompt'][:80]}")
     expected = {"debatecv": {"moderator_round"}, "rag-cot": {"ragcot", "madr_judge", "madr_refine"},

@@ -59,10 +59,11 @@ def installed(tmp_path_factory):
 def test_the_installed_package_finds_its_prompts_and_demo_claims_from_any_directory(installed, tmp_path):
     bin_dir, env = installed
     out = _run([bin_dir / "python", "-c",
-                "import json, debate, prompts, run_debate; from debate.data import averitec, prompts as p, schemas; "
+                "import json, debate, prompts, run_debate; "
+                "from debate.data import averitec, prompts as p, answer_schemas; "
                 "print(json.dumps({'debate': debate.__file__, 'prompts': str(p.PROMPT_DIR), "
                 "'scripts': run_debate.__file__, 'meta': p.raw_prompt('moderator_meta'), "
-                "'none': p.load_prompt('no_evidence'), 'schema': len(schemas.load('moderator_round').fields), "
+                "'none': p.load_prompt('no_evidence'), 'schema': len(answer_schemas.load('moderator_round').fields), "
                 "'claims': len(averitec.load_split('demo', None))}))"], cwd=tmp_path, env=env)
     found = json.loads(out.splitlines()[-1])
     venv = bin_dir.parent

@@ -13,7 +13,7 @@ from pathlib import Path
 from debate.data import jsonl
 from debate.data.parsing import parse_moderator
 from debate.data.prompts import render
-from debate.engine import engine, schema
+from debate.engine import engine, schema_program
 from debate.engine.models import adapter_scope
 from debate.pipeline import records, stops
 
@@ -61,7 +61,7 @@ def correct(agent, rows, out_path, settings, batch_size=8, on_batch=None):
         for i in range(0, len(todo), batch_size):
             batch = todo[i:i + batch_size]
             convs = [engine.Conversation(system="") for _ in batch]
-            compiled = schema.compile_for("corrector", agent.tokenizer) if settings.structured else None
+            compiled = schema_program.compile_for("corrector", agent.tokenizer) if settings.structured else None
             with adapter_scope(agent):
                 replies = engine.generate(agent.model, agent.tokenizer, convs, [prompt_for(r) for r in batch],
                                           settings, schemas=[compiled] * len(batch) if compiled else None)

@@ -5,7 +5,7 @@
      "verdict": label | None, "justification": str, "status": str}
 
 status says how the decision was recovered, from most to least trustworthy:
-    "structured"    decoded under the prompt's schema (debate.engine.schema): the object is well formed by
+    "structured"    decoded under the prompt's schema (debate.engine.schema_program): the object is well formed by
                     construction and the verdict was chosen among the dataset's labels
     "json"          the whole answer is one clean JSON object
     "json_repaired" a JSON object was found after repair: code fences, prose around it, single quotes,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from debate.engine import generator as gen, kv_store, memory, ram, schema as schemas_mod
+from debate.engine import generator as gen, kv_store, memory, ram, schema_program
 from debate.engine.chat import context_ids, stop_token_ids
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class Settings:
     top_p: float = 1.0
     seed: int = 0
     reuse_cache: bool = True
-    structured: bool = True  # decode JSON answers under their prompt's schema (debate.engine.schema)
+    structured: bool = True  # decode JSON answers under their prompt's schema (debate.engine.schema_program)
     # Share of the memory free before a batch that its cache and activations may take: of the GPU's on CUDA,
     # of the RAM available on a CPU (the flag keeps its first name, --gpu-memory-fraction). 0: no budget.
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION
@@ -83,7 +83,7 @@ def batch_bytes(model, targets, usables, settings, schemas=None):
     decoding's extras and one choice's scoring pass at the largest trie among them."""
     plan = kv_store.layout(targets, usables)
     structured = [c for c in schemas or () if c is not None]
-    # The largest prefix tree a choice feeds in one pass (schema.Compiled.scratch_columns); the generator keeps
+    # The largest prefix tree a choice feeds in one pass (schema_program.Compiled.scratch_columns); the generator keeps
     # that many cache columns free past the turn's end for it, so they count as new tokens in the KV buffer too.
     trie = max((c.scratch_columns for c in structured), default=0)
     fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
@@ -185,7 +185,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     the memory budget asks for it; rows never affect each other's tokens).
 
     Returns the reply texts; each conversation gets its assistant message, token counts and cache.
-    `schemas` (one debate.engine.schema.Compiled or None per row) decodes those rows under their schema; the
+    `schemas` (one debate.engine.schema_program.Compiled or None per row) decodes those rows under their schema; the
     row's conversation then holds the schema's result in `structured` (None for a free reply).
     """
     if not convs:
@@ -193,7 +193,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
     schemas = list(schemas) if schemas and any(schemas) else None
     for compiled in schemas or ():
         if compiled is not None:
-            schemas_mod.check_budget(compiled, settings.max_new_tokens)
+            schema_program.check_budget(compiled, settings.max_new_tokens)
     stop_ids = stop_ids if stop_ids is not None else stop_token_ids(model, tokenizer)
     if generator is None and settings.temperature > 0:
         generator = torch.Generator(device=gen.model_device(model)).manual_seed(settings.seed)

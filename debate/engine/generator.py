@@ -11,9 +11,9 @@ from functools import lru_cache
 
 import torch
 
-from debate.engine import kv_store, schema as schemas_mod
+from debate.engine import kv_store, schema_program
+from debate.engine.constrained_row import SchemaRow
 from debate.engine.sampling import next_tokens
-from debate.engine.structured import SchemaRow
 
 
 @dataclass
@@ -67,14 +67,14 @@ def tree_logprobs(model, cache, row, start, candidates, first_logits):
     columns from `start` to the end of `cache` (a kv_store.BatchCache).
 
     The first tokens are scored from `first_logits` (the row's logits now); the rest in one side pass that
-    feeds the candidates' distinct prefixes as a tree (schema.prefix_tree): each fed token attends to the
+    feeds the candidates' distinct prefixes as a tree (schema_program.prefix_tree): each fed token attends to the
     row's context and to its own ancestors, at the position it would have in its candidate. The pass runs
     on the row alone, over views of its cache: the tree's keys/values go to the columns past the row's end,
     which no one reads and the next decode step overwrites; no cache is copied, no other row is touched.
     """
     logp = torch.log_softmax(first_logits.float(), dim=-1)
     totals = [float(logp[c[0]]) for c in candidates]
-    tokens, parents, depths, node = schemas_mod.prefix_tree(candidates)
+    tokens, parents, depths, node = schema_program.prefix_tree(candidates)
     if not tokens:
         return totals
     device, n = first_logits.device, len(tokens)
@@ -142,7 +142,7 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
 
     driven = [None] * rows
     if schemas:
-        masks = schemas_mod.masks(tokenizer, out.logits.shape[-1], stop_ids, device)
+        masks = schema_program.masks(tokenizer, out.logits.shape[-1], stop_ids, device)
         for row, compiled in enumerate(schemas):
             if compiled is not None:
                 start = plan.start(row, len(targets[row]))  # the row's first column in the cache, for good

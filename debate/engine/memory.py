@@ -13,7 +13,7 @@ A debate's model call holds, besides the weights:
   fed once over that row's cache in place: T tokens' activations and MLP, T x (L + T) attention scores per
   head, the row's keys and values repeated to every head over L + T columns, the T new keys and values, and
   T x vocab logits in the model's dtype, in float32 and their log-softmax. Rows are scored one at a time, so
-  T is the largest trie of the batch's schemas (schema.Compiled.scratch_columns), not a sum.
+  T is the largest trie of the batch's schemas (schema_program.Compiled.scratch_columns), not a sum.
 The prefill's and the decode's transients are added, not maxed: an upper bound, and the decode's are small.
 
 A training step (train_step_bytes): the LoRA adapter in float32 with its gradient and AdamW's two moments;

@@ -8,8 +8,8 @@ reply may be) are shared, since they define the task rather than how it is compu
 """
 import torch
 
-from debate.engine import chat, schema as schemas_mod
-from debate.engine.structured import SchemaRow
+from debate.engine import chat, schema_program
+from debate.engine.constrained_row import SchemaRow
 
 
 def _logprobs(model, ids):
@@ -49,7 +49,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, schem
         for step in range(settings.max_new_tokens):
             logits = _logprobs(model, ids)[-1]
             if compiled is not None and row is None:
-                masks = schemas_mod.masks(tokenizer, logits.shape[-1], stop_ids, logits.device)
+                masks = schema_program.masks(tokenizer, logits.shape[-1], stop_ids, logits.device)
                 row = SchemaRow(compiled, settings.max_new_tokens - 1, masks, settings, None,
                                 lambda candidates, first, ids=ids: _score(model, list(ids), candidates, first))
             if row is not None:

@@ -42,7 +42,7 @@ class Turn:
     prompts: list
     settings: object  # engine.Settings
     generator: object  # torch.Generator or None
-    schema: object  # a schema.Compiled for every row, or None
+    schema: object  # a schema_program.Compiled for every row, or None
     order: int  # when it was asked for: the oldest turn goes first
     key: tuple = None  # turns with equal keys can share a model call (see `_key`)
     replies: list = None

@@ -25,7 +25,7 @@ from debate.methods import debate_retrieval as grow, turns as shared
 
 ROLES = ("affirmative", "negative", "moderator")
 MODEL_OF = {"affirmative": "debater", "negative": "debater", "moderator": "moderator"}  # role -> its model flag
-SCHEMAS = ("moderator_round", "moderator_final")  # the JSON answers it asks for (debate.data.schemas)
+SCHEMAS = ("moderator_round", "moderator_final")  # the JSON answers it asks for (debate.data.answer_schemas)
 
 
 @dataclass

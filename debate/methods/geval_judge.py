@@ -7,7 +7,7 @@ Four protocols, by granularity and by whether the error typology is shown (the p
     document            the whole explanation rated at once (Table 5)
     document-typology   the same, with the typology
 Every rating is its own one-message conversation. The judge answers {"Faithfulness": n}; structured
-decoding scores each value 1-5 as a whole (a number choice, debate.engine.schema) and keeps each one's
+decoding scores each value 1-5 as a whole (a number choice, debate.engine.schema_program) and keeps each one's
 probability, from which eval.geval_scores takes G-Eval's score, the probability-weighted mean. Ratings are
 batched through the engine, those of one granularity together and in order of length, so a batch pads
 little. What a unit is (the explanation, or one of its sentences) is the caller's to say: eval.geval_scores splits

@@ -38,7 +38,7 @@ MODEL_OF = {"madr_typology": "refine", "madr_free": "refine", "madr_judge": "ref
             "madr_refiner": "refine"}  # role -> its model flag
 EXPLAIN_MODELS = {**explanations.EXPLAINER, **MODEL_OF}  # --task explain: the explainer writes E first
 DEBATERS = ("madr_typology", "madr_free")
-SCHEMAS = ("madr_judge", "madr_refine")  # the JSON answers it asks for (debate.data.schemas)
+SCHEMAS = ("madr_judge", "madr_refine")  # the JSON answers it asks for (debate.data.answer_schemas)
 OTHER = {"madr_typology": "madr_free", "madr_free": "madr_typology"}
 FIRST_REQUEST = {"madr_typology": "madr_typology_feedback", "madr_free": "madr_free_feedback"}
 

@@ -9,7 +9,7 @@ import math
 import torch
 
 from debate.data.labels import AVERITEC
-from debate.engine import engine, scheduler, schema
+from debate.engine import engine, scheduler, schema_program
 from debate.engine.models import adapter_scope
 
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
@@ -56,7 +56,7 @@ def speak(agent, convs, prompts, settings, generator=None, schema_name=None, lab
     """
     if not convs:
         return []
-    compiled = (schema.compile_for(schema_name, agent.tokenizer, labels.labels)
+    compiled = (schema_program.compile_for(schema_name, agent.tokenizer, labels.labels)
                 if schema_name and settings.structured else None)
     generator = generator if settings.temperature > 0 else None
     # A claim run by the scheduler (continuous batching) waits here while its turn joins a shared model call.
@@ -84,7 +84,8 @@ def check_schemas(agents, names, settings, labels=AVERITEC):
         return
     for agent in {id(a.tokenizer): a for a in agents.values()}.values():
         for name in names:
-            schema.check_budget(schema.compile_for(name, agent.tokenizer, labels.labels), settings.max_new_tokens)
+            schema_program.check_budget(schema_program.compile_for(name, agent.tokenizer, labels.labels),
+                                        settings.max_new_tokens)
 
 
 def outcome_probs(dists, rule, labels=AVERITEC.labels):

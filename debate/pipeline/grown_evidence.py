@@ -4,7 +4,7 @@ source the claims search, and the evidence each debate ended with, saved in HerO
     OUTPUT_DIR/debate_retrieved.jsonl          one line per claim: {"claim_id", "claim", "evidence": [{question,
                                                answer, url}]}: the claim's own evidence, then what the debate
                                                admitted (its query as the question), readable by --retrieved-file
-                                               and by `python -m eval.evidence`
+                                               and by `python -m eval.evidence_score`
     OUTPUT_DIR/debate_retrieved.scores.json    its evidence-only scores, where the split has golden pairs
 
 The file is written anew from predictions.jsonl when the run is scored, so a resumed run's file holds every claim.
@@ -16,7 +16,7 @@ from debate.data import claims as data, datasets, knowledge_store
 from debate.engine import retrieval
 from debate.methods import debate_retrieval
 from debate.pipeline import records, run_claims, store_retrieval
-from eval import averitec, evidence as evidence_scores, wordnet
+from eval import averitec, evidence_score as evidence_scores, wordnet
 
 FILE = "debate_retrieved.jsonl"
 

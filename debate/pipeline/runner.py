@@ -16,7 +16,7 @@ from debate.data.inputs import DataError
 from debate.data.prompts import PromptError
 from debate.engine import models, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
-from debate.engine.schema import SchemaBudgetError
+from debate.engine.schema_program import SchemaBudgetError
 from debate.methods import madr, turns
 from debate.pipeline import grown_evidence, lock, progress, records, run_claims, shards, stops, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError

@@ -8,7 +8,7 @@ from debate.pipeline import grown_evidence, records, store_retrieval
 from debate.pipeline.config import COURTROOM_METHODS
 from eval import (
     averitec,
-    evidence as evidence_scores,
+    evidence_score as evidence_scores,
     geval_scores,
     metrics as label_scores,
     proclaim_measures,
@@ -40,7 +40,7 @@ RESCORE = ("run the same command again to add them: every claim is done, so noth
 
 
 def score_retrieved(config, claims, log=print):
-    """--retrieve-only: the evidence-only scores of the saved file (eval/evidence.py) where the claims have golden
+    """--retrieve-only: the evidence-only scores of the saved file (eval/evidence_score.py) where the claims have golden
     AVeriTeC pairs, written to OUTPUT_DIR/retrieved.scores.json; None where there are none to score against."""
     references = data.as_references([c for c in claims if c.get("questions")])
     path = store_retrieval.retrieved_path(config)

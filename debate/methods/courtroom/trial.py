@@ -35,9 +35,10 @@ from debate.methods.courtroom.negotiation import mine_premises, negotiate
 from debate.methods.courtroom.panel import decide, judge_cases, panel_evidence, panel_note
 from debate.methods.courtroom.role_switch import score_consistency, switch_needed
 
+# the JSON answers it asks for (debate.data.answer_schemas)
 SCHEMAS = ("critic_premises", "counsel_search", "counsel_disclosure", "court_admissibility", "counsel_gap",
            "courtroom_query", "court_query", "counsel_expert", "court_witness", "counsel_reflection", "critic_round",
-           "court_ready", "critic_consistency", "judge_case")  # the JSON answers it asks for (debate.data.schemas)
+           "court_ready", "critic_consistency", "judge_case")
 
 
 def model_of(n_judges):

@@ -1,5 +1,5 @@
 """The JSON object a prompt asks for, declared beside the prompt: read and checked here, compiled for a
-tokenizer and decoded by the engine (debate.engine.schema).
+tokenizer and decoded by the engine (debate.engine.schema_program).
 
 `prompts/<name>.schema.json` declares the object's fields in the order the prompt shows them:
 

@@ -1,4 +1,4 @@
-"""Structured decoding, the engine's side: a declared schema (debate.data.schemas) tokenised for one
+"""Structured decoding, the engine's side: a declared schema (debate.data.answer_schemas) tokenised for one
 tokenizer, and the decoder of one reply under it.
 
 Keys, quotes and punctuation are forced tokens. Each piece of the object is tokenised on its own, so
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field as dataclass_field
 
 import torch
 
-from debate.data import schemas
+from debate.data import answer_schemas
+from debate.data.answer_schemas import Spec
 from debate.data.labels import LABELS
-from debate.data.schemas import Spec
 
 INDENT = "\n  "
 
@@ -131,7 +131,7 @@ def compile_for(name, tokenizer, labels=LABELS):
     cache = _per_tokenizer(tokenizer)["compiled"]
     key = (name, tuple(labels))
     if key not in cache:
-        cache[key] = _compile(schemas.resolve(schemas.load(name), labels), tokenizer)
+        cache[key] = _compile(answer_schemas.resolve(answer_schemas.load(name), labels), tokenizer)
     return cache[key]
 
 

@@ -1,4 +1,4 @@
-"""One batch row decoded under its schema: drives debate.engine.schema's program token by token.
+"""One batch row decoded under its schema: drives debate.engine.schema_program's program token by token.
 
 The generator (and the reference path) feed a row's logits in and get the id it feeds next; how a
 choice's candidates are scored is theirs to say (`score`), since it depends on how the context is held.
@@ -7,17 +7,17 @@ allows there, with the role's own settings (debate.engine.sampling), so it costs
 """
 import torch
 
-from debate.engine import schema as schemas_mod
+from debate.engine import schema_program
 from debate.engine.sampling import next_tokens
 
 
 class SchemaRow:
-    """Drives one row's schema program (debate.engine.schema.program) step by step: forced ids one per step,
+    """Drives one row's schema program (debate.engine.schema_program.program) step by step: forced ids one per step,
     masked free text, numbers sampled inside their value trie, whole-value choices scored by
     `score(candidates, logits) -> totals`."""
 
     def __init__(self, compiled, limit, masks, settings, generator, score):
-        self.program = schemas_mod.program(compiled, limit)
+        self.program = schema_program.program(compiled, limit)
         self.masks, self.settings, self.generator, self.score = masks, settings, generator, score
         self.queue, self.text, self.cap, self.mode, self.result = [], [], 0, None, None
         self._send(None)

@@ -8,7 +8,7 @@ strings (eval.averitec.evidence_score):
   a Boolean answer followed by its explanation), the strings the AVeriTeC score thresholds.
 Each measure is the mean over the claims of the references that the file covers.
 
-    python -m eval.evidence RETRIEVED.jsonl --references dev.json [--json]
+    python -m eval.evidence_score RETRIEVED.jsonl --references dev.json [--json]
 """
 import json
 import sys
@@ -65,10 +65,10 @@ def summary_line(result):
 
 
 def build_parser():
-    """The flags of `python -m eval.evidence` (tests/test_docs.py checks the documented commands against them)."""
+    """The flags of `python -m eval.evidence_score` (tests/test_docs.py checks the documented commands against them)."""
     from debate.data.flags import Parser  # one-line errors; the scoring itself imports nothing above data
 
-    parser = Parser(prog="python -m eval.evidence", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m eval.evidence_score", description=__doc__.split("\n")[0])
     parser.add_argument("retrieved", help="retrieved evidence (JSONL or JSON list of {claim_id, evidence})")
     parser.add_argument("--references", required=True, help="the split with golden pairs (AVeriTeC's dev.json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object, per-claim scores included")
