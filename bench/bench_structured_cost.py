@@ -97,7 +97,11 @@ def reflection_only(args, calls):
     """One reflection at a ~N-token prompt through engine.generate, as a counsel turn makes it."""
     import statistics
 
-    from debate.engine import engine, gguf, models, schema_program
+    from debate.engine import engine, gguf, models
+    try:
+        from debate.engine import schema_program
+    except ImportError:  # a --tree from before the module's rename (issue 40)
+        from debate.engine import schema as schema_program
     loaded = models.load_model(gguf.default_model_path())
     model, tok = loaded.model, loaded.tokenizer
     docs = [json.loads(line) for line in Path(args.corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
