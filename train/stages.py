@@ -143,6 +143,7 @@ def correct(settings: TrainSettings) -> None:
     wrong = [r for r in rows if not r["correct"]]
     log.info(f"correct: {len(wrong)} wrong predictions of {len(rows)}; Corrector: {settings.corrector_model}")
     if wrong:
+        assert settings.corrector_model is not None  # with_models fills it
         agent = models.load_roles({"corrector": settings.corrector_model}, use_4bit=settings.use_4bit)["corrector"]
         assert settings.max_new_tokens is not None  # settings.from_args fills it per split
         decoding = engine.Settings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
@@ -299,6 +300,8 @@ def check(settings: TrainSettings, todo: Sequence[str]) -> None:
     """Refuse the stages in `todo` now, for what needs no weights: model and adapter paths, data, prompts,
     WordNet, the SynDeC file a stage reads. Runs before OUT is created or changed and before any load."""
     p = paths(settings.out)
+    # with_models filled them
+    assert settings.model is not None and settings.debater_model is not None and settings.corrector_model is not None
     needed = {settings.model}
     needed |= {settings.debater_model} if "synth" in todo else set()
     needed |= {settings.corrector_model} if "correct" in todo else set()
