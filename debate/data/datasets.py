@@ -29,7 +29,8 @@ class Dataset:
     default_dir: str  # --data-dir when none is given
     source: str  # where to get it
     reader: Callable[[str, Path], List[Dict[str, Any]]]  # (split, data_dir) -> claim records
-    label_set: Callable[[str, Optional[Path]], LabelSet]  # (split, data_dir) -> LabelSet
+    # (split, data_dir) -> LabelSet; --list-datasets passes data_dir None to the sets that do not read it
+    label_set: Callable[[str, Any], LabelSet]
     # (split, data_dir) -> its retrieved-evidence file, or None
     retrieved_file: Optional[Callable[[str, Path], Optional[Path]]] = None
     # (data_dir) -> passages {id, text, url} of its retrieval corpus
