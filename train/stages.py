@@ -203,6 +203,7 @@ def sft(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
             f"{source}: no record to train D-SFT on (0 of {len(rows)} predictions were right"
             + ("" if settings.sft_include_corrected else "; --sft-include-corrected adds the corrected ones") + ")")
     accelerator = Accelerator()
+    assert settings.model is not None  # with_models fills it
     model, tokenizer, loaded = lora.load_trainable(
         settings.model, adapter=settings.init_adapter, r=settings.lora_r, alpha=settings.lora_alpha,
         dropout=settings.lora_dropout,
@@ -260,6 +261,7 @@ def dpo(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
     if not Path(sft_adapter).exists():
         raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
     accelerator = Accelerator()
+    assert settings.model is not None  # with_models fills it
     model, tokenizer, loaded = lora.load_trainable(
         settings.model, adapter=str(sft_adapter), use_4bit=settings.use_4bit,
         gradient_checkpointing=settings.gradient_checkpointing, device=accelerator.device)
