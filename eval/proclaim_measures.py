@@ -20,10 +20,12 @@ What is read, by field:
   counsel_argument.txt), per side argued.
 """
 import json
+import os
 import re
 import string
 from collections import Counter
 from pathlib import Path
+from typing import Any, Collection, Dict, Iterable, List, Mapping, Optional, Pattern, Sequence, Tuple, Union
 
 from debate.data.parsing import number_in, read_fields
 from debate.data.prompts import raw_prompt
@@ -43,13 +45,14 @@ _CONCESSION = re.compile(r"\b(?:" + "|".join(re.escape(m).replace(r"\ ", r"\s+")
                          + r")\b", re.IGNORECASE)
 
 # The paper's own figures, printed beside ours.
-PAPER = {"evidence_pool": 67.5, "rounds_total": 5.47, "rounds_total_no_reflection": 7.06, "rounds_primary": "2-3",
-         "novelty_share": 0.031, "fleiss_kappa": 0.4513, "ece": 0.034, "reflection_change": 0.3823,
-         "role_play": {"plaintiff": 7.80, "defense": 6.22}, "concessions": {"plaintiff": 0.03, "defense": 0.01},
-         "ks": "D1 1.14, D2 0.02, D3 0.46, D5 0.16"}
+PAPER: Dict[str, Any] = {
+    "evidence_pool": 67.5, "rounds_total": 5.47, "rounds_total_no_reflection": 7.06, "rounds_primary": "2-3",
+    "novelty_share": 0.031, "fleiss_kappa": 0.4513, "ece": 0.034, "reflection_change": 0.3823,
+    "role_play": {"plaintiff": 7.80, "defense": 6.22}, "concessions": {"plaintiff": 0.03, "defense": 0.01},
+    "ks": "D1 1.14, D2 0.02, D3 0.46, D5 0.16"}
 
 
-def mean_known(values):
+def mean_known(values: Iterable[Any]) -> Optional[float]:
     """The mean of the values that are not None (a measure a record lacks is left out, never counted as 0)."""
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -57,7 +60,7 @@ def mean_known(values):
 
 # --- the panel (Appendix O.4; Appendix D lives in eval/trials.py) -----------------------------------------
 
-def fleiss_kappa(rows):
+def fleiss_kappa(rows: Iterable[Sequence[Any]]) -> Optional[float]:
     """Fleiss' kappa of a panel (Appendix O.4, "judicial conformity", 0.4513 in the paper).
 
     `rows`: per claim, every judge's verdict (None: unreadable, a category of its own); claims with fewer
@@ -74,18 +77,20 @@ def fleiss_kappa(rows):
     totals = Counter(v for r in rows for v in r)
     p_e = sum((count / (len(rows) * raters)) ** 2 for count in totals.values())
     p_bar = mean_known([(sum(c * c for c in Counter(r).values()) - raters) / (raters * (raters - 1)) for r in rows])
-    return 1.0 if p_e >= 1 - 1e-12 else (p_bar - p_e) / (1 - p_e)
+    # rows is not empty here, so p_bar is a number
+    return 1.0 if p_e >= 1 - 1e-12 else (p_bar - p_e) / (1 - p_e)  # type: ignore[operator]
 
 
 # --- calibration (Appendix M, Eq. 9) ---------------------------------------------------------------------
 
-def expected_calibration_error(confidences, corrects, edges=PAPER_ECE_EDGES):
+def expected_calibration_error(confidences: Iterable[float], corrects: Iterable[bool],
+                               edges: Sequence[float] = PAPER_ECE_EDGES) -> Dict[str, Any]:
     """ECE = sum_m |B_m| / N * |acc(B_m) - conf(B_m)| (Eq. 9): bin m holds the predictions whose
     confidence c lies in [edges[m], edges[m+1]) (the last bin includes its upper edge), acc is the share
     right in the bin and conf its mean confidence. Returns {"ece", "n", "bins": [{low, high, n, accuracy,
     confidence}]}, "ece" None for no prediction."""
     pairs = list(zip(confidences, corrects))
-    bins = []
+    bins: List[Dict[str, Any]] = []
     for m, (low, high) in enumerate(zip(edges, edges[1:])):
         last = m == len(edges) - 2
         inside = [(c, ok) for c, ok in pairs if low <= c < high or (last and c == high)]
@@ -97,7 +102,7 @@ def expected_calibration_error(confidences, corrects, edges=PAPER_ECE_EDGES):
     return {"ece": ece, "n": n, "bins": bins}
 
 
-def calibration(predictions, references):
+def calibration(predictions: Sequence[Dict[str, Any]], references: Mapping[Any, Optional[str]]) -> Dict[str, Any]:
     """Eq. 9 over a run's claims as the authors' calibration analysis takes them: claims with a gold label and
     a verdict, leaving out those the panel found Inconclusive (their verdict is the rule's, not the
     panel's); correct = the label equals the gold one."""
@@ -109,7 +114,7 @@ def calibration(predictions, references):
 
 # --- stability (Appendix E) ------------------------------------------------------------------------------
 
-def ks_statistic(a, b):
+def ks_statistic(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
     """The two-sample Kolmogorov-Smirnov statistic sup_x |F_a(x) - F_b(x)| of two samples' empirical
     distribution functions; None when either is empty."""
     if not a or not b:
@@ -127,7 +132,7 @@ def ks_statistic(a, b):
     return worst
 
 
-def aggregate_rounds(prediction, key):
+def aggregate_rounds(prediction: Dict[str, Any], key: str) -> Optional[List[Any]]:
     """The per-round values `key` of a claim's hearings, primary then role-switched, as one sequence: the
     paper's aggregate round index r runs across both (Appendix E). None when a hearing lacks them."""
     hearings = prediction.get("hearings") or []
@@ -136,12 +141,13 @@ def aggregate_rounds(prediction, key):
     return [v for h in hearings for v in h[key]]
 
 
-def ks_stability(per_claim_rounds, finals, max_round=8):
+def ks_stability(per_claim_rounds: Sequence[Optional[Sequence[Any]]], finals: Sequence[float],
+                 max_round: int = 8) -> Dict[str, Dict[str, Any]]:
     """Appendix E's D_r: the KS statistic between the distribution over claims of the confidence at aggregate
     round r and the distribution of the final confidence, for r = 1..max_round (Table 10 shows eight).
     `per_claim_rounds`: each claim's per-round confidences (aggregate rounds); a claim whose debate ended
     before round r is not in round r's sample. Returns {"r": {"D", "claims"}}; {} without per-round data."""
-    out = {}
+    out: Dict[str, Dict[str, Any]] = {}
     for r in range(1, max_round + 1):
         sample = [rounds[r - 1] for rounds in per_claim_rounds if rounds and len(rounds) >= r
                   and rounds[r - 1] is not None]
@@ -152,7 +158,7 @@ def ks_stability(per_claim_rounds, finals, max_round=8):
 
 # --- argument integrity (Appendix O, section 4.7) --------------------------------------------------------
 
-def reflection_changes(hearings_totals):
+def reflection_changes(hearings_totals: Iterable[Iterable[Sequence[Optional[float]]]]) -> Dict[str, Any]:
     """Appendix O.3's Delta S: the mean over consecutive rounds of a hearing of |S_t - S_(t-1)|, S the
     round's reflection total (the sum of both counsels'), pooled over every hearing of every claim; a round
     without a total is compared with nothing. Also, per aggregate round r (primary then role-switched
@@ -160,11 +166,14 @@ def reflection_changes(hearings_totals):
     authors' logs record as the "score delta" (their 0.3823 is the mean of these, and their Table 10 the
     means per aggregate round; see docs/FIDELITY.md). `hearings_totals`: per claim, a list of per-hearing
     lists of S."""
+    absolute: List[float]
+    signed: List[float]
+    by_round: Dict[int, List[float]]  # aggregate round -> its signed changes
     absolute, signed, by_round = [], [], {}
     for claim in hearings_totals:
         r = 0
         for totals in claim:
-            previous = 0.0
+            previous: Optional[float] = 0.0
             for t, s in enumerate(totals):
                 r += 1
                 if s is not None and previous is not None:
@@ -178,7 +187,7 @@ def reflection_changes(hearings_totals):
             "signed_by_round": {str(r): mean_known(v) for r, v in sorted(by_round.items())}}
 
 
-def concession_rate(texts):
+def concession_rate(texts: Sequence[str]) -> Dict[str, Any]:
     """Appendix O.2: explicit concessions (CONCESSION_MARKERS) per 1,000 words of a side's arguments.
     `texts`: that side's argument texts. {"concessions", "words", "per_1000"} (per_1000 None without words)."""
     words = sum(len(t.split()) for t in texts)
@@ -186,7 +195,7 @@ def concession_rate(texts):
     return {"concessions": found, "words": words, "per_1000": 1000 * found / words if words else None}
 
 
-def role_play_consistency(pairs):
+def role_play_consistency(pairs: Sequence[Tuple[Optional[float], Optional[float]]]) -> Dict[str, Any]:
     """Appendix O.1: the consistency analyzer's 0-10 score of each model across the role switch, averaged
     over claims: "plaintiff" is the model that argued for the claim first (Model A), "defense" the other
     (Model B), as the paper reports them. `pairs`: per claim (score A, score B), either None."""
@@ -196,10 +205,10 @@ def role_play_consistency(pairs):
 
 # --- debate dynamics (section 4.2, Figure 2) -------------------------------------------------------------
 
-def termination(predictions):
+def termination(predictions: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """Why the hearings ended, as shares: of the primary hearings (Figure 2's "debate instances"), of the
     role-switched ones, and of all; with mean rounds per claim: primary, role-switched and total."""
-    def shares(reasons):
+    def shares(reasons: List[Optional[str]]) -> Dict[str, Any]:
         reasons = [r or "unknown" for r in reasons]
         counts = Counter(reasons)
         return {"n": len(reasons), "shares": {r: c / len(reasons) for r, c in counts.most_common()}}
@@ -212,7 +221,7 @@ def termination(predictions):
             "rounds_total": mean_known([p.get("total_rounds", p.get("rounds")) for p in predictions])}
 
 
-def evidence_pool(predictions):
+def evidence_pool(predictions: Sequence[Dict[str, Any]]) -> Dict[str, Optional[float]]:
     """Table 5's evidence pool per claim in both units: "returned", the passages returned by all retrieval calls
     (the authors' count, run_eval_extended.py: the unit of the paper's 67.5) and "distinct", the distinct passages
     the hearings' pools held; None where no record says."""
@@ -220,12 +229,12 @@ def evidence_pool(predictions):
             "distinct": mean_known([p.get("evidence_pool") for p in predictions])}
 
 
-def discovery_by_round(predictions):
+def discovery_by_round(predictions: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Dict[str, Dict[str, Any]]]]:
     """P-RAG's discovery round by round (Figure 3 and Table 5's pool), from each hearing's round_log: for the
     primary and the role-switched hearings apart, per round number, how many hearings held that round, and
     their mean passages retrieved and admitted that round, pool size after it, and novelty of what was
     retrieved (None where no hearing of that round retrieved). None for a run without round logs."""
-    phases = {"primary": {}, "switched": {}}
+    phases: Dict[str, Dict[int, List[Dict[str, Any]]]] = {"primary": {}, "switched": {}}  # phase -> round -> its logs
     for p in predictions:
         for k, hearing in enumerate(p.get("hearings") or []):
             for r in hearing.get("round_log") or []:
@@ -243,22 +252,24 @@ def discovery_by_round(predictions):
 
 # --- the records -----------------------------------------------------------------------------------------
 
-def _template(name):
+def _template(name: str) -> Pattern[str]:
     """A regular expression matching any rendering of prompt `name` (each placeholder: any text)."""
     parts = string.Formatter().parse(raw_prompt(name))
     return re.compile("".join(re.escape(text) + (".*?" if field is not None else "") for text, field, _, _ in parts),
                       re.DOTALL)
 
 
-def _score(value):
+def _score(value: Any) -> Optional[float]:
     share = number_in(value, 10)
     return None if share is None else 10 * share
 
 
-def digest_transcript(row, argument=None):
+def digest_transcript(row: Dict[str, Any], argument: Optional[Pattern[str]] = None) -> Dict[str, Any]:
     """What the measures read of one transcript line: {"arguments": {side: [text, ...]}, "consistency":
     (score A, score B) or None}. `argument`: the compiled argument-prompt pattern (compiled once by callers)."""
     argument = argument or _template("counsel_argument")
+    arguments: Dict[str, List[str]]
+    consistency: Optional[Tuple[Optional[float], Optional[float]]]
     arguments, consistency = {"plaintiff": [], "defense": []}, None
     for turn in row.get("turns", []):
         role, prompt = turn.get("role"), turn.get("prompt") or ""
@@ -270,7 +281,8 @@ def digest_transcript(row, argument=None):
     return {"arguments": arguments, "consistency": consistency}
 
 
-def read_digests(run_dir, wanted=None):
+def read_digests(run_dir: Union[str, os.PathLike],
+                 wanted: Optional[Collection[Any]] = None) -> Dict[Any, Dict[str, Any]]:
     """{claim_id: digest_transcript(...)} of a run directory's transcripts.jsonl, read line by line (the
     prompts are long; only the digest is kept); {} when the file is missing. `wanted`: claim ids to keep."""
     path = Path(run_dir) / "transcripts.jsonl"
@@ -288,14 +300,15 @@ def read_digests(run_dir, wanted=None):
     return out
 
 
-def _consistency_pair(prediction, digest):
+def _consistency_pair(prediction: Dict[str, Any], digest: Optional[Dict[str, Any]]) -> Optional[Tuple[Any, Any]]:
     saved = prediction.get("consistency_fields")
     if isinstance(saved, dict) and ("Model A" in saved or "Model B" in saved):
         return _score(saved.get("Model A")), _score(saved.get("Model B"))
     return (digest or {}).get("consistency")
 
 
-def measures(predictions, references, digests=None):
+def measures(predictions: Sequence[Dict[str, Any]], references: Mapping[Any, Optional[str]],
+             digests: Optional[Iterable[Optional[Dict[str, Any]]]] = None) -> Dict[str, Any]:
     """Every measure of this module over one set of predictions (a run, or several pooled): `references`
     {claim_id: gold label}, `digests` one digest_transcript(...) per prediction, in order (None for a claim
     without one; the whole list None: the transcript measures are None)."""
@@ -313,7 +326,8 @@ def measures(predictions, references, digests=None):
         seen = list(digests)
         pairs = [_consistency_pair(p, d) for p, d in zip(predictions, seen)]
         pairs = [pair for pair in pairs if pair is not None]
-        out["role_play_consistency"] = role_play_consistency(pairs) if pairs else None
+        # pairs holds no None any more (filtered just above); mypy cannot see that
+        out["role_play_consistency"] = role_play_consistency(pairs) if pairs else None  # type: ignore[arg-type]
         if any(d for d in seen):
             out["concession_rate"] = {side: concession_rate([t for d in seen if d for t in d["arguments"][side]])
                                       for side in ("plaintiff", "defense")}
@@ -322,13 +336,13 @@ def measures(predictions, references, digests=None):
 
 # --- text ------------------------------------------------------------------------------------------------
 
-def _f(value, digits=3, percent=False):
+def _f(value: Optional[float], digits: int = 3, percent: bool = False) -> str:
     if value is None:
         return "n/a"
     return f"{100 * value:.1f}%" if percent else f"{value:.{digits}f}"
 
 
-def measures_text(m):
+def measures_text(m: Dict[str, Any]) -> str:
     """The measures as lines, the paper's figure after each ("paper ...")."""
     term = m["termination"]
     shares = ", ".join(f"{r} {_f(s, percent=True)}" for r, s in term["primary"]["shares"].items()) or "n/a"

@@ -1,29 +1,31 @@
 """One-screen text summary of a metrics dict (`eval.averitec.score`, `eval.metrics.score`), any label set."""
+from typing import Any, List, Mapping, Optional, Union
+
 from debate.data.labels import CEC, LABELS, NEE
 from eval import wordnet
 
 _SHORT = {"Supported": "SUP", "Refuted": "REF", NEE: "NEE", CEC: "CEC", "unparsed": "unparsed"}
 
 
-def _short(label):
+def _short(label: str) -> str:
     return _SHORT.get(label, label[:8])
 
 
-def _pct(value):
+def _pct(value: Optional[float]) -> str:
     # Shown in percent, marked so: metrics.json and --json keep fractions in [0, 1].
     return "     -" if value is None else f"{100 * value:5.1f}%"
 
 
-def _num(value):
+def _num(value: Union[int, float]) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:,.1f}"
     return f"{int(value):,}"
 
 
-def summary_table(metrics, rescore="score the predictions again to add them."):
+def summary_table(metrics: Mapping[str, Any], rescore: str = "score the predictions again to add them.") -> str:
     """Accuracy, macro-F1, AVeriTeC levels, justification METEOR, FPRs, per-class F1, confusion, rounds
     and tokens. Scores left out for want of WordNet get one line, ending with `rescore` (how to add them)."""
-    lines = []
+    lines: List[str] = []
     n = metrics.get("n", 0)
     head = f"claims scored {n}"
     if metrics.get("n_missing"):
@@ -86,9 +88,9 @@ def summary_table(metrics, rescore="score the predictions again to add them."):
     return "\n".join(lines)
 
 
-def trials_table(summary):
+def trials_table(summary: Mapping[str, Any]) -> str:
     """The headline metrics of a `scoring.trial_summary` as mean +- standard deviation over trials."""
-    def stat(node):
+    def stat(node: Any) -> str:
         if isinstance(node, dict) and "mean" in node and "std" in node:
             return f"{100 * node['mean']:5.1f} +- {100 * node['std']:4.1f}"
         return "    -"

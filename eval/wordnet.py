@@ -19,6 +19,7 @@ import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, List, Optional, Union
 
 INSTALL_HINT = "apt-get install wordnet-base wordnet-sense-index"
 # Scores that need WordNet (METEOR), as metrics.json names them; everything else is scored without it.
@@ -50,20 +51,20 @@ class WordNetMissingError(RuntimeError):
     """No usable WordNet on this machine."""
 
 
-def lexnames_text():
+def lexnames_text() -> str:
     """The ``lexnames`` file: number, name and syntactic category, tab-separated."""
     return "".join(
         f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(LEXNAMES)
     )
 
 
-def missing_files(directory):
+def missing_files(directory: Union[str, os.PathLike]) -> List[str]:
     """Required dictionary files absent from `directory` (all of them if it does not exist)."""
     directory = Path(directory)
     return [name for name in REQUIRED_FILES if not (directory / name).is_file()]
 
 
-def _nltk_wordnet():
+def _nltk_wordnet() -> Optional[str]:
     """Where nltk's own WordNet data is, or None."""
     import nltk
 
@@ -75,11 +76,11 @@ def _nltk_wordnet():
     return None
 
 
-def _nltk_has_wordnet():
+def _nltk_has_wordnet() -> bool:
     return _nltk_wordnet() is not None
 
 
-def reader_for_directory(directory):
+def reader_for_directory(directory: Union[str, os.PathLike]) -> Any:
     """An nltk WordNet reader over a plain WordNet dictionary directory (Debian layout)."""
     import nltk
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
@@ -97,12 +98,12 @@ def reader_for_directory(directory):
     has_lexnames = os.path.isfile(os.path.join(directory, "lexnames"))
 
     class _DictionaryReader(WordNetCorpusReader):
-        def open(self, file):
+        def open(self, file: str) -> Any:
             if file == "lexnames" and not has_lexnames:
                 return io.StringIO(lexnames_text())
             return super().open(file)
 
-        def map_wn(self, version="wordnet"):
+        def map_wn(self, version: str = "wordnet") -> None:
             # nltk would map from its own "wordnet" corpus (absent here) onto this one; both are
             # WordNet 3.0, so the identity mapping (None) is right and needs no download.
             return None
@@ -113,7 +114,7 @@ def reader_for_directory(directory):
         return _DictionaryReader(directory, None)
 
 
-def source():
+def source() -> str:
     """Where load_wordnet() reads WordNet from, in words; raises WordNetMissingError as it would."""
     explicit_name = next((n for n in ("DEBATECV_WORDNET_DIR", "WNSEARCHDIR") if os.environ.get(n)), None)
     if explicit_name:
@@ -123,7 +124,7 @@ def source():
     return f"{found} (nltk's data)" if found else f"{DEBIAN_DIR} (Debian's packages)"
 
 
-def missing_reason():
+def missing_reason() -> Optional[str]:
     """Why METEOR cannot run here (the lookup's own message), or None when WordNet is there."""
     try:
         load_wordnet()
@@ -132,7 +133,7 @@ def missing_reason():
     return None
 
 
-def not_computed_line(rescore):
+def not_computed_line(rescore: str) -> str:
     """The one line a summary prints when the METEOR-based scores were left out; `rescore` says how to add
     them to the finished run."""
     return (f"not computed: AVeriTeC@k, evidence score, justification METEOR (no WordNet here; "
@@ -141,7 +142,7 @@ def not_computed_line(rescore):
 
 
 @lru_cache(maxsize=1)
-def load_wordnet():
+def load_wordnet() -> Any:
     """Return a WordNet reader (loaded once per process); raise WordNetMissingError if none."""
     explicit = os.environ.get("DEBATECV_WORDNET_DIR") or os.environ.get("WNSEARCHDIR")
     if explicit:

@@ -2,6 +2,7 @@
 trainable LoRA adapter: QLoRA when the base is 4-bit."""
 import json
 import os
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -12,10 +13,15 @@ from debate.engine import models
 from debate.engine.errors import one_line
 from train.settings import DEFAULTS
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def load_trainable(base_path, *, adapter=None, r=DEFAULTS.lora_r, alpha=DEFAULTS.lora_alpha,
-                   dropout=DEFAULTS.lora_dropout, use_4bit=None, gradient_checkpointing=DEFAULTS.gradient_checkpointing,
-                   device=None, dtype=None):
+
+def load_trainable(base_path: models.PathLike, *, adapter: Optional[str] = None, r: int = DEFAULTS.lora_r,
+                   alpha: int = DEFAULTS.lora_alpha, dropout: float = DEFAULTS.lora_dropout,
+                   use_4bit: Optional[bool] = None, gradient_checkpointing: bool = DEFAULTS.gradient_checkpointing,
+                   device: models.Device = None, dtype: Union[None, str, torch.dtype] = None,
+                   ) -> Tuple[PeftModel, "PreTrainedTokenizerBase", models.LoadedModel]:
     """(peft model, tokenizer, LoadedModel): a new LoRA on every linear layer, or `adapter` made trainable.
 
     `use_4bit` as in models.load_model: by default the base is 4-bit NF4 with bf16 compute on CUDA (QLoRA),
@@ -53,7 +59,7 @@ def load_trainable(base_path, *, adapter=None, r=DEFAULTS.lora_r, alpha=DEFAULTS
     return model, loaded.tokenizer, loaded
 
 
-def _keep_trainable_layout(model):
+def _keep_trainable_layout(model: torch.nn.Module) -> None:
     """Keep an NF4 base's weights in the layout that backpropagates, on a CPU too.
 
     bitsandbytes (0.48 to 0.50 at least) repacks a Linear4bit's weights for a faster CPU kernel the first time
@@ -69,16 +75,16 @@ def _keep_trainable_layout(model):
             module.support_avx512bf16_for_cpu = False
 
 
-def save_adapter(model, out_dir, loaded):
+def save_adapter(model: PeftModel, out_dir: models.PathLike, loaded: models.LoadedModel) -> None:
     """Save the adapter the standard way, plus the base fingerprint run_debate checks before using it."""
-    model.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)  # type: ignore[arg-type]  # peft says str; a Path works as well
     with open(os.path.join(out_dir, models.BASE_FILE), "w") as f:
         json.dump({"base": loaded.path, "fingerprint": models.base_fingerprint(model.config)}, f, indent=2)
 
 
-def load_adapter_weights(model, adapter_dir):
+def load_adapter_weights(model: PeftModel, adapter_dir: models.PathLike) -> None:
     """Put the weights of a saved adapter (a checkpoint) into `model`'s active adapter, in place."""
     state = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
-    result = set_peft_model_state_dict(model, state)
+    result: Any = set_peft_model_state_dict(model, state)  # its fields differ between peft versions
     if getattr(result, "unexpected_keys", None):
         raise RuntimeError(f"{adapter_dir}: adapter weights do not fit this model ({result.unexpected_keys[:3]})")

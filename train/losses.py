@@ -5,13 +5,16 @@ pairs as B = 2P rows, every chosen row first, then the rejected rows in the same
 input ids on target tokens and IGNORE (-100) elsewhere; sequence log-probabilities are sums over the
 target tokens only. tests/test_trl_oracle.py checks them and the DPO loss against trl's.
 """
+from typing import Any, Dict, Sequence, Tuple, Union
+
 import torch
 import torch.nn.functional as F
 
 from train.examples import IGNORE
 
 
-def collate(sequences, pad_id, device):
+def collate(sequences: Sequence[Dict[str, Any]], pad_id: int,
+            device: Union[str, torch.device]) -> Dict[str, Any]:
     """Left-pad {"input_ids", "labels"} rows into tensors.
 
     Returns {"input_ids", "attention_mask", "position_ids", "labels"}, each (B, T) long, and "keep": the int
@@ -38,7 +41,7 @@ def collate(sequences, pad_id, device):
             "labels": labels.to(device), "keep": min(keep, width)}
 
 
-def sequence_logps(model, batch):
+def sequence_logps(model: Any, batch: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
     """(sum of target-token log-probabilities per row, target tokens per row), both (B,).
 
     The model's logits come as (B, keep, V); position j predicts the label at j + 1, so the last one
@@ -55,7 +58,7 @@ def sequence_logps(model, batch):
     return (logps * mask).sum(-1), mask.sum(-1)
 
 
-def sft_loss(model, batch):
+def sft_loss(model: Any, batch: Dict[str, Any]) -> Tuple[torch.Tensor, Dict[str, float], int]:
     """Mean negative log-likelihood of the target tokens of the batch; (loss, metrics, tokens).
 
     loss: a scalar, every target token of the batch weighing the same (not every row).
@@ -66,7 +69,8 @@ def sft_loss(model, batch):
     return loss, {"loss": loss.item()}, int(tokens)
 
 
-def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The DPO loss (Rafailov et al. 2023) and the implicit rewards beta * (policy - reference).
 
     Each argument is (P,): a pair's sequence log-probability of its chosen or rejected reply under the
@@ -79,7 +83,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
     return loss, chosen_rewards.detach(), rejected_rewards.detach()
 
 
-def dpo_step_loss(model, batch, beta):
+def dpo_step_loss(model: Any, batch: Dict[str, Any], beta: float) -> Tuple[torch.Tensor, Dict[str, float], int]:
     """Chosen and rejected of every pair in one concatenated forward pass; (loss, metrics, tokens).
 
     `batch` is collate()'s over 2P rows (chosen rows, then rejected) plus "ref": (P, 2), the reference

@@ -17,7 +17,7 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from accelerate import Accelerator
@@ -35,20 +35,20 @@ log = logging.getLogger(__name__)
 REPLACED = ".replaced"  # under OUT: a stage's earlier outputs while --overwrite redoes it
 
 
-def paths(out):
+def paths(out: Union[str, os.PathLike]) -> Dict[str, Path]:
     out = Path(out)
     return {"debates": out / "debates", "syndec": out / "syndec.jsonl", "corrections": out / "corrections.jsonl",
             "corrected": out / "syndec.corrected.jsonl", "sft": out / "sft", "dpo": out / "dpo"}
 
 
-def done(stage, out):
+def done(stage: str, out: Union[str, os.PathLike]) -> bool:
     p = paths(out)
     return {"synth": p["syndec"].exists(), "correct": p["corrected"].exists(),
             "sft": (p["sft"] / "adapter" / "adapter_config.json").exists(),
             "dpo": (p["dpo"] / "adapter" / "adapter_config.json").exists()}[stage]
 
 
-def outputs(stage, out):
+def outputs(stage: str, out: Union[str, os.PathLike]) -> List[Path]:
     """The files and folders under OUT a stage writes and `--overwrite` replaces (synth's debates are the
     inner run's, which replaces them itself, claim by claim, like run_debate.py --overwrite)."""
     p = paths(out)
@@ -56,7 +56,7 @@ def outputs(stage, out):
             "dpo": [p["dpo"]]}[stage]
 
 
-def _remove(path):
+def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
     else:
@@ -64,7 +64,7 @@ def _remove(path):
 
 
 @contextlib.contextmanager
-def replacing(stage, out, overwrite):
+def replacing(stage: str, out: Union[str, os.PathLike], overwrite: bool) -> Iterator[None]:
     """`--overwrite`: the stage's earlier outputs wait in OUT/.replaced/<stage>/ while it runs, are deleted
     once it has finished, and are put back if it fails, so a failed redo never costs a finished stage."""
     # Under `accelerate launch` every process runs this; only the first moves files.
@@ -143,6 +143,7 @@ def correct(settings: TrainSettings) -> None:
     wrong = [r for r in rows if not r["correct"]]
     log.info(f"correct: {len(wrong)} wrong predictions of {len(rows)}; Corrector: {settings.corrector_model}")
     if wrong:
+        assert settings.corrector_model is not None  # with_models fills it
         agent = models.load_roles({"corrector": settings.corrector_model}, use_4bit=settings.use_4bit)["corrector"]
         assert settings.max_new_tokens is not None  # settings.from_args fills it per split
         decoding = engine.Settings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
@@ -166,7 +167,7 @@ def correct(settings: TrainSettings) -> None:
         + (", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))) or "none"))
 
 
-def _records(settings):
+def _records(settings: TrainSettings) -> Tuple[Path, List[dict]]:
     """The SynDeC file a training stage reads: --syndec, else the corrected one, else the uncorrected one."""
     p = paths(settings.out)
     source = Path(settings.syndec) if settings.syndec else p["corrected"] if p["corrected"].exists() else p["syndec"]
@@ -178,7 +179,8 @@ def _records(settings):
     return source, syndec.load(source)
 
 
-def _finish(stage_dir, model, loaded, summary, counts, accelerator):
+def _finish(stage_dir: Path, model: Any, loaded: Any, summary: dict, counts: Mapping[str, int],
+            accelerator: Accelerator) -> None:
     summary["truncation"] = dict(counts)
     if accelerator.is_main_process:
         lora.save_adapter(accelerator.unwrap_model(model), stage_dir / "adapter", loaded)
@@ -201,6 +203,7 @@ def sft(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
             f"{source}: no record to train D-SFT on (0 of {len(rows)} predictions were right"
             + ("" if settings.sft_include_corrected else "; --sft-include-corrected adds the corrected ones") + ")")
     accelerator = Accelerator()
+    assert settings.model is not None  # with_models fills it
     model, tokenizer, loaded = lora.load_trainable(
         settings.model, adapter=settings.init_adapter, r=settings.lora_r, alpha=settings.lora_alpha,
         dropout=settings.lora_dropout,
@@ -221,7 +224,8 @@ def sft(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
     return summary
 
 
-def reference_logps(model, data, pad, accelerator, batch_pairs=1):
+def reference_logps(model: Any, data: List[dict], pad: int, accelerator: Accelerator,
+                    batch_pairs: int = 1) -> torch.Tensor:
     """Log-probabilities of chosen and rejected under the model as it is now (the D-SFT model): [n, 2].
 
     Computed once before D-DPO changes the adapter, so no second copy of the model is kept.
@@ -229,7 +233,7 @@ def reference_logps(model, data, pad, accelerator, batch_pairs=1):
     model.eval()
     rank, world = accelerator.process_index, accelerator.num_processes
     mine = list(range(rank, len(data), world))
-    rows = []
+    rows: List[Tuple[int, float, float]] = []  # (pair, chosen, rejected)
     with torch.no_grad(), loop.autocast(accelerator.device, model):
         for i in tqdm(range(0, len(mine), batch_pairs), desc="reference", unit="pair",
                       disable=not accelerator.is_main_process, dynamic_ncols=True):
@@ -257,6 +261,7 @@ def dpo(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
     if not Path(sft_adapter).exists():
         raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
     accelerator = Accelerator()
+    assert settings.model is not None  # with_models fills it
     model, tokenizer, loaded = lora.load_trainable(
         settings.model, adapter=str(sft_adapter), use_4bit=settings.use_4bit,
         gradient_checkpointing=settings.gradient_checkpointing, device=accelerator.device)
@@ -299,6 +304,8 @@ def check(settings: TrainSettings, todo: Sequence[str]) -> None:
     """Refuse the stages in `todo` now, for what needs no weights: model and adapter paths, data, prompts,
     WordNet, the SynDeC file a stage reads. Runs before OUT is created or changed and before any load."""
     p = paths(settings.out)
+    # with_models filled them
+    assert settings.model is not None and settings.debater_model is not None and settings.corrector_model is not None
     needed = {settings.model}
     needed |= {settings.debater_model} if "synth" in todo else set()
     needed |= {settings.corrector_model} if "correct" in todo else set()

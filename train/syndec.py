@@ -9,7 +9,9 @@ A record is one JSON line:
 
 The paper's split: correct records train D-SFT, corrected ones train D-DPO.
 """
+import os
 from pathlib import Path
+from typing import Any, Dict, Iterable, List, Tuple, Union
 
 from debate.data import jsonl
 from debate.data.claims import item_shape, json_problem
@@ -22,12 +24,13 @@ class SynDeCError(ValueError):
     pass
 
 
-def build(run_dir, claims, labels=AVERITEC):
+def build(run_dir: Union[str, os.PathLike], claims: Iterable[Dict[str, Any]],
+          labels: LabelSet = AVERITEC) -> List[Dict[str, Any]]:
     """SynDeC records from a finished run directory of `run_debate`-style outputs, in claim order; `labels`: the
     run's dataset's LabelSet."""
     predictions = {p["claim_id"]: p for p in run_records.read_predictions(run_dir)}
     transcripts = {t["claim_id"]: t for t in run_records.read_jsonl(Path(run_dir) / run_records.TRANSCRIPTS)}
-    out = []
+    out: List[Dict[str, Any]] = []
     for claim in claims:
         p = predictions.get(claim["claim_id"])
         if p is None:
@@ -47,14 +50,14 @@ def build(run_dir, claims, labels=AVERITEC):
     return out
 
 
-def write(path, rows):
+def write(path: Union[str, os.PathLike], rows: Iterable[Dict[str, Any]]) -> None:
     """Write records atomically: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     jsonl.write(path, rows)
 
 
-def load(path):
+def load(path: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     """Read and check a SynDeC file; every problem names the file, line and field."""
     path = Path(path)
     if not path.is_file():
@@ -68,7 +71,7 @@ def load(path):
     return rows
 
 
-def _check(row, where):
+def _check(row: Any, where: str) -> Dict[str, Any]:
     if not isinstance(row, dict):
         raise SynDeCError(f"{where}: expected a JSON object")
     for key, types in (("claim_id", (int, str)), ("claim", str), ("evidence", list), ("gold_label", str)):
@@ -103,12 +106,12 @@ def _check(row, where):
     return dict(row, gold_label=labels.canonical(row["gold_label"]), correct=correct)
 
 
-def labels_of(row):
+def labels_of(row: Dict[str, Any]) -> LabelSet:
     """The LabelSet a SynDeC record was debated under (AVeriTeC's for records written before they said)."""
     return LabelSet.from_dict(row["labels"]) if row.get("labels") else AVERITEC
 
 
-def split(rows):
+def split(rows: Iterable[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """The paper's split: (correct records for D-SFT, wrong records with a correction for D-DPO)."""
     sft = [r for r in rows if r["correct"]]
     dpo = [r for r in rows if not r["correct"] and (r.get("corrected_justification") or "").strip()]

@@ -7,6 +7,7 @@ retrieved for it (the retrieved condition). Split "demo" is the small invented s
 """
 import os
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
 
 from debate.data.claims import check_label, expect, kind_of, read_json, record, required
 from debate.data.inputs import DataError, check_unique_ids
@@ -18,19 +19,19 @@ DEFAULT_DATA_DIR = "data/averitec"
 NO_ANSWER = "No answer could be found."
 
 
-def resolve_data_dir(arg=None):
+def resolve_data_dir(arg: Optional[Union[str, os.PathLike]] = None) -> Path:
     """The data folder: `arg` if given, else $DEBATECV_DATA, else data/averitec."""
     return Path(arg or os.environ.get("DEBATECV_DATA") or DEFAULT_DATA_DIR)
 
 
-def retrieved_path(split, data_dir=None):
+def retrieved_path(split: str, data_dir: Optional[Union[str, os.PathLike]] = None) -> Optional[Path]:
     """Where the retrieved evidence of `split` lives by default; None for the demo set, which has none."""
     if split == DEMO_SPLIT:
         return None
     return resolve_data_dir(data_dir) / f"{split}.retrieved.hero.jsonl"
 
 
-def load_split(split, data_dir=None):
+def load_split(split: str, data_dir: Optional[Union[str, os.PathLike]] = None) -> List[Dict[str, Any]]:
     """Read `<data_dir>/<split>.json` (AVeriTeC format) into claim records.
 
     split "demo" reads the small invented set shipped inside the package, whatever data_dir says.
@@ -54,7 +55,7 @@ def load_split(split, data_dir=None):
     return claims
 
 
-def _claim_record(path, index, entry, labelled):
+def _claim_record(path: Path, index: int, entry: Any, labelled: bool) -> Dict[str, Any]:
     where = f"entry {index}"
     if not isinstance(entry, dict):
         raise DataError(f"{path}: {where}: expected a JSON object for the claim, got {kind_of(entry)}")
@@ -87,10 +88,10 @@ def _claim_record(path, index, entry, labelled):
     return record(claim_id, claim, label, gold, "qa", justification, questions=entry.get("questions") or [])
 
 
-def _gold_evidence(path, where, questions):
+def _gold_evidence(path: Path, where: str, questions: Any) -> List[Dict[str, Any]]:
     """One evidence item per answer; a question nobody could answer still counts, as AVeriTeC scores it."""
     expect(path, where, "questions", questions, list)
-    items = []
+    items: List[Dict[str, Any]] = []
     for q, qa in enumerate(questions):
         field = f"questions[{q}]"
         expect(path, where, field, qa, dict)
@@ -103,7 +104,7 @@ def _gold_evidence(path, where, questions):
             expect(path, where, afield, ans, dict)
             text = required(path, where, ans, "answer", str, prefix=f"{afield}.")
             explanation = ans.get("boolean_explanation")
-            boolean = None
+            boolean: Optional[Dict[str, Any]] = None
             if ans.get("answer_type") == "Boolean" and explanation:
                 boolean = {"answer": text,
                            "explanation": expect(path, where, f'{afield}.boolean_explanation', explanation, str)}

@@ -14,7 +14,9 @@ evaluated (its Table 3, "120 claims"), read from PROClaim's `checkcovid_test_bin
 same shape), found in DATA_DIR or in a `proclaim/` folder beside it. test-binary has two labels, SUPPORT
 and REFUTE; the others add NOTENOUGHINFO.
 """
+import os
 from pathlib import Path
+from typing import Any, Dict, List, Set, Union
 
 from debate.data.claims import claim_fields, expect, read_jsonl, record, required, split_file
 from debate.data.inputs import DataError
@@ -43,11 +45,11 @@ BINARY_FILE = "checkcovid_test_binary.jsonl"
 RETRIEVALS = "variants_for_experiments/abstracts"
 
 
-def labels_of(split):
+def labels_of(split: str) -> LabelSet:
     return BINARY if split == "test-binary" else LABELS
 
 
-def split_files(data_dir, split):
+def split_files(data_dir: Union[str, os.PathLike], split: str) -> List[Path]:
     """The files of `split` under the dataset's folder (PROClaim's folder for test-binary)."""
     root = Path(data_dir)
     if split == "test-binary":
@@ -68,12 +70,12 @@ def split_files(data_dir, split):
             for name in names]
 
 
-def load_corpus(data_dir):
+def load_corpus(data_dir: Union[str, os.PathLike]) -> Dict[str, Dict[str, Any]]:
     """{cord_id: {"title", "abstract": [sentences]}} of corpus.json."""
     path = Path(data_dir) / "corpus.json"
     if not path.is_file():
         raise DataError(f"{path}: no such file: Check-COVID's abstracts (corpus.json) must sit in --data-dir")
-    corpus = {}
+    corpus: Dict[str, Dict[str, Any]] = {}
     for where, row in read_jsonl(path):
         cord = required(path, where, row, "cord_id", str)
         abstract = required(path, where, row, "abstract", list)
@@ -83,28 +85,29 @@ def load_corpus(data_dir):
     return corpus
 
 
-def load_split(split, data_dir):
+def load_split(split: str, data_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     corpus = load_corpus(data_dir)
     labels = labels_of(split)
-    claims = []
+    claims: List[Dict[str, Any]] = []
     for path in split_files(data_dir, split):
         for where, row in read_jsonl(path):
             claims.append(_claim(path, where, row, corpus, labels))
     return claims
 
 
-def source(cord_id, title):
+def source(cord_id: str, title: str) -> str:
     """How a passage of an abstract names where it comes from."""
     return f"CORD-19 {cord_id}: {title}" if title else f"CORD-19 {cord_id}"
 
 
-def _claim(path, where, row, corpus, labels):
+def _claim(path: Path, where: str, row: Dict[str, Any], corpus: Dict[str, Dict[str, Any]],
+           labels: LabelSet) -> Dict[str, Any]:
     claim_id, where, claim, label = claim_fields(path, where, row, labels)
     cord = required(path, where, row, "cord_id", str)
     if cord not in corpus:
         raise DataError(f"{path}: {where}: field 'cord_id': {cord!r} is not an abstract of corpus.json")
     abstract = corpus[cord]["abstract"]
-    indices = []
+    indices: List[int] = []
     for k, item in enumerate(required(path, where, row, "evidence_set", list)):
         expect(path, where, f"evidence_set[{k}]", item, dict)
         index = required(path, where, item, "sent_index", int, prefix=f"evidence_set[{k}].")
@@ -117,12 +120,14 @@ def _claim(path, where, row, corpus, labels):
     return record(claim_id, claim, label, gold, "passages", cord_id=cord)
 
 
-def corpus_passages(data_dir):
+def corpus_passages(data_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     """The retrieval corpus: every abstract of corpus.json and every abstract the repository's retrieval files
     carry (the offline stand-in for the PubMed index PROClaim searched), once each: {id, text, url, title}."""
+    passages: List[Dict[str, Any]]
+    seen: Set[str]  # cord ids added
     passages, seen = [], set()
 
-    def add(cord, title, sentences):
+    def add(cord: str, title: str, sentences: List[Any]) -> None:
         if cord in seen or not sentences:
             return
         seen.add(cord)

@@ -18,16 +18,22 @@ problem in an input file raises `DataError`, whose message names the file, the e
 claim_id) and the field.
 """
 import json
+import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from debate.data import inputs, jsonl
 from debate.data.inputs import DataError
 
+if TYPE_CHECKING:
+    from debate.data.labels import LabelSet
+
 CONDITIONS = ("golden", "retrieved", "none")
+PathArg = Union[str, os.PathLike]  # a file, as a message names it
+Types = Union[type, Tuple[type, ...]]  # what isinstance takes
 
 
-def json_problem(error):
+def json_problem(error: json.JSONDecodeError) -> str:
     """A json.JSONDecodeError as words: "Expecting value at column 3", "Unterminated string starting at column 7"."""
     return f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} column {error.colno}"
 
@@ -74,7 +80,7 @@ def read_records(path: Union[str, Path]) -> List[Tuple[str, dict]]:
     return located
 
 
-def expect(path, where, field, value, types):
+def expect(path: PathArg, where: str, field: str, value: Any, types: Types) -> Any:
     """`value` if it is of `types`, else a DataError naming the file, the entry and the field."""
     # bool is an int subclass; an id or count of True is never what the file meant
     if isinstance(value, bool) or not isinstance(value, types):
@@ -83,14 +89,14 @@ def expect(path, where, field, value, types):
     return value
 
 
-def required(path, where, obj, key, types, prefix=""):
+def required(path: PathArg, where: str, obj: Dict[str, Any], key: str, types: Types, prefix: str = "") -> Any:
     """obj[key], which must be there and of `types`; errors name the field as prefix + key."""
     if key not in obj:
         raise DataError(f"{path}: {where}: missing field '{prefix}{key}'")
     return expect(path, where, prefix + key, obj[key], types)
 
 
-def split_file(path, dataset, source, holding=None):
+def split_file(path: PathArg, dataset: str, source: str, holding: Optional[str] = None) -> Path:
     """`path` when it is there; else a DataError saying the dataset is not shipped and where to get it."""
     path = Path(path)
     if not path.is_file():
@@ -99,7 +105,8 @@ def split_file(path, dataset, source, holding=None):
     return path
 
 
-def claim_fields(path, where, row, labels, id_field="id"):
+def claim_fields(path: PathArg, where: str, row: Dict[str, Any], labels: "LabelSet",
+                 id_field: str = "id") -> Tuple[Union[str, int], str, str, str]:
     """(claim_id, where, claim, label) of a row with an id, a non-empty claim and one of `labels`; `where` then
     names the id, as every later error of the row does."""
     claim_id = required(path, where, row, id_field, (str, int))
@@ -110,17 +117,17 @@ def claim_fields(path, where, row, labels, id_field="id"):
     return claim_id, where, claim, check_label(path, where, required(path, where, row, "label", str), labels)
 
 
-def _type_name(t):
+def _type_name(t: type) -> str:
     return {dict: "a JSON object", list: "a JSON list", str: "a string", int: "an integer"}.get(t, t.__name__)
 
 
-def kind_of(value):
+def kind_of(value: Any) -> str:
     """What a JSON value is, in words ("a list", "null")."""
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
             float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def check_label(path, where, value, labels, field="label"):
+def check_label(path: PathArg, where: str, value: Any, labels: "LabelSet", field: str = "label") -> str:
     """The dataset's spelling of a gold label (`labels`: its LabelSet); one not in the set is refused."""
     expect(path, where, field, value, str)
     label = labels.canonical(value)
@@ -130,12 +137,13 @@ def check_label(path, where, value, labels, field="label"):
     return label
 
 
-def evidence_text(item):
+def evidence_text(item: Dict[str, Any]) -> str:
     """An evidence item as one text: a passage's text, a question-answer pair's "question answer"."""
     return item["text"] if "text" in item and "question" not in item else f"{item['question']} {item['answer']}".strip()
 
 
-def record(claim_id, claim, label, gold_evidence, shape, justification=None, **extra):
+def record(claim_id: Any, claim: str, label: Optional[str], gold_evidence: List[Dict[str, Any]], shape: str,
+           justification: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
     """A claim record (see the module doc), its evidence the golden one until a condition is attached."""
     return {"claim_id": claim_id, "claim": claim, "label": label, "justification": justification,
             "evidence": list(gold_evidence), "gold_evidence": gold_evidence, "evidence_shape": shape, **extra}
@@ -191,9 +199,9 @@ def load_retrieved(path: Union[str, Path]) -> Dict[str, List[dict]]:
     return by_id
 
 
-def evidence_items(path, where, items, field="evidence"):
+def evidence_items(path: PathArg, where: str, items: Iterable[Any], field: str = "evidence") -> List[Dict[str, str]]:
     """Checked evidence items of a file: question-answer pairs or passages (see the module doc)."""
-    out = []
+    out: List[Dict[str, str]] = []
     for j, item in enumerate(items):
         name = f"{field}[{j}]"
         expect(path, where, name, item, dict)

@@ -8,12 +8,14 @@ conditions, its retrieval corpus where it has one, and the metrics its papers re
 No dataset ships in the package (the demo claims apart); `source` says where each comes from, and
 `--data-dir` names its folder laid out as its publisher ships it.
 """
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from debate.data import averitec, checkcovid, healthver, politihop, proclaim, userdata
 from debate.data.inputs import DataError, check_unique_ids
-from debate.data.labels import AVERITEC
+from debate.data.labels import AVERITEC, LabelSet
 
 
 @dataclass(frozen=True)
@@ -21,28 +23,31 @@ class Dataset:
     name: str
     title: str  # what it is, who made it
     evidence: str  # its evidence, in words
-    conditions: tuple  # the evidence conditions it can offer (retrieved: from its retrieved file or corpus)
+    conditions: Tuple[str, ...]  # the evidence conditions it can offer (retrieved: from its retrieved file or corpus)
     default_condition: str  # --evidence when none is given
-    splits: tuple  # its split names (None: any name, a file DATA_DIR/<split>.json[l])
+    splits: Optional[Tuple[str, ...]]  # its split names (None: any name, a file DATA_DIR/<split>.json[l])
     default_dir: str  # --data-dir when none is given
     source: str  # where to get it
-    reader: object  # (split, data_dir) -> claim records
-    label_set: object  # (split, data_dir) -> LabelSet
-    retrieved_file: object = None  # (split, data_dir) -> its retrieved-evidence file, or None
-    corpus: object = None  # (data_dir) -> passages {id, text, url} of its retrieval corpus
+    reader: Callable[[str, Path], List[Dict[str, Any]]]  # (split, data_dir) -> claim records
+    # (split, data_dir) -> LabelSet; --list-datasets passes data_dir None to the sets that do not read it
+    label_set: Callable[[str, Any], LabelSet]
+    # (split, data_dir) -> its retrieved-evidence file, or None
+    retrieved_file: Optional[Callable[[str, Path], Optional[Path]]] = None
+    # (data_dir) -> passages {id, text, url} of its retrieval corpus
+    corpus: Optional[Callable[[Path], List[Dict[str, Any]]]] = None
     scorer: str = "labels"  # "averitec": also the AVeriTeC evidence score and submission.json
     papers: str = ""  # which paper evaluates on it, and what it reports
     # --evidence of an explanation run (--task explain: MADR's experiment and its baselines) when none is
     # given: the evidence MADR's models read; None: default_condition
-    explain_condition: str = None
+    explain_condition: Optional[str] = None
 
-    def data_dir(self, given=None):
+    def data_dir(self, given: Optional[Union[str, os.PathLike]] = None) -> Path:
         """The dataset's folder: `given`, else its default ($DEBATECV_DATA for AVeriTeC)."""
         if self.name == "averitec":
             return averitec.resolve_data_dir(given)
         return Path(given or self.default_dir)
 
-    def read(self, split, data_dir=None):
+    def read(self, split: str, data_dir: Optional[Union[str, os.PathLike]] = None) -> List[Dict[str, Any]]:
         """The claim records of `split`; refuses a split the dataset does not have, with one line."""
         if self.splits is not None and split not in self.splits:
             raise DataError(f"--split {split!r}: {self.name} has the splits {', '.join(self.splits)}")
@@ -56,7 +61,7 @@ class Dataset:
                                  c in enumerate(claims)])
         return claims
 
-    def labels(self, split, data_dir=None):
+    def labels(self, split: str, data_dir: Optional[Union[str, os.PathLike]] = None) -> LabelSet:
         """The LabelSet of `split` (Check-COVID's test-binary and the PROClaim samples have two labels)."""
         return self.label_set(split, self.data_dir(data_dir))
 
@@ -121,20 +126,20 @@ NAMES = tuple(DATASETS)
 CONDITIONS = ("golden", "retrieved", "ruling", "none")  # every dataset's, for --evidence
 
 
-def get(name):
+def get(name: str) -> Dataset:
     if name not in DATASETS:
         raise DataError(f"--dataset must be one of {', '.join(NAMES)}, not {name!r}")
     return DATASETS[name]
 
 
-def listing():
+def listing() -> str:
     """The text of --list-datasets: each dataset with its labels, evidence, splits and source."""
     blocks = []
     for d in DATASETS.values():
         if d.name == "jsonl":
             labels = "declared by DATA_DIR/card.json"
         else:
-            sets = {}
+            sets: Dict[Tuple[str, ...], List[str]] = {}  # labels -> the splits with them
             for split in d.splits or ("dev",):
                 sets.setdefault(d.label_set(split, None).labels, []).append(split)
             labels = "; ".join(", ".join(ls) + (f" ({', '.join(splits)})" if len(sets) > 1 else "")

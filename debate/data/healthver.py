@@ -14,8 +14,10 @@ with the evidence conditions none or retrieved (a --retrieved-file or --corpus o
 """
 import csv
 import io
+import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any, Dict, List, Tuple, Union
 
 from debate.data import proclaim
 from debate.data.claims import check_label, read_text, record, split_file
@@ -37,11 +39,11 @@ SAMPLE_FILE = "healthver_sample_100.jsonl"
 COLUMNS = ("id", "evidence", "claim", "label")
 
 
-def labels_of(split):
+def labels_of(split: str) -> LabelSet:
     return proclaim.BINARY if split == "sample" else LABELS
 
 
-def load_split(split, data_dir):
+def load_split(split: str, data_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     if split == "sample":
         return proclaim.load_sample(proclaim.find(data_dir, SAMPLE_FILE, "HealthVer"), proclaim.BINARY)
     if split not in SPLITS:
@@ -52,7 +54,7 @@ def load_split(split, data_dir):
     if missing:
         raise DataError(f"{path}: line 1: missing column(s) {', '.join(missing)} (HealthVer's header is "
                         "id, evidence, claim, label, topic_ip, question)")
-    groups = OrderedDict()  # (claim, label) -> [rows]
+    groups: Dict[Tuple[str, str], List[Dict[str, str]]] = OrderedDict()  # (claim, label) -> [rows]
     for row in reader:
         where = f"line {reader.line_num} (id {row['id']})"
         for column in COLUMNS:

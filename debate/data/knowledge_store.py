@@ -16,8 +16,10 @@ common in the published stores) is skipped and counted, not refused: the stage s
 `read_store` holds a whole store in memory: for small stores and as the tests' reference only.
 """
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from debate.data.claims import json_problem, kind_of
 from debate.data.inputs import DataError
@@ -37,7 +39,7 @@ class Page:
     number: int  # line number in the file, from 1
     offset: int  # byte offset of the line in the file
     url: str
-    sentences: list  # stripped, spaces collapsed; "" where the page had only spaces
+    sentences: List[str]  # stripped, spaces collapsed; "" where the page had only spaces
 
 
 @dataclass
@@ -50,12 +52,12 @@ class StoreInfo:
     empty_pages: int = 0  # pages without a sentence
 
 
-def store_file(directory, claim_id):
+def store_file(directory: Union[str, os.PathLike], claim_id: Any) -> Path:
     """Where the store of `claim_id` lives in `directory`."""
     return Path(directory) / f"{claim_id}{SUFFIX}"
 
 
-def check_directory(directory, claim_ids, missing="error"):
+def check_directory(directory: Union[str, os.PathLike], claim_ids: Sequence[Any], missing: str = "error") -> List[Any]:
     """The claim ids without a store file in `directory`, checked before any model loads.
 
     A directory that is not there, or holds a file for none of the claims (a store for another split), is one
@@ -78,14 +80,14 @@ def check_directory(directory, claim_ids, missing="error"):
     return absent
 
 
-def _open(path):
+def _open(path: Union[str, os.PathLike]) -> BinaryIO:
     try:
         return open(path, "rb")
     except OSError as e:
         raise StoreError(f"{path}: cannot read the store file ({e.strerror})") from None
 
 
-def _decode(path, number, offset, raw):
+def _decode(path: Union[str, os.PathLike], number: int, offset: int, raw: bytes) -> str:
     """One line's text: decoded on its own, so an undecodable byte is named on its line, at its offset."""
     if number == 1 and raw.startswith(BOM):
         raw, offset = raw[len(BOM):], offset + len(BOM)
@@ -96,7 +98,7 @@ def _decode(path, number, offset, raw):
                          f"the line, offset {offset + e.start} of the file: {e.reason})") from None
 
 
-def pages(path, digest=None):
+def pages(path: Union[str, os.PathLike], digest: Any = None) -> Iterator[Page]:
     """Every page of a store file, in order (blank lines skipped), one line in memory at a time; `digest` (a
     hashlib object) is fed every byte of the file. A bad line is one StoreError naming the file, line and field."""
     path = Path(path)
@@ -112,7 +114,7 @@ def pages(path, digest=None):
                 yield Page(number, at, url, sentences)
 
 
-def page_at(path, offset, number):
+def page_at(path: Union[str, os.PathLike], offset: int, number: int) -> Page:
     """The page on line `number`, read back at its byte `offset` (as `pages` gave it)."""
     with _open(path) as f:
         f.seek(offset)
@@ -120,7 +122,7 @@ def page_at(path, offset, number):
     return Page(number, offset, *_page(path, number, _decode(path, number, offset, raw)))
 
 
-def check_store(path):
+def check_store(path: Union[str, os.PathLike]) -> StoreInfo:
     """StoreInfo of a store file, every line parsed and its fields checked; a bad line is one StoreError."""
     info = StoreInfo(Path(path))
     for page in pages(path):
@@ -135,10 +137,10 @@ def check_store(path):
     return info
 
 
-def first_sentences(path, n):
+def first_sentences(path: Union[str, os.PathLike], n: int) -> List[str]:
     """The first `n` non-empty sentences of a store file (fewer if it holds fewer), reading only as far as they are:
     whether a store is empty, or a sample of its sentences, without a pass over all of it."""
-    found = []
+    found: List[str] = []
     for page in pages(path):
         found += [s for s in page.sentences if s][:n - len(found)]
         if len(found) >= n:
@@ -146,7 +148,7 @@ def first_sentences(path, n):
     return found
 
 
-def _page(path, number, line):
+def _page(path: Union[str, os.PathLike], number: int, line: str) -> Tuple[str, List[str]]:
     where = f"{path}: line {number}"
     line = line.rstrip("\r\n")  # a column counted from the line's own start, never from after its break
     try:
@@ -177,14 +179,14 @@ def _page(path, number, line):
 class Store:
     """One claim's store held whole: its distinct sentences with their page's url, and the pages."""
     path: Path
-    texts: list  # distinct sentences, in store order
-    urls: list  # the url of each text's page (the first page it appeared on)
-    where: list  # (page number, position in the page) of each text
-    pages: list = field(default_factory=list)  # every page's sentences (stripped), in store order
+    texts: List[str]  # distinct sentences, in store order
+    urls: List[str]  # the url of each text's page (the first page it appeared on)
+    where: List[Tuple[int, int]]  # (page number, position in the page) of each text
+    pages: List[List[str]] = field(default_factory=list)  # every page's sentences (stripped), in store order
     lines: int = 0  # pages read (empty ones included)
-    empty_pages: list = field(default_factory=list)  # line numbers of pages without a sentence
+    empty_pages: List[int] = field(default_factory=list)  # line numbers of pages without a sentence
 
-    def with_context(self, i, window):
+    def with_context(self, i: int, window: int) -> str:
         """Text i with `window` sentences of its page before and after it, joined by spaces (0: the text alone)."""
         if window <= 0:
             return self.texts[i]
@@ -192,13 +194,19 @@ class Store:
         return context(self.pages[page], at, window)
 
 
-def context(sentences, at, window):
+def context(sentences: Sequence[str], at: int, window: int) -> str:
     """Sentence `at` of a page with `window` sentences before and after it, joined by spaces."""
     return " ".join(s for s in sentences[max(0, at - window):at + window + 1] if s)
 
 
-def read_store(path):
+def read_store(path: Union[str, os.PathLike]) -> Store:
     """The whole Store of one claim's file (memory grows with the store: small stores and tests only)."""
+    texts: List[str]
+    urls: List[str]
+    where: List[Tuple[int, int]]
+    kept: List[List[str]]
+    empty: List[int]
+    seen: Set[str]
     texts, urls, where, kept, empty, seen = [], [], [], [], [], set()
     for page in pages(path):
         number = len(kept)
@@ -218,13 +226,13 @@ def read_store(path):
 # ---------------------------------------------------------------- few-shot examples
 
 
-def qa_examples(claims, split=None):
+def qa_examples(claims: Iterable[Dict[str, Any]], split: Optional[str] = None) -> List[Dict[str, Any]]:
     """HerO's few-shot pool from labelled claims' golden question-answer pairs: one example per answer, each
     {"split", "claim_id" (together they name the claim: AVeriTeC's ids restart in every split), "lookup" (the
     answer: what BM25 matches a retrieved sentence against), "text" (claim, answer as evidence, question; cut to
     EXAMPLE_CHARS)}. A Boolean answer reads "Yes, because <explanation in lower case>", as HerO writes it.
     Unanswered questions and passage evidence give none."""
-    pool = []
+    pool: List[Dict[str, Any]] = []
     for c in claims:
         for item in c.get("gold_evidence") or ():
             question, answer = (item.get("question") or "").strip(), (item.get("answer") or "").strip()

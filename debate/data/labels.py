@@ -9,6 +9,7 @@ claim (`supported`), contradicts it (`refuted`), is too thin to say (`nei`), or 
 """
 import re
 from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
 
 SUPPORTED = "Supported"
 REFUTED = "Refuted"
@@ -17,7 +18,7 @@ CEC = "Conflicting Evidence/Cherrypicking"
 LABELS = (SUPPORTED, REFUTED, NEE, CEC)
 
 
-def squeeze(text):
+def squeeze(text: str) -> str:
     """A spelling as the aliases key it: lowercase letters only ("Cherry-picking" -> "cherrypicking")."""
     return re.sub(r"[^a-z]", "", text.lower())
 
@@ -25,22 +26,22 @@ def squeeze(text):
 @dataclass(frozen=True)
 class LabelSet:
     name: str  # the dataset's name
-    labels: tuple  # as the dataset spells them, in its order
-    definitions: tuple  # one per label: what the label means (its paper's sense, our words)
+    labels: Tuple[str, ...]  # as the dataset spells them, in its order
+    definitions: Tuple[str, ...]  # one per label: what the label means (its paper's sense, our words)
     supported: str  # the label of a claim the evidence backs
     refuted: str  # the label of a claim the evidence contradicts
-    nei: str = None  # the label of a claim the evidence cannot decide, where the dataset has one
-    mixed: str = None  # the label of a claim the evidence supports in part (conflicting, half-true), if any
-    aliases: tuple = ()  # ((squeezed spelling, label), ...) besides each label's own spelling
+    nei: Optional[str] = None  # the label of a claim the evidence cannot decide, where the dataset has one
+    mixed: Optional[str] = None  # the label of a claim the evidence supports in part (conflicting, half-true), if any
+    aliases: Tuple[Tuple[str, str], ...] = ()  # ((squeezed spelling, label), ...) besides each label's own spelling
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if len(self.definitions) != len(self.labels) or len(set(self.labels)) != len(self.labels):
             raise ValueError(f"label set {self.name!r}: one definition per label, and no label twice")
         for role in (self.supported, self.refuted, self.nei, self.mixed):
             if role is not None and role not in self.labels:
                 raise ValueError(f"label set {self.name!r}: {role!r} is not one of its labels")
 
-    def canonical(self, text):
+    def canonical(self, text: Any) -> Optional[str]:
         """The label `text` names (case- and punctuation-blind, aliases included), or None."""
         if not isinstance(text, str):
             return None
@@ -50,27 +51,29 @@ class LabelSet:
                 return label
         return dict(self.aliases).get(key)
 
-    def choices(self):
+    def choices(self) -> str:
         """The labels as a prompt offers them: '"A", "B", "C" or "D"'."""
         quoted = [f'"{label}"' for label in self.labels]
         return " or ".join(quoted) if len(quoted) < 3 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
-    def answer_format(self):
+    def answer_format(self) -> str:
         """The Verdict value of a JSON example: 'A, B, C, or D' ('A or B' for two)."""
         if len(self.labels) < 3:
             return " or ".join(self.labels)
         return f"{', '.join(self.labels[:-1])}, or {self.labels[-1]}"
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
         """The set as JSON holds it (SynDeC records carry it, so training renders the run's prompts)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d):
-        return cls(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+    def from_dict(cls, d: Dict[str, Any]) -> "LabelSet":
+        # JSON's lists back to tuples, key by key (as_dict's keys): mypy cannot tell which key holds which type
+        return cls(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v)  # type: ignore[arg-type]
+                      if isinstance(v, list) else v
                       for k, v in d.items()})
 
-    def criteria(self):
+    def criteria(self) -> str:
         """One line per label: '- Label: its definition'."""
         return "\n".join(f"- {label}: {definition}" for label, definition in zip(self.labels, self.definitions))
 
@@ -94,6 +97,6 @@ AVERITEC = LabelSet(
 )
 
 
-def canonical_label(text):
+def canonical_label(text: Any) -> Optional[str]:
     """AVeriTeC's label for `text`, or None if it names none of the four (AVERITEC.canonical)."""
     return AVERITEC.canonical(text)

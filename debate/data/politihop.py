@@ -16,7 +16,9 @@ MADR's paper counts
 import csv
 import io
 import json
+import os
 from pathlib import Path
+from typing import Any, Dict, List, Set, Union
 
 from debate.data.claims import check_label, read_text, record, split_file
 from debate.data.inputs import DataError
@@ -36,7 +38,7 @@ SPLITS = ("train", "valid", "test")
 COLUMNS = ("article_id", "statement", "ruling", "annotated_evidence", "annotated_label")
 
 
-def load_split(split, data_dir):
+def load_split(split: str, data_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     if split not in SPLITS:
         raise DataError(f"--split {split!r}: PolitiHop has the splits {', '.join(SPLITS)}")
     path = split_file(Path(data_dir) / f"politihop_{split}.tsv", "PolitiHop", "github copenlu/politihop")
@@ -48,7 +50,7 @@ def load_split(split, data_dir):
     return [_claim(path, f"line {reader.line_num} (article_id {row['article_id']})", row) for row in reader]
 
 
-def _json(path, where, row, column, kind):
+def _json(path: Path, where: str, row: Dict[str, Any], column: str, kind: type) -> Any:
     try:
         value = json.loads(row[column])
     except (TypeError, ValueError):
@@ -58,7 +60,7 @@ def _json(path, where, row, column, kind):
     return value
 
 
-def _claim(path, where, row):
+def _claim(path: Path, where: str, row: Dict[str, Any]) -> Dict[str, Any]:
     statement = (row.get("statement") or "").strip()
     if not statement:
         raise DataError(f"{path}: {where}: column 'statement': empty")
@@ -67,6 +69,8 @@ def _claim(path, where, row):
     if not all(isinstance(s, str) for s in ruling):
         raise DataError(f"{path}: {where}: column 'ruling': expected a JSON list of sentences")
     chains = _json(path, where, row, "annotated_evidence", dict)
+    ids: Set[int]  # the chains' sentences
+    notes: List[str]
     ids, notes = set(), []
     for chain, sentences in chains.items():
         for value in sentences if isinstance(sentences, list) else [sentences]:
@@ -81,7 +85,7 @@ def _claim(path, where, row):
                                  f"{int(part)} of a {len(ruling)}-sentence ruling; left out")
     url = f"PolitiFact ruling {row['article_id']}"
 
-    def sentence(i):
+    def sentence(i: int) -> Dict[str, str]:
         return {"text": ruling[i].strip(), "url": f"{url}, sentence {i + 1}"}
 
     return record(row["article_id"], statement, label, [sentence(i) for i in sorted(ids)], "passages",

@@ -6,7 +6,9 @@ HealthVer's articles), so they run with evidence `none`, or `retrieved` from a -
 of your own. FEVEROUS and SciFact are read from DATA_DIR (the folder holding `feverous_sample_100.jsonl`,
 `scifact_sample_100.jsonl`), split `sample`; HealthVer's sample is a split of the healthver dataset.
 """
+import os
 from pathlib import Path
+from typing import Any, Callable, Dict, List, Union
 
 from debate.data.claims import claim_fields, read_jsonl, record
 from debate.data.inputs import DataError
@@ -22,7 +24,7 @@ BINARY = LabelSet(
 FILES = {"feverous": "feverous_sample_100.jsonl", "scifact": "scifact_sample_100.jsonl"}
 
 
-def find(data_dir, name, dataset):
+def find(data_dir: Union[str, os.PathLike], name: str, dataset: str) -> Path:
     """PROClaim's file `name`: in DATA_DIR, or in a proclaim/ folder beside it."""
     root = Path(data_dir)
     for place in (root / name, root.parent / "proclaim" / name):
@@ -33,18 +35,18 @@ def find(data_dir, name, dataset):
                     "folder beside it")
 
 
-def load_sample(path, labels):
+def load_sample(path: Path, labels: LabelSet) -> List[Dict[str, Any]]:
     """Claims and labels of a PROClaim sample file, without evidence."""
-    claims = []
+    claims: List[Dict[str, Any]] = []
     for where, row in read_jsonl(path):
         claim_id, where, claim, label = claim_fields(path, where, row, labels)
         claims.append(record(claim_id, claim, label, [], "passages"))
     return claims
 
 
-def loader(dataset):
+def loader(dataset: str) -> Callable[[str, Union[str, os.PathLike]], List[Dict[str, Any]]]:
     """The split reader of FEVEROUS's or SciFact's sample."""
-    def load_split(split, data_dir):
+    def load_split(split: str, data_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
         if split != "sample":
             raise DataError(f"--split {split!r}: the {dataset} data here is PROClaim's sample: --split sample")
         return load_sample(find(data_dir, FILES[dataset], dataset), BINARY)

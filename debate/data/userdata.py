@@ -17,7 +17,9 @@ retrieved). card.json declares the labels and what each means:
      "nei": "Unverifiable",                        # optional: the label meaning "not enough information"
      "mixed": null}                                 # optional: a label for claims the evidence supports in part
 """
+import os
 from pathlib import Path
+from typing import Any, Dict, List, Set, Tuple, Union
 
 from debate.data.claims import check_label, evidence_items, expect, read_json, read_jsonl, record, required
 from debate.data.inputs import DataError, check_unique_ids
@@ -26,7 +28,7 @@ from debate.data.labels import LabelSet
 CARD = "card.json"
 
 
-def load_card(data_dir):
+def load_card(data_dir: Union[str, os.PathLike]) -> LabelSet:
     """The LabelSet a card.json declares; every problem names the card and the field."""
     path = Path(data_dir) / CARD
     if not path.is_file():
@@ -37,6 +39,8 @@ def load_card(data_dir):
     entries = required(path, "top level", card, "labels", list)
     if len(entries) < 2:
         raise DataError(f"{path}: field 'labels': a card declares at least two labels")
+    labels: List[str]
+    definitions: List[str]
     labels, definitions = [], []
     for i, entry in enumerate(entries):
         where = f"labels[{i}]"
@@ -46,7 +50,7 @@ def load_card(data_dir):
             raise DataError(f"{path}: {where}: field 'label': {label!r} is empty, has a double quote or repeats")
         labels.append(label)
         definitions.append(required(path, where, entry, "definition", str).strip())
-    roles = {}
+    roles: Dict[str, Any] = {}  # role -> its label (None: the card gives the role no label)
     for role, default in (("supported", labels[0]), ("refuted", labels[1]), ("nei", None), ("mixed", None)):
         value = card.get(role, default)
         if value is not None and value not in labels:
@@ -56,12 +60,15 @@ def load_card(data_dir):
     return LabelSet(name=name, labels=tuple(labels), definitions=tuple(definitions), **roles)
 
 
-def load_split(split, data_dir):
+def load_split(split: str, data_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     labels = load_card(data_dir)
     path = Path(data_dir) / f"{split}.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: no such split file (--dataset jsonl reads DATA_DIR/<split>.jsonl)")
     labelled = not split.startswith("test")
+    claims: List[Dict[str, Any]]
+    shapes: Set[str]
+    located: List[Tuple[str, Any]]
     claims, shapes, located = [], set(), []
     for where, row in read_jsonl(path):
         claim_id = required(path, where, row, "claim_id", (str, int))
@@ -82,5 +89,5 @@ def load_split(split, data_dir):
     return [dict(c, evidence_shape=shape) for c in claims]
 
 
-def labels_of(split, data_dir):
+def labels_of(split: str, data_dir: Union[str, os.PathLike]) -> LabelSet:
     return load_card(data_dir)

@@ -15,11 +15,15 @@ the same tokens; debate.engine.reference is the plain path the tests hold the en
 import logging
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
 from debate.engine import generator as gen, kv_store, memory, ram, schema_program
 from debate.engine.chat import context_ids, stop_token_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ class Settings:
     # Share of the memory free before a batch that its cache and activations may take: of the GPU's on CUDA,
     # of the RAM available on a CPU (the flag keeps its first name, --gpu-memory-fraction). 0: no budget.
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION
-    memory_budget: int = None  # bytes; overrides the fraction (None: the fraction's)
+    memory_budget: Optional[int] = None  # bytes; overrides the fraction (None: the fraction's)
 
 
 @dataclass
@@ -48,36 +52,39 @@ class Conversation:
     """One agent's side of a debate: its messages and the cache of what it has already encoded."""
 
     system: str
-    messages: list = field(default_factory=list)  # [{"role": "user"|"assistant", "content": str}]
-    generated: list = field(default_factory=list)  # token ids of each assistant message, verbatim (None: recalled)
-    cached_ids: list = field(default_factory=list)  # the tokens whose keys/values the slot holds
-    slot: kv_store.Slot = None  # where those keys/values live (debate.engine.kv_store)
+    messages: List[Dict[str, str]] = field(default_factory=list)  # [{"role": "user"|"assistant", "content": str}]
+    # token ids of each assistant message, verbatim (None: recalled)
+    generated: List[Optional[List[int]]] = field(default_factory=list)
+    cached_ids: List[int] = field(default_factory=list)  # the tokens whose keys/values the slot holds
+    slot: Optional[kv_store.Slot] = None  # where those keys/values live (debate.engine.kv_store)
     prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
     encoded_tokens: int = 0  # prompt tokens actually run through the model
     completion_tokens: int = 0
-    structured: dict = None  # the last reply's schema result (fields, choice probabilities), or None
-    pieces: list = field(default_factory=list, repr=False)  # template pieces tokenised so far (debate.engine.chat)
+    # the last reply's schema result (fields, choice probabilities), or None
+    structured: Optional[Dict[str, Any]] = None
+    pieces: List[Any] = field(default_factory=list, repr=False)  # template pieces tokenised so far (debate.engine.chat)
 
     @property
-    def cache(self):
+    def cache(self) -> Optional[List[Tuple[torch.Tensor, torch.Tensor]]]:
         """Per layer (keys, values) of shape (1, kv_heads, len(cached_ids), head_dim), or None."""
         return self.slot.views() if self.slot is not None else None
 
-    def drop_cache(self):
+    def drop_cache(self) -> None:
         self.slot, self.cached_ids = None, []
 
-    def recall(self, prompt, reply):
+    def recall(self, prompt: str, reply: str) -> None:
         """Add an exchange this conversation did not generate, with `reply` as the agent's own earlier turn
         (an explanation written elsewhere, a fixed answer); its ids are the reply's text tokenised, on first need."""
         self.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         self.generated.append(None)
 
 
-def _dtype_bytes(model):
+def _dtype_bytes(model: torch.nn.Module) -> int:
     return next(model.parameters()).element_size() if next(model.parameters()).is_floating_point() else 2
 
 
-def batch_bytes(model, targets, usables, settings, schemas=None):
+def batch_bytes(model: torch.nn.Module, targets: Sequence[Sequence[int]], usables: Sequence[int], settings: Settings,
+                schemas: Optional[Sequence[Any]] = None) -> int:
     """Estimated memory of one batch of these rows (debate.engine.memory.batch_bytes): the turn's KV buffer, the
     prefill's activations, the decode step's, and with `schemas` (one Compiled or None per row) structured
     decoding's extras and one choice's scoring pass at the largest trie among them."""
@@ -91,7 +98,7 @@ def batch_bytes(model, targets, usables, settings, schemas=None):
                               settings.max_new_tokens + trie, len(structured), trie, fused)
 
 
-def memory_budget(model, settings):
+def memory_budget(model: torch.nn.Module, settings: Settings) -> Optional[int]:
     """Bytes a batch may take: Settings.memory_budget, else the fraction of the memory free now: on CUDA the
     GPU's (what the allocator holds unused counts as free), on a CPU the RAM the process can still take
     (debate.engine.ram); None means no budget."""
@@ -113,7 +120,7 @@ def memory_budget(model, settings):
 SHARED_CHUNK = 256
 
 
-def chunk_groups(targets, usables):
+def chunk_groups(targets: Sequence[Sequence[int]], usables: Sequence[int]) -> List[List[int]]:
     """Rows (indices) in groups of similar new-chunk length, each group one batch.
 
     A batch feeds every row as many tokens as its longest new chunk (kv_store.layout: a row with a short
@@ -122,7 +129,7 @@ def chunk_groups(targets, usables):
     rows. Sorted by chunk, longest first, a row joins the group before it when it would re-encode no more
     than max(its own chunk, SHARED_CHUNK) tokens there, and starts a new group otherwise."""
     chunks = [len(t) - u for t, u in zip(targets, usables)]
-    groups = []
+    groups: List[List[int]] = []
     for row in sorted(range(len(targets)), key=lambda r: -chunks[r]):
         if groups and chunks[groups[-1][0]] - chunks[row] <= max(chunks[row], SHARED_CHUNK):
             groups[-1].append(row)
@@ -131,7 +138,8 @@ def chunk_groups(targets, usables):
     return [sorted(g) for g in groups]
 
 
-def plan_batches(model, targets, usables, settings, schemas=None):
+def plan_batches(model: torch.nn.Module, targets: Sequence[Sequence[int]], usables: Sequence[int], settings: Settings,
+                 schemas: Optional[Sequence[Any]] = None) -> List[List[int]]:
     """The batches the rows run in: groups of similar new-chunk length (chunk_groups), each split in halves
     until its estimate (batch_bytes, with the rows' `schemas`) fits the memory budget."""
     budget = memory_budget(model, settings)
@@ -151,6 +159,7 @@ def plan_batches(model, targets, usables, settings, schemas=None):
         # every later split, which a long run may make on every turn, only at INFO.
         level = logging.INFO if model in _split_said else logging.WARNING
         _split_said.add(model)
+        assert budget is not None  # only a budget splits a group
         where = "of RAM" if gen.model_device(model).type == "cpu" else "of GPU memory"
         log.log(level, "memory budget %.2f GB %s: %d conversations run as %d batches (of %s)%s", budget / 2**30,
                 where, len(targets), len(parts), ", ".join(str(len(p)) for p in parts),
@@ -160,10 +169,10 @@ def plan_batches(model, targets, usables, settings, schemas=None):
 
 # The models whose batches have been split and said so as a warning: keyed weakly, so the set holds no model
 # alive and a model loaded later (another run in the same process) is warned about again.
-_split_said = weakref.WeakSet()
+_split_said: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
-def _run_splitting(run, rows, results):
+def _run_splitting(run: Callable[[List[int]], Sequence[Any]], rows: List[int], results: List[Any]) -> None:
     """Run `rows`; on out-of-memory split them in two and run each half (recursively), so no row is lost."""
     try:
         for row, result in zip(rows, run(rows)):
@@ -180,7 +189,9 @@ def _run_splitting(run, rows, results):
         _run_splitting(run, rows[half:], results)
 
 
-def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, generator=None, schemas=None):
+def generate(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs: Sequence[Conversation],
+             user_texts: Sequence[str], settings: Settings, stop_ids: Optional[Sequence[int]] = None,
+             generator: Optional[torch.Generator] = None, schemas: Optional[Sequence[Any]] = None) -> List[str]:
     """Add one user message to each conversation and generate every reply in one batch (or several, when
     the memory budget asks for it; rows never affect each other's tokens).
 
@@ -209,7 +220,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
         return gen.run(model, tokenizer, [convs[i] for i in rows], [targets[i] for i in rows], settings,
                        stop_ids, generator, [schemas[i] for i in rows] if schemas else None, pad_id)
 
-    results = [None] * len(convs)
+    results: List[Any] = [None] * len(convs)
     try:
         for rows in plan_batches(model, targets, usables, settings, schemas):
             _run_splitting(run, rows, results)
@@ -226,7 +237,7 @@ def generate(model, tokenizer, convs, user_texts, settings, stop_ids=None, gener
         conv.cached_ids = t + ids[:-1] if result.slot is not None else []
         conv.generated.append(content)
         conv.structured = result.structured
-        reply = tokenizer.decode(content, skip_special_tokens=True)
+        reply = cast(str, tokenizer.decode(content, skip_special_tokens=True))  # one sequence: one text
         conv.messages.append({"role": "assistant", "content": reply})
         conv.prompt_tokens += len(t)
         conv.encoded_tokens += len(t) - result.reused

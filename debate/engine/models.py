@@ -24,6 +24,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 # Must run before transformers/huggingface_hub are imported below: they read the switches at import.
 from debate.engine.offline import set_offline  # noqa: E402  (re-exported: models.set_offline())
@@ -32,7 +33,16 @@ set_offline()
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 from debate.engine.errors import ModelLoadError, one_line  # noqa: E402,F401  (re-exported: callers catch models.ModelLoadError)
 
@@ -47,6 +57,10 @@ from debate.engine.gguf import (  # noqa: E402,F401  (re-exported)
 )
 
 log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+Device = Union[None, str, torch.device]  # None: CUDA when there is one, else the CPU
+Model = Union[PreTrainedModel, "PeftModel"]  # a causal LM, wrapped by peft once it carries adapters
 
 # Fallback chat template for tokenizers that carry none: plain-text role headers. Each message is
 # "### <Role>\n<content>"; an assistant message ends with the eos token, so a model fine-tuned on
@@ -85,30 +99,30 @@ GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
 
 @dataclass
 class LoadedModel:
-    model: object  # a transformers causal LM, or a peft PeftModel once adapters are attached
-    tokenizer: object
+    model: Model  # a transformers causal LM, or a peft PeftModel once adapters are attached
+    tokenizer: PreTrainedTokenizerBase
     path: str  # the path as resolved (absolute, symlinks followed): a directory or a .gguf file
     device: str  # "cpu", "cuda:0", ...
-    dtype: object  # torch dtype of the computation (the compute dtype when quantized)
+    dtype: torch.dtype  # torch dtype of the computation (the compute dtype when quantized)
     quantized: bool  # True when the weights are 4-bit (bitsandbytes NF4)
     load_dir: str = ""  # the HF directory actually loaded: `path`, or the GGUF's converted cache
 
 
 @dataclass
 class RoleModel:
-    model: object  # shared with every role on the same base
-    tokenizer: object
+    model: Model  # shared with every role on the same base
+    tokenizer: PreTrainedTokenizerBase
     path: str
     adapter: str | None  # the peft adapter name for this role (None: base model only)
     loaded: LoadedModel
     adapter_path: str | None = None
 
 
-def _resolve(path):
+def _resolve(path: PathLike) -> str:
     return os.path.realpath(os.path.expanduser(str(path)))
 
 
-def _pick_device(device):
+def _pick_device(device: Device) -> torch.device:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -119,7 +133,7 @@ def _pick_device(device):
     return device
 
 
-def _pick_dtype(dtype):
+def _pick_dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     value = getattr(torch, str(dtype).removeprefix("torch."), None)
@@ -128,10 +142,11 @@ def _pick_dtype(dtype):
     return value
 
 
-_BNB_PROBLEMS = {}  # device type -> why bitsandbytes cannot quantise there (None: it can); probed once
+# device type -> why bitsandbytes cannot quantise there (None: it can); probed once
+_BNB_PROBLEMS: Dict[str, Optional[str]] = {}
 
 
-def _bitsandbytes_problem(device):
+def _bitsandbytes_problem(device: Union[str, torch.device]) -> Optional[str]:
     """None when bitsandbytes quantises to NF4 on `device`, else why not (one line).
 
     Probed by quantising 64 zeros: an install can import and still lack the kernels of a device (builds
@@ -154,11 +169,11 @@ def _bitsandbytes_problem(device):
     return _BNB_PROBLEMS[device.type]
 
 
-def _bitsandbytes_available(device="cuda"):
+def _bitsandbytes_available(device: Union[str, torch.device] = "cuda") -> bool:
     return _bitsandbytes_problem(device) is None
 
 
-def _pick_4bit(use_4bit, device):
+def _pick_4bit(use_4bit: Optional[bool], device: torch.device) -> bool:
     """Whether to load NF4 on `device`: None -> on CUDA when bitsandbytes can, never on a CPU (slower than
     float32 there); True -> NF4 or a ModelLoadError saying why not; False -> never."""
     if use_4bit is None:
@@ -172,7 +187,7 @@ def _pick_4bit(use_4bit, device):
     return True
 
 
-def _is_model_dir(path, given):
+def _is_model_dir(path: str, given: str) -> bool:
     """True for a Hugging Face model directory, False for a GGUF file; ModelLoadError for anything else.
     The one place both check_model and load_model tell the two apart."""
     if not os.path.exists(path):
@@ -190,7 +205,7 @@ def _is_model_dir(path, given):
     return False
 
 
-def check_model(path):
+def check_model(path: PathLike) -> Optional[PretrainedConfig]:
     """Check that `path` can be loaded, without reading weights; return its config (None for a GGUF not yet converted).
 
     Runs before a run writes anything, so a typo costs a second, not a destroyed run or minutes of
@@ -216,7 +231,8 @@ def check_model(path):
     return config
 
 
-def check_adapter(adapter, base_config=None, base_path=None):
+def check_adapter(adapter: PathLike, base_config: Optional[PretrainedConfig] = None,
+                  base_path: Optional[str] = None) -> None:
     """Check a LoRA adapter directory without loading it: its config, its weights file, and (when
     `base_config` is known) that it was trained on this base. Raises ModelLoadError."""
     adapter_path = _resolve(adapter)
@@ -227,7 +243,8 @@ def check_adapter(adapter, base_config=None, base_path=None):
         check_adapter_base(adapter_path, base_config, base_path)
 
 
-def check_roles(role_paths, role_adapters=None):
+def check_roles(role_paths: Mapping[str, PathLike],
+                role_adapters: Optional[Mapping[str, Optional[PathLike]]] = None) -> None:
     """What `load_roles` would refuse, found without loading a single weight: every base and adapter."""
     configs = {}
     for path in role_paths.values():
@@ -240,13 +257,13 @@ def check_roles(role_paths, role_adapters=None):
             check_adapter(adapter, configs[key], key)
 
 
-def _default_dtype(device):
+def _default_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
 
 
-def precision(use_4bit=None, device=None):
+def precision(use_4bit: Optional[bool] = None, device: Device = None) -> Dict[str, Any]:
     """How `load_model` will load on this machine, without loading: {"device", "dtype", "quantized",
     "precision"}; `precision` is "nf4" or the dtype. Raises ModelLoadError where 4-bit is asked for and
     bitsandbytes cannot quantise here."""
@@ -256,7 +273,7 @@ def precision(use_4bit=None, device=None):
     return {"device": str(device), "dtype": dtype, "quantized": quantized, "precision": "nf4" if quantized else dtype}
 
 
-def _set_chat_template(tokenizer, model):
+def _set_chat_template(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
     """Give a template-less tokenizer a usable chat template (see FALLBACK/GEMMA_CHAT_TEMPLATE)."""
     if getattr(tokenizer, "chat_template", None):
         return
@@ -275,13 +292,14 @@ def _set_chat_template(tokenizer, model):
         log.info("tokenizer has no chat template; using the plain '### Role' fallback")
 
 
-def _load_settings(device, dtype, use_4bit, path, device_map=None):
+def _load_settings(device: torch.device, dtype: Optional[torch.dtype], use_4bit: Optional[bool], path: str,
+                   device_map: Optional[str] = None) -> Tuple[Dict[str, Any], torch.dtype, bool]:
     """from_pretrained keyword arguments for a device: (kwargs, compute dtype, quantized).
 
     device_map "auto" (CUDA only): accelerate spreads the layers over every visible GPU, filling them in
     order, and moves the activations between them; the model's first device takes the inputs.
     """
-    kwargs = {"local_files_only": True}
+    kwargs: Dict[str, Any] = {"local_files_only": True}
     if dtype is None:
         dtype = _default_dtype(device)
     quantized = _pick_4bit(use_4bit, device)
@@ -306,7 +324,8 @@ def _load_settings(device, dtype, use_4bit, path, device_map=None):
     return kwargs, dtype, quantized
 
 
-def load_model(path, *, use_4bit=None, dtype=None, device=None, device_map=None):
+def load_model(path: PathLike, *, use_4bit: Optional[bool] = None, dtype: Union[None, str, torch.dtype] = None,
+               device: Device = None, device_map: Optional[str] = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local HF directory or a .gguf file.
 
     `use_4bit`: None -> NF4 (double quant, bf16 compute) on CUDA where bitsandbytes can, else bf16 (fp16
@@ -339,7 +358,7 @@ def load_model(path, *, use_4bit=None, dtype=None, device=None, device_map=None)
         tokenizer = AutoTokenizer.from_pretrained(load_dir, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(load_dir, **kwargs)
         if "device_map" not in kwargs:
-            model.to(device)
+            model.to(device)  # type: ignore[arg-type]  # functools.wraps hides that .to is a method
     except Exception as e:
         raise ModelLoadError(f"cannot load model {path}: {one_line(e)}") from e
     model.eval()
@@ -358,7 +377,7 @@ def load_model(path, *, use_4bit=None, dtype=None, device=None, device_map=None)
         path=path,
         # Spread by device_map "auto": every device the layers went to (an int is a GPU), the inputs' first.
         device=",".join(dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d)
-                                      for d in model.hf_device_map.values()))
+                                      for d in model.hf_device_map.values()))  # type: ignore[operator]  # accelerate's
         if kwargs.get("device_map") == "auto" else str(device),
         dtype=dtype,
         quantized=quantized,
@@ -370,13 +389,13 @@ BASE_FILE = "debatecv_base.json"  # written beside an adapter we train: which ba
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft saves, by format
 
 
-def base_fingerprint(config):
+def base_fingerprint(config: PretrainedConfig) -> Dict[str, Any]:
     """What an adapter's shapes depend on; two bases that differ here cannot share an adapter."""
     config = getattr(config, "text_config", None) or config
     return {k: getattr(config, k, None) for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")}
 
 
-def check_adapter_base(adapter_path, config, base_path):
+def check_adapter_base(adapter_path: str, config: PretrainedConfig, base_path: Optional[str]) -> None:
     """Refuse an adapter trained on another base, by the fingerprint saved beside it (when there is one)."""
     try:
         with open(os.path.join(adapter_path, BASE_FILE)) as f:
@@ -395,7 +414,7 @@ def check_adapter_base(adapter_path, config, base_path):
             f"({describe(saved.get('fingerprint'))}); this base is {base_path} ({describe(here)})")
 
 
-def check_adapter_dir(adapter_path, given):
+def check_adapter_dir(adapter_path: str, given: str) -> None:
     """Refuse (ModelLoadError) a path that is not a PEFT adapter directory with a readable adapter_config.json;
     `given` is the path as the user wrote it, for the message."""
     config_path = os.path.join(adapter_path, "adapter_config.json")
@@ -414,7 +433,7 @@ def check_adapter_dir(adapter_path, given):
 
 
 @contextlib.contextmanager
-def peft_wrap():
+def peft_wrap() -> Iterator[None]:
     """Around wrapping a model in peft: peft asks the base `is_gradient_checkpointing`, the name transformers 5.x
     deprecated for `is_activation_checkpointing` (same answer, a FutureWarning on every wrap, not ours to fix).
     Only that one warning, and only around the wrap, is silenced; where the property is gone, peft's getattr
@@ -426,7 +445,7 @@ def peft_wrap():
         yield
 
 
-def _attach_adapter(model, adapter_path, name):
+def _attach_adapter(model: Model, adapter_path: str, name: str) -> "PeftModel":
     """Put adapter `name` on `model`; returns the (possibly new) PeftModel wrapping the base."""
     from peft import PeftModel
 
@@ -443,7 +462,8 @@ def _attach_adapter(model, adapter_path, name):
     return model
 
 
-def load_roles(role_paths, role_adapters=None, *, use_4bit=None, device_map=None):
+def load_roles(role_paths: Mapping[str, PathLike], role_adapters: Optional[Mapping[str, Optional[PathLike]]] = None, *,
+               use_4bit: Optional[bool] = None, device_map: Optional[str] = None) -> Dict[str, RoleModel]:
     """Load the model of every role; a base named by several roles is loaded once and shared.
 
     role_paths: {role: model path}; role_adapters: {role: LoRA adapter dir or None}. A role with an
@@ -461,7 +481,8 @@ def load_roles(role_paths, role_adapters=None, *, use_4bit=None, device_map=None
         if key not in bases:
             bases[key] = load_model(path, use_4bit=use_4bit, device_map=device_map)
 
-    adapter_names = {}  # (base path, adapter path) -> adapter name
+    adapter_names: Dict[Tuple[str, str], str] = {}  # (base path, adapter path) -> adapter name
+    adapter_path: Optional[str]
     for role, adapter in role_adapters.items():
         if adapter is None:
             continue
@@ -483,14 +504,15 @@ def load_roles(role_paths, role_adapters=None, *, use_4bit=None, device_map=None
             model=base.model,
             tokenizer=base.tokenizer,
             path=base.path,
-            adapter=None if adapter is None else adapter_names[(base.path, adapter_path)],
+            # adapter_path is a str wherever adapter is one
+            adapter=None if adapter is None else adapter_names[(base.path, adapter_path)],  # type: ignore[index]
             loaded=base,
             adapter_path=adapter_path,
         )
     return roles
 
 
-def _activate(model, name):
+def _activate(model: "PeftModel", name: str) -> None:
     # Older peft has no inference_mode; without it set_adapter marks the adapter trainable.
     if "inference_mode" in inspect.signature(model.set_adapter).parameters:
         model.set_adapter(name, inference_mode=True)
@@ -499,7 +521,7 @@ def _activate(model, name):
 
 
 @contextlib.contextmanager
-def adapter_scope(role_model):
+def adapter_scope(role_model: RoleModel) -> Iterator[Model]:
     """Make `role_model`'s model behave as that role's model for the duration of the block.
 
     A role with an adapter: its adapter is active and enabled. A role without one, on a base that
@@ -507,7 +529,7 @@ def adapter_scope(role_model):
     call every forward/generate of a shared model inside the scope of the role it is for, since
     outside any scope the base keeps whichever adapter was last activated.
     """
-    model = role_model.model
+    model: Any = role_model.model  # a PeftModel where any role on this base has an adapter
     if role_model.adapter is not None:
         _activate(model, role_model.adapter)
         yield model
@@ -525,7 +547,7 @@ def adapter_scope(role_model):
         yield model
 
 
-def model_info(role_models):
+def model_info(role_models: Mapping[str, RoleModel]) -> Dict[str, Dict[str, Any]]:
     """What each role ran on, JSON-ready, for a run's config.json."""
     info = {}
     for role, rm in role_models.items():
@@ -543,15 +565,15 @@ def model_info(role_models):
     return info
 
 
-def precision_line(info):
+def precision_line(info: Mapping[str, Mapping[str, Any]]) -> str:
     """model_info's precisions in one line, roles grouped by how they were loaded: "nf4 on cpu: moderator, ..."."""
-    groups = {}
+    groups: Dict[str, List[str]] = {}
     for role, m in info.items():
         groups.setdefault(f"{m['precision']} on {m['device']}", []).append(role)
     return "; ".join(f"{how}: {', '.join(roles)}" for how, roles in groups.items())
 
 
-def release_memory():
+def release_memory() -> None:
     """Give the memory of models no longer referenced back to the device (CUDA caches it otherwise)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

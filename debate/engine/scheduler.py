@@ -20,9 +20,13 @@ import contextvars
 import itertools
 import threading
 from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 from debate.engine import engine
-from debate.engine.models import adapter_scope
+from debate.engine.models import RoleModel, adapter_scope
+
+if TYPE_CHECKING:
+    import torch
 
 _local = threading.local()  # the claim a thread runs, so `submit` knows whom to suspend
 _orders = itertools.count()  # the order turns are asked for in, over the whole process
@@ -37,18 +41,18 @@ class Cancelled(BaseException):
 class Turn:
     """One batched turn a claim asked for: what `turns.speak` was called with."""
 
-    agent: object  # models.RoleModel
-    convs: list
-    prompts: list
-    settings: object  # engine.Settings
-    generator: object  # torch.Generator or None
-    schema: object  # a schema_program.Compiled for every row, or None
+    agent: RoleModel
+    convs: List[engine.Conversation]
+    prompts: List[str]
+    settings: engine.Settings
+    generator: Optional["torch.Generator"]
+    schema: Any  # a schema_program.Compiled for every row, or None
     order: int  # when it was asked for: the oldest turn goes first
-    key: tuple = None  # turns with equal keys can share a model call (see `_key`)
-    replies: list = None
+    key: Optional[Tuple[Any, ...]] = None  # turns with equal keys can share a model call (see `_key`)
+    replies: Optional[List[str]] = None
 
 
-def _key(agent, settings, generator):
+def _key(agent: RoleModel, settings: engine.Settings, generator: Optional["torch.Generator"]) -> Tuple[Any, ...]:
     """What a shared model call needs in common: the same weights and adapter, settings and random stream."""
     return (id(agent.model), agent.adapter, astuple(settings), id(generator))
 
@@ -56,7 +60,12 @@ def _key(agent, settings, generator):
 class _Task:
     """A claim in progress: its thread and the turn it waits on (None while it runs or once it has ended)."""
 
-    def __init__(self, index, claim, verify_one, baton):
+    # Optional[Turn] in truth, but set for every task the scheduler reads it from (live, unfinished): Any spares
+    # those reads a check the protocol already makes
+    turn: Any
+    error: Optional[BaseException]
+
+    def __init__(self, index: int, claim: Any, verify_one: Callable[[Any], Any], baton: threading.Semaphore) -> None:
         self.index, self.turn, self.error = index, None, None
         self.started = self.finished = self.cancelled = False
         self.go = threading.Semaphore(0)
@@ -67,7 +76,7 @@ class _Task:
         self.thread = threading.Thread(target=context.run, args=(self._body, claim, verify_one), daemon=True,
                                        name=f"claim-{index}")
 
-    def _body(self, claim, verify_one):
+    def _body(self, claim: Any, verify_one: Callable[[Any], Any]) -> None:
         _local.task = self
         self.go.acquire()
         try:
@@ -81,7 +90,7 @@ class _Task:
             self.finished, self.turn = True, None
             self.baton.release()
 
-    def resume(self):
+    def resume(self) -> None:
         """Let the claim run until its next turn or its end; raise what it raised."""
         if not self.started:
             # Marked only once start() returned: a signal raised inside start() (it waits for the new thread)
@@ -95,7 +104,8 @@ class _Task:
             raise error
 
 
-def submit(agent, convs, prompts, settings, generator, schema):
+def submit(agent: RoleModel, convs: Iterable[engine.Conversation], prompts: Iterable[str], settings: engine.Settings,
+           generator: Optional["torch.Generator"], schema: Any) -> Optional[List[str]]:
     """Called by `turns.speak` in a claim's thread: wait for the scheduler to run this turn; the replies.
     None when the calling thread is not a scheduled claim (the caller then runs the turn itself)."""
     task = getattr(_local, "task", None)
@@ -111,7 +121,7 @@ def submit(agent, convs, prompts, settings, generator, schema):
     return replies
 
 
-def _run_turns(group):
+def _run_turns(group: Sequence[_Task]) -> None:
     """One engine.generate call over the rows of every turn in `group` (equal keys); fills their replies."""
     first = group[0].turn
     convs = [c for t in group for c in t.turn.convs]
@@ -126,14 +136,14 @@ def _run_turns(group):
         task.turn.replies, start = replies[start:start + n], start + n
 
 
-def run(claims, verify_one, running):
+def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> None:
     """Verify `claims` with `verify_one(claim)` (a method on a one-claim batch, writing its own record),
     at most `running` claims in progress at once."""
     if running < 1:
         raise ValueError(f"running must be at least 1, not {running}")
     baton = threading.Semaphore(0)
     waiting = list(enumerate(claims))[::-1]  # popped from the end: claims start in their given order
-    live = []
+    live: List[_Task] = []
     try:
         while waiting or live:
             while waiting and len(live) < running:

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
 DEMO_SPLIT = "demo"
@@ -60,12 +60,14 @@ def identity(default: Any = None) -> Any:
 class Data:
     dataset: str = identity("averitec")  # one of debate.data.datasets.NAMES
     split: str = identity("dev")  # a split of the dataset (AVeriTeC: DATA_DIR/<split>.json, or "demo", embedded)
-    data_dir: str = identity()  # None: the dataset's default folder ($DEBATECV_DATA, else data/averitec, for AVeriTeC)
-    evidence: str = identity()  # golden | retrieved | none | ruling (PolitiHop); None: the dataset's default
-    retrieved_file: str = identity()  # None: the dataset's own (AVeriTeC: DATA_DIR/<split>.retrieved.hero.jsonl)
+    # None: the dataset's default folder ($DEBATECV_DATA, else data/averitec, for AVeriTeC)
+    data_dir: Optional[str] = identity()
+    evidence: Optional[str] = identity()  # golden | retrieved | none | ruling (PolitiHop); None: the dataset's default
+    # None: the dataset's own (AVeriTeC: DATA_DIR/<split>.retrieved.hero.jsonl)
+    retrieved_file: Optional[str] = identity()
     evidence_k: int = identity(5)  # retrieved from a corpus: passages per claim (ours)
-    limit: int = None  # only the first N claims; None: all
-    sample_seed: int = None  # with limit: N claims drawn at random with this seed instead of the first N
+    limit: Optional[int] = None  # only the first N claims; None: all
+    sample_seed: Optional[int] = None  # with limit: N claims drawn at random with this seed instead of the first N
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class Method:
     method: str = identity("debatecv")  # one of METHOD_NAMES (EXPLAIN_METHODS under --task explain)
     refine: str = identity("none")  # none | madr
     voters: int = identity(3)  # majority: independent RAG-CoT agents (the DebateCV paper's three)
-    prompts: str = None  # a directory of prompt files replacing the shipped ones; its files' hash is the identity
+    # a directory of prompt files replacing the shipped ones; its files' hash is the identity
+    prompts: Optional[str] = None
     task: str = identity("verify")  # verify: a verdict per claim; explain: the explanation of its gold label
 
 
@@ -81,16 +84,16 @@ class Method:
 class Courtroom:
     """PROClaim's numbers, the paper's by default (see debate/methods/courtroom/rules.py and docs/FIDELITY.md);
     the courtroom and its baselines (standard-mad, single-call) run with this group."""
-    corpus: str = identity()  # JSONL passages; None: the dataset's corpus, else each claim's own evidence
+    corpus: Optional[str] = identity()  # JSONL passages; None: the dataset's corpus, else each claim's own evidence
     claim_evidence_only: bool = identity(False)  # ours: search each claim's own evidence, never a corpus
-    embedder: str = identity()  # sentence encoder directory; None: the shipped all-MiniLM-L6-v2
+    embedder: Optional[str] = identity()  # sentence encoder directory; None: the shipped all-MiniLM-L6-v2
     top_k: int = identity(3)
     novelty_threshold: float = identity(0.20)
     novelty_stop: float = identity(0.10)
     plateau_delta: float = identity(0.05)
     admit_threshold: float = identity(0.5)
     dispute_threshold: float = identity(0.1)
-    reflection_weights: tuple = identity((0.4, 0.3, 0.3))
+    reflection_weights: Tuple[float, ...] = identity((0.4, 0.3, 0.3))
     vote_weight: float = identity(0.8)
     quality_weight: float = identity(0.3)
     role_switch: bool = identity(True)  # False: ablation A1 (Table 6)
@@ -98,7 +101,8 @@ class Courtroom:
     prag: bool = identity(True)  # False: ablation A3, no P-RAG, no adaptive stopping, 3 rounds
     reflection: bool = identity(True)  # False: ablation A4, no self-reflection (nor its uses)
     witness: bool = identity(True)
-    switch_rounds: int = identity()  # cap of the rerun after the role switch: None = max_rounds (the full rerun)
+    # cap of the rerun after the role switch: None = max_rounds (the full rerun)
+    switch_rounds: Optional[int] = identity()
     seed_k: int = identity(5)  # passages retrieved with the claim itself for the seed pool (Appendix J's example)
     redundancy_limit: float = identity(0.70)  # P-RAG early exits (Appendix I)
     relevance_gain: float = identity(0.05)
@@ -109,23 +113,23 @@ class Courtroom:
     # of refutation) on a dataset without one; "supported": always Supported, the paper's.
     inconclusive: str = identity("nee")
     # Per role group; None: the paper's (COURTROOM_TEMPERATURES), or the run's temperature when one was given.
-    counsel_temperature: float = identity()
-    court_temperature: float = identity()
-    judge_temperature: float = identity()
-    witness_temperature: float = identity()
-    critic_temperature: float = identity()
+    counsel_temperature: Optional[float] = identity()
+    court_temperature: Optional[float] = identity()
+    judge_temperature: Optional[float] = identity()
+    witness_temperature: Optional[float] = identity()
+    critic_temperature: Optional[float] = identity()
     # Per role within a group; None: the group's (heterogeneous agents).
-    plaintiff_temperature: float = identity()
-    defense_temperature: float = identity()
-    judge_temperatures: tuple = identity()  # one per judge seat
+    plaintiff_temperature: Optional[float] = identity()
+    defense_temperature: Optional[float] = identity()
+    judge_temperatures: Optional[Tuple[float, ...]] = identity()  # one per judge seat
 
     @property
-    def temperatures(self):
+    def temperatures(self) -> Dict[str, float]:
         """{role group: sampling temperature} of the courtroom's roles."""
         return {role: COURTROOM_TEMPERATURES[role] if getattr(self, f"{role}_temperature") is None
                 else getattr(self, f"{role}_temperature") for role in COURTROOM_TEMPERATURES}
 
-    def temperature_of(self, role):
+    def temperature_of(self, role: str) -> float:
         """The sampling temperature of one role: plaintiff, defense, court, critic, witness or judge_<seat>."""
         groups = self.temperatures
         if role in ("plaintiff", "defense"):
@@ -142,18 +146,20 @@ class Courtroom:
 class Retrieval:
     """Retrieving each claim's evidence from its own knowledge store with HerO's strategy (docs/retrieval.md);
     HerO's numbers by default where one 40 GB GPU allows (docs/FIDELITY.md, "Retrieval (HerO)")."""
-    knowledge_store: str = identity()  # DIR/<claim_id>.json in AVeriTeC's layout; None: no retrieval of our own
+    # DIR/<claim_id>.json in AVeriTeC's layout; None: no retrieval of our own
+    knowledge_store: Optional[str] = identity()
     missing_store: str = identity("error")  # error | skip: a claim without a store file gets no evidence, counted
     retrieve_only: bool = False  # stop once the evidence is saved (and scored where the split has gold pairs)
     hyde_docs: int = identity(8)  # HyDE-FC articles per claim (HerO's n=8)
     hyde_max_tokens: int = identity(512)  # tokens per article (HerO's)
     hyde_temperature: float = identity(0.7)  # HerO's sampling of the articles (top_p 1.0)
-    bm25_k: int = identity(10000)  # sentences BM25 passes to re-ranking (HerO's, on every device)
-    query_instruction: str = identity()  # text before each query the encoder embeds; None: the encoder's own
+    bm25_k: Optional[int] = identity(10000)  # sentences BM25 passes to re-ranking (HerO's, on every device)
+    query_instruction: Optional[str] = identity()  # text before each query the encoder embeds; None: the encoder's own
     rerank_k: int = identity(10)  # evidence items per claim (HerO's top 10)
     context: int = identity(0)  # neighbouring sentences of the page on each side of an answer (0: HerO's code)
     few_shot: int = identity(10)  # question-generation examples chosen by BM25 (HerO's 10)
-    few_shot_split: str = identity()  # labelled split whose golden pairs are the examples; None: train (HerO's)
+    # labelled split whose golden pairs are the examples; None: train (HerO's)
+    few_shot_split: Optional[str] = identity()
     question_max_tokens: int = identity(64)  # HerO allows 512 and keeps the text up to the first "?" (ours)
     embedding_cache_mb: int = 2048  # the embedding cache directory at most (MB); past it the oldest-used go first
 
@@ -180,29 +186,30 @@ class Madr:
 @dataclass(frozen=True)
 class Models:
     """Model paths (HF directory or .gguf file); None: --model, else the embedded Gemma 3 270M."""
-    model: str = None  # every agent not named below; what the roles really used is in their own fields
-    debater_model: str = identity()
-    moderator_model: str = identity()
-    defense_model: str = identity()  # None: debater_model
-    judge_models: tuple = identity()  # None: moderator_model three times
-    court_model: str = identity()  # courtroom's presiding judge; None: moderator_model
-    critic_model: str = identity()  # courtroom's critic, argument miner, consistency analyzer; None: moderator_model
-    witness_model: str = identity()  # courtroom's expert witness; None: debater_model
-    refine_model: str = identity()  # None: moderator_model
-    moderator_adapter: str = identity()
-    use_4bit: bool = identity(None)  # None: NF4 on CUDA, full precision on a CPU; True/False: on any device
-    device_map: str = None  # "auto": each model spread over the node's GPUs (CUDA only); None: one GPU
+    model: Optional[str] = None  # every agent not named below; what the roles really used is in their own fields
+    debater_model: Optional[str] = identity()
+    moderator_model: Optional[str] = identity()
+    defense_model: Optional[str] = identity()  # None: debater_model
+    judge_models: Optional[Tuple[str, ...]] = identity()  # None: moderator_model three times
+    court_model: Optional[str] = identity()  # courtroom's presiding judge; None: moderator_model
+    # courtroom's critic, argument miner, consistency analyzer; None: moderator_model
+    critic_model: Optional[str] = identity()
+    witness_model: Optional[str] = identity()  # courtroom's expert witness; None: debater_model
+    refine_model: Optional[str] = identity()  # None: moderator_model
+    moderator_adapter: Optional[str] = identity()
+    use_4bit: Optional[bool] = identity(None)  # None: NF4 on CUDA, full precision on a CPU; True/False: on any device
+    device_map: Optional[str] = None  # "auto": each model spread over the node's GPUs (CUDA only); None: one GPU
 
 
 @dataclass(frozen=True)
 class Generation:
     batch_size: int = 8  # claims verified together (ours)
-    temperature: float = identity()  # None: the method's (PAPER_TEMPERATURE; PROClaim's methods: per role)
+    temperature: Optional[float] = identity()  # None: the method's (PAPER_TEMPERATURE; PROClaim's methods: per role)
     top_p: float = identity(1.0)
     seed: int = identity(0)
     trials: int = 1
-    max_new_tokens: int = identity()  # None: FULL_TURN, DEMO_TURN on the demo split
-    max_rounds: int = identity()  # None: ROUNDS of the method, else 3
+    max_new_tokens: Optional[int] = identity()  # None: FULL_TURN, DEMO_TURN on the demo split
+    max_rounds: Optional[int] = identity()  # None: ROUNDS of the method, else 3
     structured: bool = identity(True)
     reuse_cache: bool = True
     continuous: bool = True  # claims in progress share model calls turn by turn (ours)
@@ -211,7 +218,8 @@ class Generation:
 
 @dataclass(frozen=True)
 class Output:
-    output_dir: str = None  # None: runs/<split>-<evidence>-<method>[-madr], runs/<split>-<evidence>-explain-<method>
+    # None: runs/<split>-<evidence>-<method>[-madr], runs/<split>-<evidence>-explain-<method>
+    output_dir: Optional[str] = None
     overwrite: bool = False
 
 
@@ -228,7 +236,7 @@ class RunConfig:
     output: Output = field(default_factory=Output)
 
 
-GROUPS = {f.name: f.type for f in fields(RunConfig)}
+GROUPS: Dict[str, Any] = {f.name: f.type for f in fields(RunConfig)}  # group -> its dataclass
 GROUP_OF = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}  # setting -> its group
 IDENTITY_KEYS = tuple(f.name for cls in GROUPS.values() for f in fields(cls) if f.metadata.get("identity")) \
     + RECORDED_IDENTITY
@@ -247,7 +255,7 @@ def to_dict(config: "RunConfig", plain: bool = True) -> Dict[str, Any]:
     return flat
 
 
-def _from_flat(settings):
+def _from_flat(settings: Dict[str, Any]) -> "RunConfig":
     return RunConfig(**{group: cls(**{f.name: settings[f.name] for f in fields(cls) if f.name in settings})
                         for group, cls in GROUPS.items()})
 
@@ -264,7 +272,7 @@ def load(path: Union[str, os.PathLike]) -> "RunConfig":
     return build(**{k: v for k, v in saved.items() if k in GROUP_OF})
 
 
-def _value(value):
+def _value(value: Any) -> Any:
     """A setting as the config holds it: paths as strings, sequences as tuples (the config is frozen)."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
@@ -337,7 +345,7 @@ def build(**settings: Any) -> "RunConfig":
     return _from_flat(s)
 
 
-def _fill_data(s):
+def _fill_data(s: Dict[str, Any]) -> None:
     """The dataset's default evidence condition, and a refusal of a condition or split it cannot offer."""
     from debate.data import datasets  # the readers import no torch; loaded here so the config's import stays light
 
@@ -357,7 +365,7 @@ def _fill_data(s):
                           f"not {s['evidence']!r}")
 
 
-def _fill_models(s):
+def _fill_models(s: Dict[str, Any]) -> None:
     """Every model setting the user left out: --model, else the embedded default (found only when needed)."""
     base = s["model"]
     if not base and not (s["debater_model"] and s["moderator_model"]):
@@ -383,7 +391,7 @@ FRACTIONS = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_thresh
              "gpu_memory_fraction")
 
 
-def _check_retrieval(s):
+def _check_retrieval(s: Dict[str, Any]) -> None:
     """Refuse retrieval settings that make no run (the store's own problems are the stage's to name)."""
     if s["missing_store"] not in ("error", "skip"):
         raise ConfigError(f"--missing-store must be error or skip, not {s['missing_store']!r}")
@@ -407,7 +415,7 @@ def _check_retrieval(s):
             raise ConfigError("--knowledge-store and --corpus are two corpora for the courtroom; give one")
 
 
-def _check_debate_retrieval(s):
+def _check_debate_retrieval(s: Dict[str, Any]) -> None:
     """Refuse --debate-retrieval settings that make no run: another method, no source to search, bounds out of range."""
     from debate.data import datasets
 
@@ -427,9 +435,9 @@ def _check_debate_retrieval(s):
                           f"store), or --corpus FILE (JSONL passages); {s['dataset']} has no corpus of its own")
 
 
-def _check(s):
+def _check(s: Dict[str, Any]) -> None:
     """Refuse values that make no run; each message names the flag as `run_debate.py` spells it."""
-    def flag(name):
+    def flag(name: str) -> str:
         return "--" + name.replace("_", "-")
 
     if s["device_map"] not in (None, "auto"):
