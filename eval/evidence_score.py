@@ -10,18 +10,21 @@ Each measure is the mean over the claims of the references that the file covers.
 
     python -m eval.evidence_score RETRIEVED.jsonl --references dev.json [--json]
 """
+import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from eval.averitec import MAX_EVIDENCE, InputError, _by_claim_id, evidence_score, gold_strings, read_records
 
 
-def question_strings(reference):
+def question_strings(reference: Dict[str, Any]) -> List[str]:
     """The golden questions of a reference, one string per question."""
     return [str(q.get("question") or "") for q in reference.get("questions") or [] if isinstance(q, dict)]
 
 
-def claim_scores(record, reference, where="record"):
+def claim_scores(record: Dict[str, Any], reference: Dict[str, Any], where: str = "record") -> Dict[str, float]:
     """{"question_only", "question_answer"} of one claim's retrieved evidence against its golden pairs."""
     items = record.get("evidence")
     if not isinstance(items, list) or not all(isinstance(e, dict) for e in items):
@@ -33,12 +36,14 @@ def claim_scores(record, reference, where="record"):
             "question_answer": evidence_score(pairs, gold_strings(reference))}
 
 
-def score(retrieved, references, sources=("retrieved", "references")):
+def score(retrieved: List[Tuple[str, Dict[str, Any]]], references: List[Tuple[str, Dict[str, Any]]],
+          sources: Tuple[str, str] = ("retrieved", "references")) -> Dict[str, Any]:
     """Mean scores over the references with golden pairs that `retrieved` covers; both are lists of
     (location, record). Returns {"n", "question_only", "question_answer", "n_missing", "per_claim"}."""
     found = _by_claim_id(retrieved, sources[0], "retrieved evidence")
     refs = _by_claim_id(references, sources[1], "references")
-    rows, missing = [], 0
+    rows: List[Dict[str, Any]] = []
+    missing = 0
     for cid, (where, ref) in refs.items():
         if not ref.get("questions"):
             continue  # an unlabelled claim has nothing to match
@@ -51,12 +56,12 @@ def score(retrieved, references, sources=("retrieved", "references")):
     return {"n": n, **mean, "n_missing": missing, "per_claim": rows}
 
 
-def score_files(retrieved_path, references_path):
+def score_files(retrieved_path: Union[str, Path], references_path: Union[str, Path]) -> Dict[str, Any]:
     return score(read_records(retrieved_path), read_records(references_path),
                  (str(retrieved_path), str(references_path)))
 
 
-def summary_line(result):
+def summary_line(result: Dict[str, Any]) -> str:
     if not result["n"]:
         return "evidence scores: no claim with golden pairs is in the file"
     text = (f"evidence (Hungarian METEOR over {result['n']} claims): question-only {result['question_only']:.4f}, "
@@ -64,7 +69,7 @@ def summary_line(result):
     return text + (f" ({result['n_missing']} claims of the references not in the file)" if result["n_missing"] else "")
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     """The flags of `python -m eval.evidence_score` (tests/test_docs.py checks the documented commands against them)."""
     from debate.data.flags import Parser  # one-line errors; the scoring itself imports nothing above data
 
@@ -75,7 +80,7 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from eval.wordnet import WordNetMissingError
