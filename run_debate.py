@@ -5,7 +5,7 @@
     python run_debate.py --method courtroom --corpus passages.jsonl --judge-models A B C ...
     python run_debate.py --method rag-cot --refine madr ...          # any method, justification refined by MADR
 """
-from debate.pipeline import cli, runner
+from debate.pipeline import cli, progress, runner
 
 
 def parse_args(argv=None):
@@ -15,7 +15,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     config = parse_args(argv)
-    return runner.main_guard(lambda: runner.run(config))
+    with progress.lines():  # the run's lines (the `debate` loggers at INFO) on stdout, its warnings on stderr
+        return runner.main_guard(lambda: runner.run(config))
 
 
 def console_main():

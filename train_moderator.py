@@ -8,11 +8,10 @@
 Then: python run_debate.py --moderator-model M --moderator-adapter runs/syndec/dpo/adapter ...
 """
 import argparse
-import logging
 import sys
 
 from debate.data import datasets
-from debate.pipeline import cli, runner
+from debate.pipeline import cli, progress, runner
 from train import loop, settings, stages, syndec
 from train.settings import DEFAULTS as D
 
@@ -111,7 +110,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    show_progress_lines()
 
     def go():
         try:
@@ -120,22 +118,10 @@ def main(argv=None):
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2)
 
-    return runner.main_guard(go)
-
-
-class PrintHandler(logging.Handler):
-    """A record's message printed to the sys.stdout of the moment, as the stages' print() did before."""
-
-    def emit(self, record):
-        print(record.getMessage())
-
-
-def show_progress_lines():
-    """What the stages log (the `train` loggers, at INFO) printed as plain lines on stdout, once per process."""
-    logger = logging.getLogger("train")
-    if not any(isinstance(h, PrintHandler) for h in logger.handlers):
-        logger.addHandler(PrintHandler())
-    logger.setLevel(logging.INFO)
+    # What the stages log (the `train` loggers) and what the synth stage's run logs (the `debate` loggers), at
+    # INFO, as plain lines on stdout; warnings on stderr.
+    with progress.lines(logger="train"), progress.lines():
+        return runner.main_guard(go)
 
 
 def console_main():

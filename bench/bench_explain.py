@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from debate.pipeline import (  # noqa: E402
     cli,
     geval_run as judge_run,  # noqa: E402
+    progress,
     runner,
 )
 from eval import geval_scores  # noqa: E402
@@ -54,7 +55,8 @@ def run_method(method, args, out, log):
             seconds.append(float(found.group(2)))
         log(f"{method}: {text}")
 
-    metrics = runner.main_guard(lambda: runner.run(config, log=keep))
+    with progress.lines(keep, keep):
+        metrics = runner.main_guard(lambda: runner.run(config))
     return sum(seconds), metrics
 
 
@@ -100,8 +102,9 @@ def main():
         seconds, stats = run_method(method, args, out / method, log)
         rows[method] = {"seconds": seconds, "stats": stats, "run_dir": str(out / method)}
     start = time.perf_counter()
-    result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model, geval_scores.PROTOCOLS,
-                                names=list(args.methods), batch_size=args.batch_size, log=log)
+    with progress.lines(log, log):
+        result = judge_run.evaluate([rows[m]["run_dir"] for m in args.methods], args.judge_model,
+                                    geval_scores.PROTOCOLS, names=list(args.methods), batch_size=args.batch_size)
     judge_seconds = time.perf_counter() - start
     summary = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
                "processor": platform.processor(), "data": args.data, "limit": args.limit,

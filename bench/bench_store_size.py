@@ -190,7 +190,7 @@ def measure(store, args):
     if args.courtroom:
         if hasattr(store_search, "bm25_candidates"):
             t3 = time.time()
-            store_search.store_index(store, claim, args.bm25_k, embedder, log_fn=lambda *a: None)
+            store_search.store_index(store, claim, args.bm25_k, embedder)
             row["courtroom_index_s"] = round(time.time() - t3, 2)
         else:
             row["courtroom_index_s"] = None  # the old courtroom embeds every sentence: hours at this size

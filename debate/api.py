@@ -21,7 +21,7 @@ from debate.data.claims import item_shape
 from debate.data.inputs import DataError
 from debate.engine import models
 from debate.methods import turns
-from debate.pipeline import method_table, run_claims, runner, stops
+from debate.pipeline import method_table, progress, run_claims, runner, stops
 from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
 
 
@@ -29,12 +29,14 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> Optional[dict]:
     """Verify the config's claims into its output directory exactly as run_debate.py does (resuming what
     is done); return the metrics (None for a split without gold labels).
 
+    `log` gets each line the CLI would print, warnings too, as one string (debate.pipeline.progress.lines: the
+    `debate` loggers' records for the length of the call; nothing stays attached after it).
     As in the CLI, one process writes a directory at a time (another holding it: debate.pipeline.lock.Busy),
     and Ctrl-C cuts no record: the "stopped: ..." line goes to `log` and KeyboardInterrupt propagates.
     SIGTERM is left to the host program."""
-    with stops.handled(signal.SIGINT):
+    with stops.handled(signal.SIGINT), progress.lines(log, log):
         try:
-            return runner.run(build(**to_dict(config)), log=log)
+            return runner.run(build(**to_dict(config)))
         except KeyboardInterrupt as err:
             log(stops.stopped_line(err))
             raise
@@ -162,11 +164,12 @@ def geval(run_dirs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], 
     `protocols` ("all" or some of sentence, sentence-typology, document, document-typology); `human`: a JSONL
     file of people's scores for Kendall's tau-c. Returns the result: per row and protocol the mean and its 95%
     bootstrap interval, and every explanation's score; eval.geval_scores.table(result) is the paper's Table 2
-    layout.
+    layout. `log` gets the judge's lines (each run's ratings to do), as `run`'s does.
     """
     from debate.pipeline import geval_run as judge_run
 
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else list(run_dirs)
     protocols = judge_run.PROTOCOLS if protocols == "all" else [protocols] if isinstance(protocols, str) else protocols
-    return judge_run.evaluate([str(d) for d in run_dirs], judge_model, list(protocols), human, names, batch_size,
-                               use_4bit, log=log)
+    with progress.lines(log, log):
+        return judge_run.evaluate([str(d) for d in run_dirs], judge_model, list(protocols), human, names,
+                                  batch_size, use_4bit)

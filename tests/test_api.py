@@ -68,6 +68,37 @@ def test_run_writes_what_the_cli_writes_and_verify_gives_one_record_per_claim(ti
     assert sum(predictions[0]["label_probs"].values()) == pytest.approx(1, abs=1e-4)
 
 
+def test_run_hands_log_the_lines_the_cli_prints_and_leaves_no_handler_behind(tiny, tmp_path, capsys):
+    import logging
+
+    from debate import build, run
+
+    flags = ["--split", "demo", "--method", "rag-cot", "--model", tiny, "--limit", "1", "--max-new-tokens", "64",
+             "--temperature", "0"]
+    run_debate.main(flags + ["--output-dir", str(tmp_path / "cli")])
+    logger = logging.getLogger("debate")
+    handlers, level = list(logger.handlers), logger.level
+    assert handlers == [] and level == logging.NOTSET  # the CLI's printing went with its run
+
+    def same(lines, out):  # the two runs differ in their directory and their seconds only
+        return [re.sub(r"\d+\.\d+s\b", "Ts", line.replace(str(tmp_path / out), "OUT")) for line in lines]
+
+    note, *printed = capsys.readouterr().out.splitlines()
+    assert note.startswith("the demo set has no retrieved evidence")  # the flags' own note (cli.py), not the run's
+    assert any(line.startswith("1 claims, 0 already done in ") for line in printed)
+    cfg = build(split="demo", method="rag-cot", model=tiny, limit=1, max_new_tokens=64, temperature=0,
+                output_dir=tmp_path / "api")
+    said = []
+    run(cfg, log=said.append)
+    assert "\n".join(same(said, "api")) == "\n".join(same(printed, "cli"))  # a line may hold a table: joined
+    assert capsys.readouterr().out == ""  # to `log` only, not printed as well
+    assert logger.handlers == handlers and logger.level == level
+    again = []
+    run(cfg, log=again.append)  # resumed, nothing to do: each of its lines once, no handler left over to repeat it
+    assert again.count(f"1 claims, 1 already done in {tmp_path / 'api'}, 0 to go") == 1
+    assert len(again) == len(set(again)) and logger.handlers == handlers and logger.level == level
+
+
 def test_verify_names_a_bad_claim():
     from debate import verify
 

@@ -306,7 +306,7 @@ def test_prag_finds_a_passage_outside_the_claims_own_evidence_in_the_datasets_co
     passages = [{"id": f"c{i}", "text": t, "url": f"https://example.org/{i}"} for i, t in enumerate(TOPICS)]
     court = Court(ready=lambda r: "Yes")  # round 1's queries name the bananas and the river
     options = config.Courtroom(role_switch=False, top_k=1, seed_k=0, **NO_SAMPLING)
-    lib = case.library_from(options, passages=passages, log=lambda m: None)
+    lib = case.library_from(options, passages=passages)
     pred, said, _ = run(monkeypatch, court, lib, top_k=1, seed_k=0)
     assert pred["corpus"] == "dataset corpus"
     own = {e["answer"] for e in CLAIM["evidence"]}

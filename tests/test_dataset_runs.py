@@ -170,7 +170,7 @@ def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(ti
     if not (data_dir / "corpus.json").is_file():
         missing(f"no shared check-covid data at {data_dir}")
     searched = []
-    monkeypatch.setattr(case, "library_from", lambda options, passages=None, log=print,
+    monkeypatch.setattr(case, "library_from", lambda options, passages=None,
                         store=None, bm25_k=None: searched.append(passages))
     config = build(dataset="check-covid", split="test-binary", data_dir=str(data_dir), method="courtroom",
                    model=tiny, temperature=0, witness=False, max_new_tokens=200)

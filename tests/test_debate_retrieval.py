@@ -144,7 +144,7 @@ def test_the_grown_evidence_file_is_herOs_format_and_eval_evidence_reads_it(tmp_
                     "evidence": [CLAIM["evidence"][0], {"question": "tower", "answer": TOWER, "url": "u", "round": 1}]}]
     claims = [dict(CLAIM, questions=[{"question": "Where was the Eiffel Tower built?", "answers": [
         {"answer": TOWER, "answer_type": "Extractive"}]}])]
-    grown_evidence.save(tmp_path, predictions, claims, log=lambda *a: None)
+    grown_evidence.save(tmp_path, predictions, claims)
     rows = [json.loads(line) for line in (tmp_path / grown_evidence.FILE).read_text().splitlines()]
     assert rows == [{"claim_id": "c1", "claim": CLAIM["claim"], "evidence": [
         {"question": "Where is the Colosseum?", "answer": "The Colosseum stands in Rome.",

@@ -71,7 +71,7 @@ def test_a_memory_budget_too_small_for_the_batch_splits_it_and_changes_no_token(
     monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
         model, tok, convs, *a))
     # A budget no two rows fit in: each turn's batch of 4 runs as 4 batches of 1.
-    with caplog.at_level("INFO", logger="debate.engine.engine"):
+    with caplog.at_level("DEBUG", logger="debate.engine.engine"):
         split = debate_like(model, tok, True, 4, memory_budget=1, **kwargs)
     assert batches == [1] * 8
     assert "memory budget" in caplog.text
@@ -97,7 +97,7 @@ def test_on_a_cpu_the_budget_comes_from_the_ram_available_and_a_split_changes_no
     batches, run = [], generator.run
     monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
         model, tok, convs, *a))
-    with caplog.at_level("INFO", logger="debate.engine.engine"):
+    with caplog.at_level("DEBUG", logger="debate.engine.engine"):
         split = debate_like(model, tok, True, 4, **kwargs)
     assert batches == [1] * 8
     assert "memory budget 0.00 GB of RAM: 4 conversations run as 4 batches (of 1, 1, 1, 1)" in caplog.text

@@ -145,7 +145,7 @@ def judge(monkeypatch):
 def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, tmp_path):
     calls, loaded = judge
     run = run_dir(tmp_path / "zs", EXPLANATIONS)
-    result = judge_run.evaluate([run], judge_model="judge-m", log=lambda *a: None, samples=500)
+    result = judge_run.evaluate([run], judge_model="judge-m", samples=500)
     (row,) = result["methods"]
     assert row["name"] == "zero-shot" and loaded == [{"geval_judge": "judge-m"}]
     for protocol in judging.PROTOCOLS:
@@ -172,13 +172,13 @@ def test_scripted_judge_gives_the_hand_computed_score_for_each_protocol(judge, t
 def test_ratings_are_written_as_made_and_reused_for_the_same_judge_and_explanation(judge, tmp_path):
     calls, loaded = judge
     run = run_dir(tmp_path / "zs", EXPLANATIONS)
-    judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
+    judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], samples=100)
     lines = [json.loads(line) for line in (tmp_path / "zs" / geval_scores.RATINGS).read_text().splitlines()]
     assert [(line["claim_id"], line["protocol"]) for line in lines] == [(0, "document"), (1, "document"),
                                                                         (2, "document")]
     assert lines[0]["units"][0]["probs"]["5"] == 0.8 and lines[0]["score"] == pytest.approx(4.8)
     before = len(calls)
-    again = judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
+    again = judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], samples=100)
     assert len(calls) == before and again["methods"][0]["explanations"]["document"]["0"] == pytest.approx(4.8)
     # A changed explanation is rated again; so is every one under another judge.
     run_changed = json.loads((tmp_path / "zs" / "predictions.jsonl").read_text().splitlines()[2])
@@ -186,7 +186,7 @@ def test_ratings_are_written_as_made_and_reused_for_the_same_judge_and_explanati
     (tmp_path / "zs" / "predictions.jsonl").write_text(
         "".join(json.dumps({"claim_id": c, "justification": EXPLANATIONS[0] if c == 2 else t}) + "\n"
                 for c, t in EXPLANATIONS.items()))
-    changed = judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=100)
+    changed = judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], samples=100)
     assert sum(len(c.prompts) for c in calls[before:]) == 1
     assert changed["methods"][0]["explanations"]["document"]["2"] == pytest.approx(4.8)
 
@@ -199,7 +199,7 @@ def test_several_runs_are_rows_and_people_give_kendalls_tau_c_per_protocol(judge
         {"run": "zero-shot", "claim_id": 0, "score": 1}, {"run": "zero-shot", "claim_id": 2, "score": 0},
         {"run": "b", "claim_id": 0, "score": 0}, {"run": "madr", "claim_id": 2, "score": 0},
         {"run": "madr", "claim_id": 2, "score": 1}]) + "\n")  # two people on one explanation: averaged
-    result = judge_run.evaluate(runs, judge_model="judge-m", human=str(human), log=lambda *a: None, samples=100)
+    result = judge_run.evaluate(runs, judge_model="judge-m", human=str(human), samples=100)
     assert [row["name"] for row in result["methods"]] == ["zero-shot", "madr"]
     people = {("zero-shot", "0"): 1.0, ("zero-shot", "2"): 0.0, ("madr", "0"): 0.0, ("madr", "2"): 0.5}
     for protocol in judging.PROTOCOLS:
@@ -220,14 +220,14 @@ def test_bad_inputs_are_named_before_the_judge_loads(judge, tmp_path):
                           ("{not json\n", r"line 1 is not valid JSON")]:
         human.write_text(text)
         with pytest.raises(InputError, match=message):
-            judge_run.evaluate([run], judge_model="judge-m", human=str(human), log=lambda *a: None)
+            judge_run.evaluate([run], judge_model="judge-m", human=str(human))
     with pytest.raises(InputError, match="no predictions.jsonl"):
-        judge_run.evaluate([str(tmp_path)], judge_model="judge-m", log=lambda *a: None)
+        judge_run.evaluate([str(tmp_path)], judge_model="judge-m")
     with pytest.raises(InputError, match="--protocol: paragraph"):
-        judge_run.evaluate([run], judge_model="judge-m", protocols=["paragraph"], log=lambda *a: None)
+        judge_run.evaluate([run], judge_model="judge-m", protocols=["paragraph"])
     (tmp_path / "zs" / "predictions.jsonl").write_text(json.dumps({"claim_id": 99, "justification": "x"}) + "\n")
     with pytest.raises(InputError, match="claim 99 .* not in its split"):
-        judge_run.evaluate([run], judge_model="judge-m", log=lambda *a: None)
+        judge_run.evaluate([run], judge_model="judge-m")
     assert loaded == [] and calls == []
 
 
@@ -290,5 +290,5 @@ def test_a_record_with_its_own_evidence_is_judged_against_it(judge, tmp_path):
     pooled = {"claim_id": 0, "justification": "The report says so.",
               "evidence": [{"question": "What did the pool find?", "answer": "A pooled passage.", "url": ""}]}
     (tmp_path / "court" / "predictions.jsonl").write_text(json.dumps(pooled) + "\n")
-    judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], log=lambda *a: None, samples=10)
+    judge_run.evaluate([run], judge_model="judge-m", protocols=["document"], samples=10)
     assert "A pooled passage." in calls[0].prompts[0] and "7-2 vote" not in calls[0].prompts[0]

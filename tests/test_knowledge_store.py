@@ -213,7 +213,7 @@ def test_bytes_that_are_not_utf8_are_named_on_their_own_line(tmp_path):
     assert path.read_bytes()[offset] == 0xff
 
 
-def test_an_empty_store_is_named_empty_or_counted_as_empty(tmp_path):
+def test_an_empty_store_is_named_empty_or_counted_as_empty(tmp_path, caplog):
     from types import SimpleNamespace
 
     (tmp_path / "1.json").write_bytes(b"")
@@ -224,15 +224,15 @@ def test_an_empty_store_is_named_empty_or_counted_as_empty(tmp_path):
     def config(missing):
         return SimpleNamespace(retrieval=SimpleNamespace(knowledge_store=str(tmp_path), missing_store=missing))
 
-    said = []
+    caplog.set_level("INFO", logger="debate")
     with pytest.raises(StoreError, match=r"1\.json: an empty file; --missing-store skip retrieves nothing"):
-        store_retrieval.check_stores(config("error"), claims, said.append, available=1 << 40)
+        store_retrieval.check_stores(config("error"), claims, available=1 << 40)
     with pytest.raises(StoreError, match=r"2\.json: no sentence in any of its 2 lines"):
-        store_retrieval.check_stores(config("error"), claims[1:], said.append, available=1 << 40)
+        store_retrieval.check_stores(config("error"), claims[1:], available=1 << 40)
     # the status is read from the file, not from what an earlier check in this process left behind
     assert [store_retrieval._status(config("skip"), c) for c in claims] == ["empty_store", "empty_store", "present"]
-    store_retrieval.check_stores(config("skip"), claims, said.append, available=1 << 40)
-    assert said == []
+    store_retrieval.check_stores(config("skip"), claims, available=1 << 40)
+    assert caplog.messages == []  # no line, not even a warning
 
 
 def test_a_stores_first_sentences_are_read_without_reading_the_rest(tmp_path):
@@ -246,7 +246,7 @@ def test_a_stores_first_sentences_are_read_without_reading_the_rest(tmp_path):
         knowledge_store.first_sentences(path, 4)
 
 
-def test_a_store_bigger_than_the_memory_allows_is_warned_about_in_one_line(tmp_path):
+def test_a_store_bigger_than_the_memory_allows_is_warned_about_in_one_line(tmp_path, caplog):
     from types import SimpleNamespace
 
     big = write(tmp_path / "1.json", *[{"url": "a", "url2text": [f"Sentence {i} of the store."] * 20}
@@ -254,13 +254,15 @@ def test_a_store_bigger_than_the_memory_allows_is_warned_about_in_one_line(tmp_p
     write(tmp_path / "2.json", {"url": "a", "url2text": ["Small."]})
     config = SimpleNamespace(retrieval=SimpleNamespace(knowledge_store=str(tmp_path), missing_store="error"))
     claims = [{"claim_id": 1}, {"claim_id": 2}]
-    said = []
+    caplog.set_level("INFO", logger="debate")
     room = int(big.stat().st_size * store_retrieval.MEMORY_PER_STORE_BYTE) - 1
-    store_retrieval.check_stores(config, claims, said.append, available=room)
+    store_retrieval.check_stores(config, claims, available=room)
+    said = caplog.messages
     assert len(said) == 1 and said[0].startswith(f"warning: {big} (") and "the largest store" in said[0]
-    said.clear()
-    store_retrieval.check_stores(config, claims, said.append, available=room + 2)
-    assert said == []
+    assert caplog.records[0].levelname == "WARNING"
+    caplog.clear()
+    store_retrieval.check_stores(config, claims, available=room + 2)
+    assert caplog.messages == []
 
 
 def test_the_memory_warning_comes_before_any_model_loads(world, tmp_path, capsys, monkeypatch):
@@ -270,7 +272,7 @@ def test_the_memory_warning_comes_before_any_model_loads(world, tmp_path, capsys
         pass
 
     def load_roles(*a, **k):
-        raise Loaded(capsys.readouterr().out)  # what was said before the first model loads
+        raise Loaded(capsys.readouterr().err)  # what was warned (on stderr) before the first model loads
 
     monkeypatch.setattr(ram, "available", lambda *a, **k: 1000)
     monkeypatch.setattr(models, "load_roles", load_roles)
@@ -477,7 +479,7 @@ def test_the_courtroom_searches_bm25s_best_of_the_claims_own_store(tmp_path, mon
     embedded = []
     real = retrieval.embed
     monkeypatch.setattr(retrieval, "embed", lambda e, texts, **kw: embedded.extend(texts) or real(e, texts, **kw))
-    library = Library(retrieval.load_embedder(), store=str(tmp_path), log=lambda *a: None, bm25_k=12)
+    library = Library(retrieval.load_embedder(), store=str(tmp_path), bm25_k=12)
     claim = {"claim_id": 7, "claim": "The bridge opened in 1932", "evidence": [{"text": "own evidence", "url": ""}]}
     index = index_for(library, claim)
     # BM25's 12 best for the claim of the store's 273 sentences, and only they, are embedded: never the store

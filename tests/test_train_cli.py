@@ -1,7 +1,6 @@
 """train_moderator.py end to end on the demo claims, the Corrector, and clear errors on bad input."""
 import contextlib
 import json
-import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +10,7 @@ import run_debate
 import train_moderator
 from debate.data.labels import REFUTED, SUPPORTED
 from debate.engine import engine
-from debate.pipeline import records
+from debate.pipeline import progress, records
 from tests import syndec_task
 from tests.test_run import responses
 from tests.tiny_models import build_tiny_llama
@@ -33,18 +32,11 @@ def trained(tiny, tmp_path_factory):
 
 @contextlib.contextmanager
 def said():
-    """The lines the stages log (the `train` loggers, at INFO), as train_moderator.py prints them."""
+    """The lines the stages log (the `train` loggers) and their synth stage's run logs (the `debate` loggers), at
+    INFO, as train_moderator.py prints them."""
     lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger, level = logging.getLogger("train"), logging.getLogger("train").level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with progress.lines(lines.append, lines.append, logger="train"), progress.lines(lines.append, lines.append):
         yield lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def test_all_stages_write_records_corrections_and_two_adapters(trained):

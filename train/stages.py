@@ -128,7 +128,7 @@ def synth(settings: TrainSettings) -> None:
     outputs."""
     p = paths(settings.out)
     synth_run = synth_config(settings)
-    runner.run(synth_run, log=log.info)
+    runner.run(synth_run)  # its lines: the `debate` loggers', which train_moderator.py prints too
     inputs = run_claims.read(synth_run)  # golden or a retrieved file: nothing to retrieve
     rows = syndec.build(p["debates"], inputs.claims, inputs.labels)
     syndec.write(p["syndec"], rows)

@@ -156,14 +156,14 @@ def plan_batches(model: torch.nn.Module, targets: Sequence[Sequence[int]], usabl
     parts = [part for group in groups for part in split(group)]
     if len(parts) > len(groups):
         # Said once per loaded model where the user sees it (a warning reaches stderr with no logging set up);
-        # every later split, which a long run may make on every turn, only at INFO.
-        level = logging.INFO if model in _split_said else logging.WARNING
+        # every later split, which a long run may make on every turn, only at DEBUG (INFO is what a run prints).
+        level = logging.DEBUG if model in _split_said else logging.WARNING
         _split_said.add(model)
         assert budget is not None  # only a budget splits a group
         where = "of RAM" if gen.model_device(model).type == "cpu" else "of GPU memory"
         log.log(level, "memory budget %.2f GB %s: %d conversations run as %d batches (of %s)%s", budget / 2**30,
                 where, len(targets), len(parts), ", ".join(str(len(p)) for p in parts),
-                "" if level == logging.INFO else "; later splits are logged at INFO level")
+                "" if level == logging.DEBUG else "; later splits are logged at DEBUG level")
     return parts
 
 

@@ -286,10 +286,10 @@ def _set_chat_template(tokenizer: PreTrainedTokenizerBase, model: PreTrainedMode
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         if end_of_turn not in eos:
             model.generation_config.eos_token_id = eos + [end_of_turn]
-        log.info("tokenizer has no chat template; using Gemma's turn format")
+        log.debug("tokenizer has no chat template; using Gemma's turn format")
     else:
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-        log.info("tokenizer has no chat template; using the plain '### Role' fallback")
+        log.debug("tokenizer has no chat template; using the plain '### Role' fallback")
 
 
 def _load_settings(device: torch.device, dtype: Optional[torch.dtype], use_4bit: Optional[bool], path: str,
@@ -306,7 +306,7 @@ def _load_settings(device: torch.device, dtype: Optional[torch.dtype], use_4bit:
     if device.type == "cuda":
         kwargs["device_map"] = "auto" if device_map == "auto" else {"": device}
         if use_4bit is None and not quantized:
-            log.info("%s; loading %s in %s instead of 4-bit", _bitsandbytes_problem(device), path, dtype)
+            log.debug("%s; loading %s in %s instead of 4-bit", _bitsandbytes_problem(device), path, dtype)
     elif quantized:
         kwargs["device_map"] = {"": device}  # bitsandbytes quantises as the weights are placed
     if quantized:
@@ -352,7 +352,7 @@ def load_model(path: PathLike, *, use_4bit: Optional[bool] = None, dtype: Union[
 
     kwargs, dtype, quantized = _load_settings(device, dtype, use_4bit, path, device_map)
     if quantized and load_dir != path:
-        log.info("%s: quantising its dequantised weights (%s) to NF4", path, load_dir)
+        log.debug("%s: quantising its dequantised weights (%s) to NF4", path, load_dir)
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_dir, local_files_only=True)

@@ -24,6 +24,7 @@ with its text.
   the same store embed nothing twice; the cache directory is bounded (debate.engine.retrieval).
 """
 import hashlib
+import logging
 import math
 import re
 from collections import Counter
@@ -35,6 +36,8 @@ import torch
 
 from debate.data import knowledge_store
 from debate.engine import retrieval
+
+log = logging.getLogger(__name__)
 
 DUPLICATE_COSINE = 0.97  # HerO's: TF-IDF cosine to the claim above which a sentence only restates it
 DUPLICATE_SHARE = 0.92  # HerO's: share of a sentence's length the claim may fill before it only restates it
@@ -320,14 +323,14 @@ def rerank(cache, query, candidates, k, claim):
     return chosen
 
 
-def store_index(path, query, k, embedder, log_fn=print):
+def store_index(path, query, k, embedder):
     """The courtroom's index of a claim's store: BM25's `k` best sentences for `query` (the claim), as the debate
     stage finds them, with their embeddings (cached); no other sentence of the store is embedded."""
     found = bm25_candidates(path, query, k)
     cache = VectorCache(found.digest, embedder)
     missing = sum(1 for c in found.candidates if c.position not in cache.rows)
     if missing:
-        log_fn(f"embedding {missing} of the {found.sentences} sentences of {path} (BM25's best for the claim; "
-               f"cached in {cache.path})")
+        log.info(f"embedding {missing} of the {found.sentences} sentences of {path} (BM25's best for the claim; "
+                 f"cached in {cache.path})")
     passages = [{"id": str(c.position), "text": c.text, "url": c.url} for c in found.candidates]
     return retrieval.Index(passages, cache.vectors(found.candidates))

@@ -12,6 +12,7 @@ The module doc of eval.geval_scores says what is scored and how; ratings are app
 as they are made, so a stopped evaluation resumes.
 """
 import json
+import logging
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -23,7 +24,7 @@ from debate.data.inputs import DataError
 from debate.data.prompts import PromptError, format_evidence
 from debate.engine import models
 from debate.methods import geval_judge as judging
-from debate.pipeline import config as run_config, runner
+from debate.pipeline import config as run_config, progress, runner
 from debate.pipeline.config import ConfigError
 from debate.pipeline.records import read_jsonl
 from eval import geval_scores
@@ -45,6 +46,8 @@ from eval.geval_scores import (
     units_of,
     weighted_score,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _claims_of(run_dir):
@@ -68,7 +71,7 @@ def _done_ratings(path, judge):
 
 
 def evaluate(run_dirs, judge_model=None, protocols=PROTOCOLS, human=None, names=None, batch_size=8,
-             use_4bit=None, samples=SAMPLES, seed=SEED, log=print):
+             use_4bit=None, samples=SAMPLES, seed=SEED):
     """Score every explanation of `run_dirs` under `protocols` with the judge model (default: the embedded one);
     returns {"judge", "protocols", "methods": [{"name", "run_dir", "scores": {protocol: summary},
     "explanations": {protocol: {claim_id: score}}}], "agreement" (with `human`)}. Every input is checked
@@ -115,8 +118,8 @@ def evaluate(run_dirs, judge_model=None, protocols=PROTOCOLS, human=None, names=
                 line = done.get((str(p["claim_id"]), protocol))
                 if line is None or line["explanation_sha"] != explanation_digest(explanation):
                     todo.append((p, protocol))
-        log(f"{run['name']}: {len(run['predictions'])} explanations x {len(protocols)} protocols, "
-            f"{len(run['predictions']) * len(protocols) - len(todo)} ratings already in {path}")
+        log.info(f"{run['name']}: {len(run['predictions'])} explanations x {len(protocols)} protocols, "
+                 f"{len(run['predictions']) * len(protocols) - len(todo)} ratings already in {path}")
         with open(path, "a", encoding="utf-8", newline="\n") as out:
             # A few explanations at a time: their ratings are written (and resumable) once the batch is judged.
             step = max(1, batch_size)
@@ -186,8 +189,9 @@ def main(argv=None):
         parser.error("--batch-size and --samples must be at least 1")
     protocols = list(PROTOCOLS) if args.protocol == ["all"] else args.protocol
     try:
-        result = evaluate(args.run_dirs, args.judge_model, protocols, args.human, args.names, args.batch_size,
-                          args.use_4bit, args.samples, args.seed, log=lambda text: print(text, file=sys.stderr))
+        with progress.lines(say=progress.to_stderr):  # its lines on stderr: stdout is the table
+            result = evaluate(args.run_dirs, args.judge_model, protocols, args.human, args.names, args.batch_size,
+                              args.use_4bit, args.samples, args.seed)
     except (InputError, models.ModelLoadError, PromptError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ source the claims search, and the evidence each debate ended with, saved in HerO
 The file is written anew from predictions.jsonl when the run is scored, so a resumed run's file holds every claim.
 """
 import json
+import logging
 from pathlib import Path
 
 from debate.data import claims as data, datasets, knowledge_store
@@ -17,6 +18,8 @@ from debate.engine import retrieval
 from debate.methods import debate_retrieval
 from debate.pipeline import records, run_claims, store_retrieval
 from eval import averitec, evidence_score as evidence_scores, wordnet
+
+log = logging.getLogger(__name__)
 
 FILE = "debate_retrieved.jsonl"
 
@@ -38,7 +41,7 @@ def limits_of(config):
                                    query_words=d.query_max_words)
 
 
-def source_of(config, log=print):
+def source_of(config):
     """The Source every claim searches: its --knowledge-store file, else --corpus, else the dataset's corpus
     (config.build refused a run with none); loads the encoder."""
     embedder = retrieval.load_embedder(config.courtroom.embedder)
@@ -48,17 +51,17 @@ def source_of(config, log=print):
                                        missing_store=r.missing_store,
                                        name=f"knowledge store {r.knowledge_store} (BM25, then re-ranking)")
     if config.courtroom.corpus:
-        index = retrieval.corpus_index(config.courtroom.corpus, embedder, log)
+        index = retrieval.corpus_index(config.courtroom.corpus, embedder)
         return debate_retrieval.Source(embedder, corpus=index, name=f"corpus {config.courtroom.corpus}")
     dataset = datasets.get(config.data.dataset)
     passages = run_claims.own_corpus(dataset, config.data.data_dir)
-    index = retrieval.passage_index(passages, embedder, log, source=f"{dataset.name}'s corpus")
+    index = retrieval.passage_index(passages, embedder, source=f"{dataset.name}'s corpus")
     return debate_retrieval.Source(embedder, corpus=index, name=f"{dataset.name}'s corpus")
 
 
-def method_options(config, log=print):
+def method_options(config):
     """DebateCV's keyword options under --debate-retrieval: the source and its limits."""
-    return {"source": source_of(config, log), "limits": limits_of(config)}
+    return {"source": source_of(config), "limits": limits_of(config)}
 
 
 def hero_items(items):
@@ -69,7 +72,7 @@ def hero_items(items):
             for e in items]
 
 
-def save(out, predictions, claims, log=print):
+def save(out, predictions, claims):
     """Write OUTPUT_DIR/debate_retrieved.jsonl from the predictions' evidence, and score it where the claims have
     golden question-answer pairs (OUTPUT_DIR/debate_retrieved.scores.json); returns the scores or None."""
     out = Path(out)
@@ -81,17 +84,17 @@ def save(out, predictions, claims, log=print):
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     tmp.replace(path)
     grown = sum(p.get("debate_retrieval", {}).get("admitted", 0) for p in predictions if p["claim_id"] in by_id)
-    log(f"debate retrieval: {grown} passages admitted over {len(rows)} claims; the evidence each ended with is in "
-        f"{path}")
+    log.info(f"debate retrieval: {grown} passages admitted over {len(rows)} claims; the evidence each ended with "
+             f"is in {path}")
     references = data.as_references([c for c in claims if c.get("questions")])
     if not references or not rows:
         return None
     if not averitec.meteor_available():
-        log("debate retrieval's evidence: not scored here, METEOR needs WordNet (docs/wordnet.md)")
+        log.info("debate retrieval's evidence: not scored here, METEOR needs WordNet (docs/wordnet.md)")
         return None
     wordnet.load_wordnet()
     scores = evidence_scores.score([(f"line {n}", r) for n, r in enumerate(rows, start=1)],
                                    [(f"claim {r['claim_id']}", r) for r in references], (str(path), "the split"))
     records.write_json(out / "debate_retrieved.scores.json", {k: v for k, v in scores.items() if k != "per_claim"})
-    log("debate retrieval's evidence: " + evidence_scores.summary_line(scores))
+    log.info("debate retrieval's evidence: " + evidence_scores.summary_line(scores))
     return scores

@@ -67,17 +67,17 @@ FLAG_ARGS = {"debater": "debater_model", "moderator": "moderator_model", "defens
              "refine": "refine_model", "court": "court_model", "critic": "critic_model", "witness": "witness_model"}
 
 
-def method_options(config, labels, passages=None, log=print):
+def method_options(config, labels, passages=None):
     """The keyword options of the config's method: its table's (method_entry), the dataset's labels (every
     method's verdicts, or the label an explanation explains, are among them), and for the courtroom's methods
     their retrieval library over --corpus or `passages` (evidence.Inputs.passages); building it loads the encoder."""
     kwargs = dict(method_entry(config)[2](config), labels=labels)
     if config.method.task == "verify" and config.method.method in COURTROOM_METHODS:
         store = config.retrieval.knowledge_store if config.data.evidence == "retrieved" else None
-        kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, log, store=store,
+        kwargs["library"] = courtroom_case.library_from(config.courtroom, passages, store=store,
                                                         bm25_k=config.retrieval.bm25_k)
     if config.method.task == "verify" and config.debate.debate_retrieval:  # DebateCV's search during the debate
-        kwargs.update(grown_evidence.method_options(config, log))
+        kwargs.update(grown_evidence.method_options(config))
     return kwargs
 
 

@@ -1,15 +1,71 @@
-"""The run's progress bar: claims done, and the turns spoken inside the claims still in progress.
+"""What a run shows while it works: its lines, and its progress bar (claims done, and the turns spoken inside the
+claims still in progress).
+
+The lines: every module logs through its own logger under `debate` (`logging.getLogger(__name__)`): INFO for
+what a run says, WARNING for a warning, DEBUG for detail nobody is shown. `lines` hands them, for the length of a
+block, to whatever prints them: run_debate.py's stdout (warnings on stderr), train_moderator.py's, a caller's
+`log` in debate.api. Nothing stays attached after the block, so two runs in one process never print a line twice.
 
 A claim takes minutes on a CPU, so a bar that counts claims only stands still, then jumps. Every agent turn is reported
 by `turns.speak` (through `turns.on_turn`), and
 the time left is estimated from turns: the claims still to do, times the turns a claim has taken so far
 (until one has finished: `turns_hint`, the most a claim can take), over the turn rate.
 """
+import contextlib
+import logging
+import sys
 import time
 
 from tqdm import tqdm
 
 from debate.methods import turns
+
+
+class Lines(logging.Handler):
+    """A record's message as a plain line (no level, no logger name): `say(text)` below WARNING, `warn(text)`
+    from WARNING up."""
+
+    def __init__(self, say, warn):
+        super().__init__(logging.INFO)
+        self.say, self.warn = say, warn
+
+    def emit(self, record):
+        (self.warn if record.levelno >= logging.WARNING else self.say)(record.getMessage())
+
+
+def to_stderr(text):
+    """A warning's line on the sys.stderr of the moment, where a warning with no logging set up goes too."""
+    print(text, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def lines(say=print, warn=to_stderr, logger="debate"):
+    """During the block, what the `logger` loggers log at INFO and up goes to `say` and `warn` as plain lines
+    (print: the sys.stdout of the moment); the logger is lowered to INFO for the block if it was above. Both are
+    undone on leaving, however the block ends."""
+    target = logging.getLogger(logger)
+    handler, level = Lines(say, warn), target.level
+    target.addHandler(handler)
+    if not target.isEnabledFor(logging.INFO):
+        target.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        target.removeHandler(handler)
+        target.setLevel(level)
+
+
+@contextlib.contextmanager
+def quiet(logger="debate"):
+    """During the block, the `logger` loggers say nothing below WARNING (a rank other than 0: rank 0 speaks for
+    the run)."""
+    target = logging.getLogger(logger)
+    level = target.level
+    target.setLevel(max(target.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        target.setLevel(level)
 
 
 def _clock(seconds):

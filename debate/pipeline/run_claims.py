@@ -15,6 +15,7 @@ condition, pooled (AVeriTeC: the annotators' pairs of the whole split under gold
 nothing under none), so P-RAG has more than the claim's own items to discover and never sees a condition's
 hidden evidence.
 """
+import logging
 import random
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,8 @@ from debate.data import averitec, claims as records, datasets
 from debate.data.inputs import DataError
 from debate.engine import retrieval
 from debate.pipeline.config import COURTROOM_METHODS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,19 +104,20 @@ def pooled(claims):
     return passages
 
 
-def retrieve(inputs, config, log=print):
+def retrieve(inputs, config):
     """`inputs` with each claim's --evidence-k passages of the corpus nearest to the claim as its evidence, or with
     the evidence retrieved from each claim's --knowledge-store file (debate/pipeline/store_retrieval.py)."""
     if config.retrieval.knowledge_store and config.data.evidence == "retrieved":
         from debate.pipeline import store_retrieval  # loads the models only when a store is given
 
-        claims, _ = store_retrieval.run(config, inputs.claims, log)
+        claims, _ = store_retrieval.run(config, inputs.claims)
         return replace(inputs, claims=claims)
     if inputs.corpus is None:
         return inputs
     embedder = retrieval.load_embedder(config.courtroom.embedder)
-    log(f"retrieving {config.data.evidence_k} passages per claim from {len(inputs.corpus)} with {embedder.path}")
-    index = retrieval.passage_index(inputs.corpus, embedder, log, source=f"{inputs.dataset.name}'s corpus")
+    log.info(f"retrieving {config.data.evidence_k} passages per claim from {len(inputs.corpus)} with "
+             f"{embedder.path}")
+    index = retrieval.passage_index(inputs.corpus, embedder, source=f"{inputs.dataset.name}'s corpus")
     hits = retrieval.search(index, retrieval.embed(embedder, [c["claim"] for c in inputs.claims]),
                             config.data.evidence_k)
     claims = [dict(c, evidence=[_item(inputs.corpus[position]) for position, _ in found])

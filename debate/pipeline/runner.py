@@ -5,6 +5,7 @@ claim. Which function a method runs and on which models is method_table.py; conf
 and reports are scoring.py."""
 import contextlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -36,11 +37,13 @@ from debate.pipeline.scoring import finish, finish_trials, score_retrieved, scor
 from eval.averitec import InputError
 from eval.wordnet import WordNetMissingError
 
+log = logging.getLogger(__name__)
 
-def load_claims(config, log=print):
+
+def load_claims(config):
     """The run's claims with their evidence (debate/pipeline/run_claims.py); loads the encoder when the retrieved
     evidence comes from a corpus, so call it once the run's checks have passed."""
-    return run_claims.retrieve(run_claims.read(config), config, log).claims
+    return run_claims.retrieve(run_claims.read(config), config).claims
 
 
 def check_run(config, claims, encoder_needed=False):
@@ -67,7 +70,7 @@ def check_run(config, claims, encoder_needed=False):
             retrieval.load_corpus(config.courtroom.corpus)  # a bad line is named now, not after the encoder has loaded
 
 
-def run(config, log=print):
+def run(config):
     """Debate every claim not yet done in the config's output directory (each trial's, with several
     trials); write outputs; return the metrics (with several trials: their mean and standard deviation).
 
@@ -81,14 +84,14 @@ def run(config, log=print):
         raise ConfigError("--device-map auto spreads one model over the node's GPUs; it cannot run under a "
                           f"{world.size}-process launch, which puts one model on each GPU")
     if config.models.device_map and models.precision(config.models.use_4bit)["device"] == "cpu":
-        log("--device-map auto: no CUDA here, ignored")
+        log.info("--device-map auto: no CUDA here, ignored")
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
     # The run reads its own set of prompts; nothing of it outlives the run (debate/data/prompts.py).
     with prompts.using(prompts.checked_set(config.method.prompts)) as prompt_set:
-        return _run_checked(config, prompt_set.info(), world, log)
+        return _run_checked(config, prompt_set.info(), world)
 
 
-def _run_checked(config, prompt_info, world, log):
+def _run_checked(config, prompt_info, world):
     """`run` once its prompts are checked and in use."""
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
     inputs = run_claims.read(config)
@@ -101,24 +104,24 @@ def _run_checked(config, prompt_info, world, log):
         if world.size > 1:
             raise ConfigError("--knowledge-store retrieves in one process: run it once with --retrieve-only, then "
                               "launch the debate with --retrieved-file OUTPUT_DIR/retrieved.jsonl")
-        store_retrieval.check(config, inputs.claims, log)  # a bad store is named before any model loads
+        store_retrieval.check(config, inputs.claims)  # a bad store is named before any model loads
     elif inputs.source:
-        log(f"evidence: retrieved, from {inputs.source}")
+        log.info(f"evidence: retrieved, from {inputs.source}")
     for note in (*inputs.notes, *scoring_notes(config, inputs.claims)):
-        log(f"note: {note}")
+        log.info(f"note: {note}")
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
     with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
-        inputs = run_claims.retrieve(inputs, config, log)
+        inputs = run_claims.retrieve(inputs, config)
         if store and config.retrieval.retrieve_only:
-            return score_retrieved(config, inputs.claims, log)
+            return score_retrieved(config, inputs.claims)
         shards.start(world)
         try:
-            metrics = _run_trials(config, inputs, prompt_info, world, log)
+            metrics = _run_trials(config, inputs, prompt_info, world)
             if store:
-                score_retrieved(config, inputs.claims, log)  # the evidence alone, beside the verdicts' scores
+                score_retrieved(config, inputs.claims)  # the evidence alone, beside the verdicts' scores
             if config.method.method in COURTROOM_METHODS and config.method.task == "verify" and not world.rank:
-                log(retrieval.cache_summary())  # what the courtroom's searches left in the embedding cache
+                log.info(retrieval.cache_summary())  # what the courtroom's searches left in the embedding cache
             return metrics
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
             # The same command with --overwrite would start over; without it, it resumes what is kept.
@@ -146,20 +149,23 @@ def kept(config, claims, world=shards.World()):
     return f"{len(done)} of {len(claims)} claims written to {out}"
 
 
-def _run_trials(config, inputs, prompt_info, world, log):
+def _run_trials(config, inputs, prompt_info, world):
+    with progress.quiet() if world.rank else contextlib.nullcontext():  # rank 0 speaks for the run
+        return _trials(config, inputs, prompt_info, world)
+
+
+def _trials(config, inputs, prompt_info, world):
     trials = config.generation.trials
-    if world.rank:
-        log = _quiet
     if trials == 1:
-        return _run_one(config, inputs, prompt_info, {}, log, world)
+        return _run_one(config, inputs, prompt_info, {}, world)
     # Trial k runs with seed + k - 1 in its own resumable directory; the agents are loaded once for all.
     top, first_seed, agents, results = Path(config.output.output_dir), config.generation.seed, {}, []
     top.mkdir(parents=True, exist_ok=True)
     for k in range(1, trials + 1):
         trial = replace(config, generation=replace(config.generation, seed=first_seed + k - 1),
                         output=replace(config.output, output_dir=str(top / f"trial-{k}")))
-        log(f"trial {k}/{trials}: seed {trial.generation.seed}")
-        results.append(_run_one(trial, inputs, prompt_info, agents, log, world))
+        log.info(f"trial {k}/{trials}: seed {trial.generation.seed}")
+        results.append(_run_one(trial, inputs, prompt_info, agents, world))
     if world.rank:
         return None  # rank 0 writes the trials' summary
     saved = dict(config_json(config), trial_seeds=[first_seed + k for k in range(trials)],
@@ -169,29 +175,25 @@ def _run_trials(config, inputs, prompt_info, world, log):
     records.write_json(top / records.CONFIG, saved)
     if any(m is None for m in results):
         return None
-    return finish_trials(config, inputs.claims, top, results, log)
+    return finish_trials(config, inputs.claims, top, results)
 
 
-def _quiet(*args, **kwargs):
-    """The log of ranks other than 0: rank 0 speaks for the run."""
-
-
-def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
+def _run_one(config, inputs, prompt_info, agents, world=shards.World()):
     """One run (one trial) into the config's output directory; `agents` is filled on first need and reused
     after. In a multi-process launch (`world`), this process's shard of it, merged by rank 0."""
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     shards.check(out_dir, world.size, overwrite)  # before anything is written, on every rank alike
     if world.size == 1:
         with lock.hold(out_dir):  # a trial's directory; the run's own is held already (reentrant)
-            _verify(config, inputs.claims, inputs, prompt_info, agents, log)
-            return finish(config, inputs.claims, log, inputs.labels)
+            _verify(config, inputs.claims, inputs, prompt_info, agents)
+            return finish(config, inputs.claims, inputs.labels)
     if overwrite and world.rank == 0:
         shards.clear(out_dir, keep=world.size)  # another count's shards are no part of this run
     shard = replace(config, output=replace(config.output, output_dir=str(shards.shard_dir(out_dir, world))))
     mine = shards.split(inputs.claims, world)
-    log(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(inputs.claims)} claims")
+    log.info(f"{world.size} processes: rank 0 verifies {len(mine)} of the {len(inputs.claims)} claims")
     with lock.hold(shard.output.output_dir):
-        _verify(shard, mine, inputs, prompt_info, agents, log)
+        _verify(shard, mine, inputs, prompt_info, agents)
         shards.barrier(world)
     if world.rank:
         return None
@@ -201,10 +203,10 @@ def _run_one(config, inputs, prompt_info, agents, log, world=shards.World()):
     if shard_config.exists():
         saved["models"] = json.loads(shard_config.read_text(encoding="utf-8")).get("models")  # rank 0's devices
     records.write_json(Path(out_dir) / records.CONFIG, saved)
-    return finish(config, inputs.claims, log, inputs.labels)
+    return finish(config, inputs.claims, inputs.labels)
 
 
-def _verify(config, claims, inputs, prompt_info, agents, log):
+def _verify(config, claims, inputs, prompt_info, agents):
     """Verify the claims not yet done in the config's output directory, claim by claim into its files."""
     out_dir, overwrite = config.output.output_dir, config.output.overwrite
     roles, labels = model_roles(config), inputs.labels
@@ -217,16 +219,16 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
     # Claims with evidence of similar length share a batch, so few rows are padded to a far longer one.
     todo = sorted((c for c in claims if c["claim_id"] not in done),
                   key=lambda c: sum(len(data.evidence_text(e)) for e in c["evidence"]))
-    log(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {out_dir}, {len(todo)} to go")
+    log.info(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {out_dir}, {len(todo)} to go")
 
     if todo:
         if not agents:
             agents.update(load_agents(config, roles))
         saved["models"] = models.model_info(agents)
-        log("models: " + models.precision_line(saved["models"]))
+        log.info("models: " + models.precision_line(saved["models"]))
         settings = settings_of(config)
         check_schemas(config, agents, settings, labels)
-        kwargs = method_options(config, labels, inputs.passages, log)  # the courtroom's encoder loads here
+        kwargs = method_options(config, labels, inputs.passages)  # the courtroom's encoder loads here
         # One random stream per seed for the whole run, not one per batch.
         streams = turns.Streams(turns.device_of(agents))
         hint = (EXPLAIN_TURNS_AT_MOST if config.method.task == "explain" else TURNS_AT_MOST).get(
@@ -242,7 +244,7 @@ def _verify(config, claims, inputs, prompt_info, agents, log):
                 bar.claim_done(len(record["transcript"].get("turns", ())))
 
             verify_claims(config, agents, todo, settings, streams, kwargs, write)
-        log(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
+        log.info(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):

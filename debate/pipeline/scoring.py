@@ -1,6 +1,7 @@
 """Scoring a run: its predictions against the claims' gold labels with eval's scorers, the reports written and
 printed, the trials' summary, the evidence-only scores of --retrieve-only, and what cannot be scored without
 WordNet (and how a later run adds it). The runner calls in here; eval never calls the runner."""
+import logging
 from pathlib import Path
 
 from debate.data import claims as data
@@ -16,6 +17,8 @@ from eval import (
     trials as trial_metrics,
     wordnet,
 )
+
+log = logging.getLogger(__name__)
 
 
 def meteor_scored(config, claims):
@@ -39,23 +42,24 @@ RESCORE = ("run the same command again to add them: every claim is done, so noth
            "loads.")
 
 
-def score_retrieved(config, claims, log=print):
+def score_retrieved(config, claims):
     """--retrieve-only: the evidence-only scores of the saved file (eval/evidence_score.py) where the claims have golden
     AVeriTeC pairs, written to OUTPUT_DIR/retrieved.scores.json; None where there are none to score against."""
     references = data.as_references([c for c in claims if c.get("questions")])
     path = store_retrieval.retrieved_path(config)
     if not references:
-        log(f"retrieved evidence saved in {path}; the split has no golden question-answer pairs to score it against")
+        log.info(f"retrieved evidence saved in {path}; the split has no golden question-answer pairs to score it "
+                 "against")
         return None
     wordnet.load_wordnet()
     rows = [(f"line {n}", row) for n, row in enumerate(records.read_jsonl(path), start=1)]
     scores = evidence_scores.score(rows, [(f"claim {r['claim_id']}", r) for r in references], (str(path), "the split"))
     records.write_json(path.with_name("retrieved.scores.json"), {k: v for k, v in scores.items() if k != "per_claim"})
-    log(evidence_scores.summary_line(scores))
+    log.info(evidence_scores.summary_line(scores))
     return scores
 
 
-def finish_trials(config, claims, top, results, log=print):
+def finish_trials(config, claims, top, results):
     """The trials' summary written to `top` (trial_summary of `results`, each trial's metrics), with PROClaim's
     Table 3 over the trials for the courtroom's methods."""
     trials = len(results)
@@ -68,11 +72,11 @@ def finish_trials(config, claims, top, results, log=print):
         wanted = {c["claim_id"] for c in claims}
         digests = [proclaim_measures.read_digests(top / f"trial-{k}", wanted) for k in range(1, trials + 1)]
         summary["table3"] = trial_metrics.table3(runs, references, digests)
-        log(trial_metrics.table3_text(summary["table3"]))
+        log.info(trial_metrics.table3_text(summary["table3"]))
     records.write_json(top / records.METRICS, summary)
-    log(report.trials_table(summary))
+    log.info(report.trials_table(summary))
     if summary.get("not_computed"):
-        log(wordnet.not_computed_line(RESCORE))
+        log.info(wordnet.not_computed_line(RESCORE))
     return summary
 
 
@@ -96,7 +100,7 @@ def trial_summary(results):
     return dict(merge(results), trials=len(results))
 
 
-def finish(config, claims, log=print, labels=None):
+def finish(config, claims, labels=None):
     """Score the run directory's predictions against the claims' gold labels and write the reports: AVeriTeC's
     scorer (labels, evidence score, justification METEOR) and submission.json on AVeriTeC, the label metrics
     (eval.metrics) under the dataset's `labels` elsewhere; an explanation run's explanations are summed up
@@ -106,12 +110,12 @@ def finish(config, claims, log=print, labels=None):
     # A directory resumed with a smaller --limit holds more claims than this run asked for.
     predictions = [p for p in records.read_predictions(out) if p["claim_id"] in wanted]
     if config.debate.debate_retrieval:  # the evidence each debate ended with, in HerO's format, scored
-        grown_evidence.save(out, predictions, claims, log)
+        grown_evidence.save(out, predictions, claims)
     if config.method.task == "explain":
         metrics = geval_scores.explanation_stats(predictions)
         records.write_json(out / records.METRICS, metrics)
-        log(geval_scores.stats_line(metrics))
-        log(f"faithfulness: debatecv-geval {out} --judge-model MODEL --protocol all")
+        log.info(geval_scores.stats_line(metrics))
+        log.info(f"faithfulness: debatecv-geval {out} --judge-model MODEL --protocol all")
         return metrics
     averitec_run = config.data.dataset == "averitec"
     if averitec_run:
@@ -119,7 +123,7 @@ def finish(config, claims, log=print, labels=None):
         records.write_json(out / records.SUBMISSION, submission)
     references = [c for c in claims if c.get("label")]
     if not references:
-        log("no gold labels for this split: predictions written, nothing scored")
+        log.info("no gold labels for this split: predictions written, nothing scored")
         return None
     if averitec_run:
         metrics = averitec.score(submission, data.as_references(references))
@@ -133,11 +137,11 @@ def finish(config, claims, log=print, labels=None):
         metrics.update(trial_metrics.run_extras(predictions, {c["claim_id"]: c.get("label") for c in references},
                                                 proclaim_measures.read_digests(out, wanted)))
     records.write_json(out / records.METRICS, metrics)
-    log(report.summary_table(metrics, rescore=RESCORE))
+    log.info(report.summary_table(metrics, rescore=RESCORE))
     if "proclaim" in metrics and config.generation.trials == 1:
-        log(proclaim_measures.measures_text(metrics["proclaim"]["measures"]))
+        log.info(proclaim_measures.measures_text(metrics["proclaim"]["measures"]))
     if config.data.split == "demo":
-        log(next_step(out))
+        log.info(next_step(out))
     return metrics
 
 

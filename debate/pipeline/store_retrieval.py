@@ -17,6 +17,7 @@ batch's HyDE-FC articles are written, and each claim's store is streamed, search
 (debate.engine.store_search): no store is ever held, and no page text is kept beyond the answers.
 """
 import json
+import logging
 import os
 import time
 from dataclasses import replace
@@ -30,6 +31,8 @@ from debate.engine import models, ram, retrieval
 from debate.methods import hero_retrieval
 from debate.pipeline import records
 
+log = logging.getLogger(__name__)
+
 RETRIEVED = "retrieved.jsonl"
 SETTINGS = "retrieved.settings.json"
 FEW_SHOT_SPLIT = "train"
@@ -41,7 +44,7 @@ def retrieved_path(config):
     return Path(config.output.output_dir) / RETRIEVED
 
 
-def check(config, claims, log=print):
+def check(config, claims):
     """Every check of the stage that needs no model: the store directory, each store file a claim still to be
     retrieved will read (check_stores), and the few-shot split. Raises DataError naming the file, line or flag;
     returns the claim ids without a store file (--missing-store skip)."""
@@ -50,13 +53,13 @@ def check(config, claims, log=print):
     done = _done_ids(config)
     absent = {str(m) for m in missing}
     todo = [c for c in claims if str(c["claim_id"]) not in done and str(c["claim_id"]) not in absent]
-    check_stores(config, todo, log)
+    check_stores(config, todo)
     if r.few_shot and any(str(c["claim_id"]) not in done for c in claims):
         few_shot_claims(config)
     return missing
 
 
-def check_stores(config, claims, log=print, available=None):
+def check_stores(config, claims, available=None):
     """Parse every line of the store files of `claims` (a bad one is one StoreError naming the file, the line and
     the field or byte), refuse an empty store (under --missing-store skip it is counted, and retrieves nothing), and
     warn in one line when the largest store may need more memory to search than this process may take
@@ -78,9 +81,10 @@ def check_stores(config, claims, log=print, available=None):
     room = ram.available() if available is None else available
     need = MEMORY_PER_STORE_BYTE * largest.bytes
     if room is not None and need > room:
-        log(f"warning: {largest.path} ({largest.bytes / 2**20:.0f} MB, the largest store) may need about "
-            f"{need / 2**20:.0f} MB to search ({MEMORY_PER_STORE_BYTE}x its size) beyond the model, more than the "
-            f"{room / 2**20:.0f} MB this process may take now; the run may be killed for memory on that claim")
+        log.warning(f"warning: {largest.path} ({largest.bytes / 2**20:.0f} MB, the largest store) may need about "
+                    f"{need / 2**20:.0f} MB to search ({MEMORY_PER_STORE_BYTE}x its size) beyond the model, more than "
+                    f"the {room / 2**20:.0f} MB this process may take now; the run may be killed for memory on that "
+                    "claim")
 
 
 def _done_ids(config):
@@ -134,7 +138,7 @@ def _resume(path, settings):
     return done
 
 
-def run(config, claims, log=print):
+def run(config, claims):
     """`claims` with the evidence retrieved from their stores (retrieving those not yet in the run's file), and a
     summary {claims, retrieved, missing_store, empty_pages, seconds}."""
     path = retrieved_path(config)
@@ -143,11 +147,11 @@ def run(config, claims, log=print):
     settings = settings_of(config, device)
     done = _resume(path, settings)
     todo = [c for c in claims if str(c["claim_id"]) not in done]
-    log(f"evidence: retrieved from the knowledge store {r.knowledge_store} (HerO's strategy), saved in {path}; "
-        f"{len(claims) - len(todo)} of {len(claims)} claims already retrieved")
+    log.info(f"evidence: retrieved from the knowledge store {r.knowledge_store} (HerO's strategy), saved in {path}; "
+             f"{len(claims) - len(todo)} of {len(claims)} claims already retrieved")
     summary = {"claims": len(claims), "missing_store": 0, "empty_store": 0, "empty_pages": 0, "seconds": 0.0}
     if todo:
-        summary.update(_retrieve(config, settings, todo, path, done, log))
+        summary.update(_retrieve(config, settings, todo, path, done))
     by_id = {**done, **_read(path)}
     # counted over the whole file: the claims of an earlier, resumed start count too
     summary["missing_store"] = sum(1 for c in claims if by_id[str(c["claim_id"])].get("retrieval", {})
@@ -156,10 +160,10 @@ def run(config, claims, log=print):
     summary["empty_store"] = sum(1 for c in claims if by_id[str(c["claim_id"])].get("retrieval", {})
                                  .get("empty_store"))
     summary["retrieved"] = sum(1 for c in out if c["evidence"])
-    log(f"retrieval: {summary['retrieved']} of {len(claims)} claims have evidence; {summary['missing_store']} without "
-        f"a store file and {summary['empty_store']} with an empty one (--missing-store skip), "
-        f"{summary['empty_pages']} empty pages skipped")
-    log(retrieval.cache_summary())
+    log.info(f"retrieval: {summary['retrieved']} of {len(claims)} claims have evidence; {summary['missing_store']} "
+             f"without a store file and {summary['empty_store']} with an empty one (--missing-store skip), "
+             f"{summary['empty_pages']} empty pages skipped")
+    log.info(retrieval.cache_summary())
     return out, summary
 
 
@@ -167,7 +171,7 @@ def _read(path):
     return {str(row["claim_id"]): row for row in records.read_jsonl(path)}
 
 
-def _retrieve(config, settings, todo, path, done, log):
+def _retrieve(config, settings, todo, path, done):
     r, g = config.retrieval, config.generation
     agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
                               device_map=config.models.device_map)["retriever"]
@@ -180,7 +184,7 @@ def _retrieve(config, settings, todo, path, done, log):
     question_settings = replace(base, max_new_tokens=r.question_max_tokens, temperature=0.0)
     counts = {"missing_store": 0, "empty_store": 0, "empty_pages": 0, "seconds": 0.0, "search_seconds": 0.0}
     if not str(embedder.model.device).startswith("cuda"):
-        _say_cost(config, todo[0], embedder, settings["bm25_k"], len(todo), log)
+        _say_cost(config, todo[0], embedder, settings["bm25_k"], len(todo))
     start = time.time()
     bar = tqdm(total=len(todo) + len(done), initial=len(done), unit="claim", desc="retrieval", dynamic_ncols=True)
     with bar, open(path, "a", encoding="utf-8") as out:
@@ -229,12 +233,12 @@ def _retrieve(config, settings, todo, path, done, log):
                 os.fsync(out.fileno())
                 bar.update(1)
     counts["seconds"] = time.time() - start
-    log(f"retrieved {len(todo)} claims in {counts['seconds']:.1f}s "
-        f"(BM25 and re-ranking {counts['search_seconds']:.1f}s)")
+    log.info(f"retrieved {len(todo)} claims in {counts['seconds']:.1f}s "
+             f"(BM25 and re-ranking {counts['search_seconds']:.1f}s)")
     return counts
 
 
-def _say_cost(config, claim, embedder, bm25_k, claims, log):
+def _say_cost(config, claim, embedder, bm25_k, claims):
     """On a CPU: the re-ranking's expected time at this --bm25-k, measured on the first claim's store."""
     if _status(config, claim) != "present":
         return
@@ -242,9 +246,9 @@ def _say_cost(config, claim, embedder, bm25_k, claims, log):
     sample = knowledge_store.first_sentences(path, 32)  # the encoder's speed on texts of this store's length
     sentences = len(knowledge_store.first_sentences(path, bm25_k))  # a store smaller than --bm25-k embeds it all
     each = hero_retrieval.estimated_seconds(embedder, sample, sentences)
-    log(f"--bm25-k {bm25_k} on {embedder.model.device}: re-ranking embeds up to {bm25_k} sentences a claim, about "
-        f"{each:.0f}s a claim here ({each * claims / 60:.0f} min for {claims} claims, before any cached "
-        "embeddings); a lower --bm25-k is faster but lets BM25 decide what HerO leaves to the re-ranker")
+    log.info(f"--bm25-k {bm25_k} on {embedder.model.device}: re-ranking embeds up to {bm25_k} sentences a claim, "
+             f"about {each:.0f}s a claim here ({each * claims / 60:.0f} min for {claims} claims, before any cached "
+             "embeddings); a lower --bm25-k is faster but lets BM25 decide what HerO leaves to the re-ranker")
 
 
 def _engine_settings(config):

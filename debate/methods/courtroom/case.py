@@ -32,11 +32,10 @@ class Library:
     corpus: object = None  # retrieval.Index, or None: each claim searches its own evidence
     source: str = "claim evidence"  # what the corpus is, for the record
     store: str = None  # a --knowledge-store directory: each claim searches its own store file instead
-    log: object = print
     bm25_k: int = 500  # a store's sentences BM25 passes to the dense search (the stage's --bm25-k)
 
 
-def library_from(options, passages=None, log=print, store=None, bm25_k=500):
+def library_from(options, passages=None, store=None, bm25_k=500):
     """The encoder and corpus index of `options` (a Courtroom config): the --corpus file, else `passages`
     (the dataset's own corpus, a list of {id, text, url?, title?}), else none; --claim-evidence-only: none.
     With `store` (--knowledge-store) each claim searches BM25's `bm25_k` best sentences of its own store file."""
@@ -44,11 +43,11 @@ def library_from(options, passages=None, log=print, store=None, bm25_k=500):
     if options.claim_evidence_only:
         return Library(embedder)
     if store:
-        return Library(embedder, source=f"knowledge store {store}", store=str(store), log=log, bm25_k=bm25_k)
+        return Library(embedder, source=f"knowledge store {store}", store=str(store), bm25_k=bm25_k)
     if options.corpus:
-        return Library(embedder, retrieval.corpus_index(options.corpus, embedder, log), str(options.corpus))
+        return Library(embedder, retrieval.corpus_index(options.corpus, embedder), str(options.corpus))
     if passages:
-        return Library(embedder, retrieval.passage_index(passages, embedder, log, source="the dataset's corpus"),
+        return Library(embedder, retrieval.passage_index(passages, embedder, source="the dataset's corpus"),
                        "dataset corpus")
     return Library(embedder)
 
@@ -67,7 +66,7 @@ def _store_index(library, claim):
     path = knowledge_store.store_file(library.store, claim["claim_id"])
     if not path.is_file():
         return retrieval.index_of(retrieval.evidence_passages(claim), library.embedder)
-    return store_search.store_index(path, claim["claim"], library.bm25_k, library.embedder, library.log)
+    return store_search.store_index(path, claim["claim"], library.bm25_k, library.embedder)
 
 
 @dataclass
