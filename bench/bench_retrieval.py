@@ -45,7 +45,7 @@ from debate.data import averitec  # noqa: E402
 from debate.data.prompts import raw_prompt  # noqa: E402
 from debate.engine import engine, models, retrieval  # noqa: E402
 from debate.methods.courtroom import case, negotiation  # noqa: E402
-from debate.pipeline import config  # noqa: E402
+from debate.pipeline import config, progress  # noqa: E402
 
 KS = (1, 3, 5, 10, 20)
 ROLES = ("critic",)  # the argument miner's model writes the premises and the stance queries
@@ -98,7 +98,8 @@ def load_index(corpus, embedder, out_path):
     """The corpus index, and how long its embedding took (the first time; later runs read the cache)."""
     messages = []
     start = time.perf_counter()
-    index = retrieval.corpus_index(corpus, embedder, lambda m: (messages.append(m), print(m, flush=True)))
+    with progress.lines(lambda m: (messages.append(m), print(m, flush=True))):
+        index = retrieval.corpus_index(corpus, embedder)
     seconds = round(time.perf_counter() - start, 1)
     key = {"texts_sha256": retrieval.texts_sha256(p["text"] for p in index.passages), "embedder": embedder.path}
     timing = {"passages": len(index.passages), "seconds_this_run": seconds, "from_cache": not messages}

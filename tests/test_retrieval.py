@@ -82,24 +82,23 @@ def test_corpus_embeddings_are_cached_by_content_in_the_cache_directory(tmp_path
     real = retrieval.embed
     monkeypatch.setattr(retrieval, "embed", lambda e, texts, **kw: embedded.append(list(texts)) or real(e, texts))
     try:
-        first = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
+        first = retrieval.corpus_index(corpus, embedder)
         assert sorted(p.name for p in data.iterdir()) == ["c.jsonl"] and len(embedded) == 1
         assert list((tmp_path / "cache" / "retrieval").glob("*.pt"))
-        again = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
+        again = retrieval.corpus_index(corpus, embedder)
         assert len(embedded) == 1 and torch.equal(first.vectors, again.vectors)  # read from the cache
         assert again.passages[0] == {"id": "a", "text": "Bananas are yellow.", "url": "u", "date": "2020"}
         # The same passages handed over as a list (a dataset's corpus) share the cache: the key is their texts.
         listed = retrieval.passage_index([{"id": 1, "text": "Bananas are yellow."},
-                                          {"id": 2, "text": "The sky is blue."}], embedder, log_fn=lambda msg: None)
+                                          {"id": 2, "text": "The sky is blue."}], embedder)
         assert len(embedded) == 1 and torch.equal(listed.vectors, first.vectors) and listed.passages[0]["id"] == "1"
     finally:
         data.chmod(0o755)
     write_corpus(corpus, [{"id": "a", "text": "Bananas are yellow."}, {"id": "c", "text": "Grass is green."}])
-    changed = retrieval.corpus_index(corpus, embedder, log_fn=lambda msg: None)
+    changed = retrieval.corpus_index(corpus, embedder)
     assert len(embedded) == 2 and not torch.equal(changed.vectors[1], first.vectors[1])
     # Another encoder (here: the same one read with a shorter window) is another cache entry.
-    retrieval.corpus_index(corpus, retrieval.Embedder(embedder.model, embedder.tokenizer, embedder.path, 128),
-                           log_fn=lambda msg: None)
+    retrieval.corpus_index(corpus, retrieval.Embedder(embedder.model, embedder.tokenizer, embedder.path, 128))
     assert len(embedded) == 3
 
 

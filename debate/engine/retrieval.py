@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from tqdm import tqdm
@@ -341,7 +341,7 @@ def check_passages(passages: Any, source: str = "corpus") -> None:
         seen[key] = number
 
 
-def passage_index(passages: Sequence[Dict[str, Any]], embedder: Embedder, log_fn: Callable[[str], Any] = log.info,
+def passage_index(passages: Sequence[Dict[str, Any]], embedder: Embedder,
                   cache_dir: Optional[models.PathLike] = None, source: str = "corpus") -> Index:
     """The index of `passages` (dicts with id and text), their embeddings computed once and cached by the
     texts' hash and the encoder, then reused across claims and runs."""
@@ -353,16 +353,16 @@ def passage_index(passages: Sequence[Dict[str, Any]], embedder: Embedder, log_fn
     saved = load_cached(cache, key)
     if saved is not None and saved["vectors"].shape[0] == len(passages):
         return Index(passages, saved["vectors"])
-    log_fn(f"embedding {len(passages)} passages of {source} (once; cached in {cache})")
+    log.info(f"embedding {len(passages)} passages of {source} (once; cached in {cache})")
     vectors = embed(embedder, [p["text"] for p in passages], progress=True)
     save_cached(cache, {"key": key, "vectors": vectors})
     return Index(passages, vectors)
 
 
-def corpus_index(corpus_path: models.PathLike, embedder: Embedder, log_fn: Callable[[str], Any] = log.info,
+def corpus_index(corpus_path: models.PathLike, embedder: Embedder,
                  cache_dir: Optional[models.PathLike] = None) -> Index:
     """The passages of a JSONL corpus file with their embeddings (passage_index's cache)."""
-    return passage_index(load_corpus(corpus_path), embedder, log_fn, cache_dir, source=str(corpus_path))
+    return passage_index(load_corpus(corpus_path), embedder, cache_dir, source=str(corpus_path))
 
 
 def evidence_passages(claim: Mapping[str, Any]) -> List[Dict[str, Any]]:
