@@ -24,7 +24,7 @@ from debate.data import (
     averitec,  # noqa: E402
     claims as data,
 )
-from debate.engine import engine, models
+from debate.engine import engine, gguf, models, offline
 from debate.methods import debatecv
 
 
@@ -42,9 +42,9 @@ def build_parser():
 def main():
     p = build_parser()
     args = p.parse_args()
-    models.set_offline()
+    offline.set_offline()
     claims = data.attach_evidence(averitec.load_split("demo"), "golden")[: args.claims]
-    path = models.default_model_path()
+    path = gguf.default_model_path()
     start = time.perf_counter()
     agents = models.load_roles({r: path for r in debatecv.ROLES}, {}, use_4bit=None)
     load_seconds = time.perf_counter() - start

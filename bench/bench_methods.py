@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from debate.data import averitec as averitec_data, claims as data, jsonl
 from debate.data.labels import CEC, NEE  # noqa: E402
-from debate.engine import engine, models
+from debate.engine import engine, offline
 from debate.methods import madr, turns
 from debate.pipeline import cli, method_table, records  # noqa: E402
 from eval import averitec  # noqa: E402
@@ -87,7 +87,7 @@ def build_parser():
 def main():
     p = build_parser()
     args = p.parse_args()
-    models.set_offline()
+    offline.set_offline()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     claims = data.attach_evidence(averitec_data.load_split("dev", args.data_dir), "golden")[: args.claims]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from debate.data.labels import CEC, LABELS, NEE, REFUTED  # noqa: E402
 from debate.data.parsing import parse_moderator  # noqa: E402
-from debate.engine import engine, models, schema_program  # noqa: E402
+from debate.engine import engine, gguf, models, offline, schema_program  # noqa: E402
 from debate.engine.models import adapter_scope  # noqa: E402
 from debate.pipeline import records
 from eval import averitec  # noqa: E402
@@ -135,8 +135,8 @@ def main():
     rows = syndec.load(out / "syndec.corrected.jsonl")
     zero_probs = {r["claim_id"]: r.get("label_probs") for r in records.read_predictions(out / "debates")}
     folds = [rows[k::args.folds] for k in range(args.folds)]
-    models.set_offline()
-    base = args.model or models.default_model_path()
+    offline.set_offline()
+    base = args.model or gguf.default_model_path()
     systems = ("zero-shot", "D-SFT", "D-SFT + D-DPO")
     judged = {s: {} for s in systems}
     finished = []  # the folds every system has judged

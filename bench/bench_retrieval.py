@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from debate.data import averitec  # noqa: E402
 from debate.data.prompts import raw_prompt  # noqa: E402
-from debate.engine import engine, models, retrieval  # noqa: E402
+from debate.engine import engine, gguf, models, offline, retrieval  # noqa: E402
 from debate.methods.courtroom import case, negotiation  # noqa: E402
 from debate.pipeline import config, progress  # noqa: E402
 
@@ -123,7 +123,7 @@ def generation_key(args, model_path):
 
 def negotiation_queries(claims, args):
     """The courtroom's negotiation queries for `claims`, from the cache or generated (and cached)."""
-    model_path = args.model or models.default_model_path()
+    model_path = args.model or gguf.default_model_path()
     key = generation_key(args, model_path)
     tag = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     cache_file = Path(args.out).parent / f"retrieval-queries-{tag}.json"
@@ -236,7 +236,7 @@ def main():
     args = p.parse_args()
     if not Path(args.corpus).is_file():
         sys.exit(f"{args.corpus}: no corpus; build it first with `python bench/build_corpus.py`")
-    models.set_offline()
+    offline.set_offline()
     claims = averitec.load_split(args.split, args.data_dir)
     embedder = retrieval.load_embedder(args.embedder)
     index, embedding = load_index(args.corpus, embedder, args.out)

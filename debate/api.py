@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 from debate.data import datasets, prompts
 from debate.data.claims import item_shape
 from debate.data.inputs import DataError
-from debate.engine import models
+from debate.engine import models, offline
 from debate.methods import turns
 from debate.pipeline import method_table, progress, run_claims, runner, stops
 from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
@@ -65,7 +65,7 @@ class Verifier:
     def __init__(self, config: RunConfig) -> None:
         self.config = build(**to_dict(config))
         self.labels = labels_of(self.config)
-        models.set_offline()
+        offline.set_offline()
         # This Verifier's own prompts, in use only inside its calls: another Verifier's --prompts cannot reach it.
         self.prompts = prompts.checked_set(self.config.method.prompts)
         with prompts.using(self.prompts):

@@ -10,7 +10,7 @@ import pytest
 import run_debate
 from debate.data.inputs import DataError
 from debate.data.labels import LABELS
-from debate.engine import models
+from debate.engine import gguf
 from debate.pipeline import config, records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def read(path):
 
 def test_the_api_page_example_runs_as_written(tiny, tmp_path, monkeypatch, capsys):
     # The example uses the embedded model; a tiny random one stands in for it, nothing else changes.
-    monkeypatch.setattr(models, "default_model_path", lambda: tiny)
+    monkeypatch.setattr(gguf, "default_model_path", lambda: tiny)
     monkeypatch.chdir(tmp_path)
     code = api_page_example()
     assert len(code.strip().splitlines()) <= 12

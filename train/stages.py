@@ -25,7 +25,7 @@ from accelerate.utils import gather_object
 from tqdm import tqdm
 
 from debate.data import prompts
-from debate.engine import engine, models
+from debate.engine import engine, errors, gguf, models, offline
 from debate.pipeline import config, config_file, lock, method_table, records, run_claims, runner, stops
 from train import corrector, examples, loop, lora, losses, syndec
 from train.settings import STAGES, TrainSettings, with_models
@@ -259,7 +259,7 @@ def dpo(settings: TrainSettings, stop_after: Optional[int] = None) -> dict:
         raise syndec.SynDeCError(f"{source}: no wrong record with a corrected justification; run --stage correct")
     sft_adapter = settings.sft_adapter or paths(settings.out)["sft"] / "adapter"
     if not Path(sft_adapter).exists():
-        raise models.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
+        raise errors.ModelLoadError(f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
     accelerator = Accelerator()
     assert settings.model is not None  # with_models fills it
     model, tokenizer, loaded = lora.load_trainable(
@@ -327,7 +327,7 @@ def check(settings: TrainSettings, todo: Sequence[str]) -> None:
     if "dpo" in todo and ("sft" not in todo or settings.sft_adapter):
         sft_adapter = settings.sft_adapter or p["sft"] / "adapter"
         if not Path(sft_adapter).exists():
-            raise models.ModelLoadError(
+            raise errors.ModelLoadError(
                 f"no D-SFT adapter at {sft_adapter}; run --stage sft first or give --sft-adapter")
         models.check_adapter(sft_adapter, configs[settings.model], settings.model)
 
@@ -360,8 +360,8 @@ def run(settings: TrainSettings) -> None:
     Everything is checked before OUT is touched; with --overwrite a stage's earlier outputs are kept
     aside until it has finished (see `replacing`).
     """
-    models.set_offline()
-    settings = with_models(settings, settings.model or models.default_model_path())
+    offline.set_offline()
+    settings = with_models(settings, settings.model or gguf.default_model_path())
     wanted = STAGES if settings.stage == "all" else (settings.stage,)
     todo = [stage for stage in wanted if settings.overwrite or not done(stage, settings.out)]
     for stage in wanted:

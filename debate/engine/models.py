@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 # Must run before transformers/huggingface_hub are imported below: they read the switches at import.
-from debate.engine.offline import set_offline  # noqa: E402  (re-exported: models.set_offline())
+from debate.engine.offline import set_offline  # noqa: E402
 
 set_offline()
 
@@ -44,17 +44,8 @@ from transformers import (  # noqa: E402
 if TYPE_CHECKING:
     from peft import PeftModel
 
-from debate.engine.errors import ModelLoadError, one_line  # noqa: E402,F401  (re-exported: callers catch models.ModelLoadError)
-
-# GGUF files: the embedded model's path and the conversion to a cached HF directory (debate/engine/gguf.py); the
-# private names are the ones this module's loaders have always called.
-from debate.engine.gguf import (  # noqa: E402,F401  (re-exported)
-    cache_root,
-    convert as _convert_gguf,  # noqa: E402
-    converted_dir as _gguf_cache_dir,
-    default_model_path,
-    is_gguf_file as _is_gguf_file,  # noqa: E402
-)
+from debate.engine import gguf  # noqa: E402
+from debate.engine.errors import ModelLoadError, one_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +188,7 @@ def _is_model_dir(path: str, given: str) -> bool:
             raise ModelLoadError(f"cannot load model {path}: not a model directory (no config.json)")
         return True
     try:
-        is_gguf = _is_gguf_file(path)
+        is_gguf = gguf.is_gguf_file(path)
     except OSError as e:
         raise ModelLoadError(f"cannot load model {path}: {one_line(e)}") from e
     if not is_gguf:
@@ -217,7 +208,7 @@ def check_model(path: PathLike) -> Optional[PretrainedConfig]:
     if _is_model_dir(path, given):
         load_dir = path
     else:
-        load_dir = _gguf_cache_dir(path)
+        load_dir = gguf.converted_dir(path)
         if not os.path.isfile(os.path.join(load_dir, "config.json")):
             return None  # its config and tokenizer come out of the one-time conversion
     try:
@@ -344,7 +335,7 @@ def load_model(path: PathLike, *, use_4bit: Optional[bool] = None, dtype: Union[
         load_dir = path
     else:
         try:
-            load_dir = _convert_gguf(path)
+            load_dir = gguf.convert(path)
         except ModelLoadError:
             raise
         except Exception as e:

@@ -5,7 +5,7 @@
   product of two embeddings is their cosine.
 - A corpus is a list of passages {"id", "text", optional "url", "title", "date"; other fields are kept}:
   a JSONL file (--corpus) or a dataset's own passages. Its embeddings are computed once and cached in
-  the debatecv cache directory (models.cache_root()/retrieval), keyed by the sha256 of the passages'
+  the debatecv cache directory (gguf.cache_root()/retrieval), keyed by the sha256 of the passages'
   texts and by the encoder's weights (a sha256 of its weight files, hashed once a process), so an edited
   corpus or other weights under the same path are re-embedded, never mixed up, and a read-only data
   directory is never written to. The directory is bounded (--embedding-cache-mb, default 2048): past the
@@ -29,7 +29,7 @@ from tqdm import tqdm
 from debate.data import jsonl
 from debate.data.claims import evidence_text, json_problem
 from debate.data.inputs import open_text
-from debate.engine import models
+from debate.engine import gguf, models, offline
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -70,7 +70,7 @@ def default_embedder_path() -> str:
 
 def load_embedder(path: Optional[models.PathLike] = None, device: Union[None, str, torch.device] = None) -> Embedder:
     """The sentence encoder in `path` (default: the packaged all-MiniLM-L6-v2), offline."""
-    models.set_offline()
+    offline.set_offline()
     from transformers import AutoModel, AutoTokenizer
 
     path = os.path.realpath(path or default_embedder_path())
@@ -221,7 +221,7 @@ def _weights(embedder: Embedder) -> str:
 
 
 def cache_root(cache_dir: Optional[models.PathLike] = None) -> Path:
-    return Path(cache_dir or os.path.join(models.cache_root(), "retrieval"))
+    return Path(cache_dir or os.path.join(gguf.cache_root(), "retrieval"))
 
 
 def cache_file(digest: str, embedder: Embedder, cache_dir: Optional[models.PathLike] = None, prefix: str = "") -> Path:

@@ -369,11 +369,11 @@ def _fill_models(s: Dict[str, Any]) -> None:
     """Every model setting the user left out: --model, else the embedded default (found only when needed)."""
     base = s["model"]
     if not base and not (s["debater_model"] and s["moderator_model"]):
-        from debate.engine import models  # torch: only when the embedded default is really needed
+        from debate.engine import errors, gguf  # torch: only when the embedded default is really needed
 
         try:
-            base = models.default_model_path()
-        except models.ModelLoadError as err:
+            base = gguf.default_model_path()
+        except errors.ModelLoadError as err:
             raise ConfigError(str(err)) from None
     s["debater_model"] = s["debater_model"] or base
     s["moderator_model"] = s["moderator_model"] or base

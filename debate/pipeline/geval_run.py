@@ -22,7 +22,7 @@ from debate.data import jsonl
 from debate.data.flags import Parser
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError, format_evidence
-from debate.engine import models
+from debate.engine import errors, gguf, models, offline
 from debate.methods import geval_judge as judging
 from debate.pipeline import config as run_config, progress, runner
 from debate.pipeline.config import ConfigError
@@ -100,10 +100,10 @@ def evaluate(run_dirs, judge_model=None, protocols=PROTOCOLS, human=None, names=
     lookup = {**{r["dir"]: r["name"] for r in runs}, **{Path(r["dir"]).name: r["name"] for r in runs},
               **{r["name"]: r["name"] for r in runs}}
     people = read_human(human, lookup, runs[0]["name"] if len(runs) == 1 else None) if human else None
-    judge_path = judge_model or models.default_model_path()
+    judge_path = judge_model or gguf.default_model_path()
     models.check_roles({"geval_judge": judge_path})
 
-    models.set_offline()
+    offline.set_offline()
     agent = models.load_roles({"geval_judge": judge_path}, use_4bit=use_4bit)["geval_judge"]
     settings = judging.judge_settings()
     judge = str(judge_path)
@@ -192,7 +192,7 @@ def main(argv=None):
         with progress.lines(say=progress.to_stderr):  # its lines on stderr: stdout is the table
             result = evaluate(args.run_dirs, args.judge_model, protocols, args.human, args.names, args.batch_size,
                               args.use_4bit, args.samples, args.seed)
-    except (InputError, models.ModelLoadError, PromptError) as err:
+    except (InputError, errors.ModelLoadError, PromptError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"G-Eval faithfulness (judge {result['judge']}): mean [95% bootstrap interval] over explanations")

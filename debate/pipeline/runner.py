@@ -15,7 +15,7 @@ from pathlib import Path
 from debate.data import claims as data, prompts
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError
-from debate.engine import models, retrieval, scheduler
+from debate.engine import errors, models, offline, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema_program import SchemaBudgetError
 from debate.methods import madr, turns
@@ -78,7 +78,7 @@ def run(config):
     Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/pipeline/shards.py) and
     only rank 0 returns the metrics; the others return None.
     """
-    models.set_offline()
+    offline.set_offline()
     world = shards.world()
     if world.size > 1 and config.models.device_map:
         raise ConfigError("--device-map auto spreads one model over the node's GPUs; it cannot run under a "
@@ -283,7 +283,7 @@ def main_guard(fn):
     with stops.handled(signal.SIGINT, signal.SIGTERM), stops.one_line():
         try:
             return fn()
-        except (ConfigError, DataError, models.ModelLoadError, records.RunConflict, PromptError, InputError,
+        except (ConfigError, DataError, errors.ModelLoadError, records.RunConflict, PromptError, InputError,
                 WordNetMissingError, RetrievalError, SchemaBudgetError, lock.LockError) as err:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2)
