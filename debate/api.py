@@ -11,6 +11,7 @@
 
 `build`, `load` and `save` are debate.pipeline.config's (settings by flag name; config.json).
 """
+import contextlib
 import gc
 import os
 import signal
@@ -19,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 from debate.data import datasets, prompts
 from debate.data.claims import item_shape
 from debate.data.inputs import DataError
-from debate.engine import models, offline
+from debate.engine import kv_pool, models, offline
 from debate.methods import turns
 from debate.pipeline import method_table, progress, run_claims, runner, stops
 from debate.pipeline.config import COURTROOM_METHODS, RunConfig, build, load, save, to_dict  # noqa: F401 (the API's names)
@@ -63,6 +64,7 @@ class Verifier:
     """
 
     def __init__(self, config: RunConfig) -> None:
+        self._budgets: Optional[contextlib.ExitStack] = None
         self.config = build(**to_dict(config))
         self.labels = labels_of(self.config)
         offline.set_offline()
@@ -71,6 +73,13 @@ class Verifier:
         with prompts.using(self.prompts):
             runner.check_run(self.config, [])
             self.agents = method_table.load_agents(self.config, method_table.model_roles(self.config))
+            # The memory budget of its calls, decided once its weights are loaded (debate/engine/kv_pool.py), its own
+            # until close() gives the process's back.
+            g = self.config.generation
+            self._budgets = contextlib.ExitStack()
+            self._budgets.enter_context(kv_pool.kept_budgets())
+            kv_pool.start_run({id(a.model): a.model for a in self.agents.values()}.values(), g.gpu_memory_fraction,
+                              g.memory_gb)
             self.settings = method_table.settings_of(self.config)
             method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
             self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
@@ -97,6 +106,9 @@ class Verifier:
     def close(self) -> None:
         """Free the models (GPU memory included); verify() refuses afterwards."""
         self.agents = self.options = None
+        if self._budgets is not None:
+            self._budgets.close()
+            self._budgets = None
         gc.collect()
         models.release_memory()
 

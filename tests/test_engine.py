@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate.engine import chat, engine, generator, kv_store, ram, reference, schema_program
+from debate.engine import chat, engine, kv_store, ram, reference, schema_program
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama
 
 
@@ -60,51 +60,6 @@ def test_greedy_tokens_equal_the_reference_path_for_llama_and_gemma(family):
             assert [c.messages for c in got] == [c.messages for c in want]
             assert [c.prompt_tokens for c in got] == [c.prompt_tokens for c in want]
             assert [c.completion_tokens for c in got] == [c.completion_tokens for c in want]
-
-
-def test_a_memory_budget_too_small_for_the_batch_splits_it_and_changes_no_token(tiny, monkeypatch, caplog):
-    model, tok = tiny
-    kwargs = dict(turns=2, max_new_tokens=6, systems=SYSTEMS[:4])
-    whole = debate_like(model, tok, True, 4, **kwargs)
-    batches = []
-    run = generator.run
-    monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
-        model, tok, convs, *a))
-    # A budget no two rows fit in: each turn's batch of 4 runs as 4 batches of 1.
-    with caplog.at_level("DEBUG", logger="debate.engine.engine"):
-        split = debate_like(model, tok, True, 4, memory_budget=1, **kwargs)
-    assert batches == [1] * 8
-    assert "memory budget" in caplog.text
-    assert [c.generated for c in split] == [c.generated for c in whole]
-    assert [c.prompt_tokens for c in split] == [c.prompt_tokens for c in whole]
-
-
-def test_on_a_cpu_the_budget_comes_from_the_ram_available_and_a_split_changes_no_token(tiny, monkeypatch, caplog):
-    """No out-of-memory error to catch on a CPU (the kernel kills the process): the split before the batch is all
-    there is, sized from the RAM the process may still take."""
-    model, tok = tiny
-    kwargs = dict(turns=2, max_new_tokens=6, systems=SYSTEMS[:4])
-    whole = debate_like(model, tok, True, 4, **kwargs)
-    settings = engine.Settings(max_new_tokens=6)
-    targets = [[1] * 200] * 4
-    two_rows = engine.batch_bytes(model, targets[:2], [0, 0], settings)
-    # What the kernel says is left: room (at the default 0.9, with the CPU's margin) for two rows, not four.
-    left = int(two_rows / (0.9 * engine.CPU_MARGIN)) + 2
-    monkeypatch.setattr(ram, "available", lambda: left)
-    assert two_rows <= engine.memory_budget(model, settings) < 2 * two_rows
-    assert engine.plan_batches(model, targets, [0] * 4, settings) == [[0, 1], [2, 3]]
-    monkeypatch.setattr(ram, "available", lambda: 1)  # nothing left: one conversation at a time
-    batches, run = [], generator.run
-    monkeypatch.setattr(generator, "run", lambda model, tok, convs, *a: batches.append(len(convs)) or run(
-        model, tok, convs, *a))
-    with caplog.at_level("DEBUG", logger="debate.engine.engine"):
-        split = debate_like(model, tok, True, 4, **kwargs)
-    assert batches == [1] * 8
-    assert "memory budget 0.00 GB of RAM: 4 conversations run as 4 batches (of 1, 1, 1, 1)" in caplog.text
-    assert [c.generated for c in split] == [c.generated for c in whole]
-    assert [c.prompt_tokens for c in split] == [c.prompt_tokens for c in whole]
-    # --gpu-memory-fraction 0 turns the budget off on a CPU too.
-    assert engine.memory_budget(model, engine.Settings(gpu_memory_fraction=0)) is None
 
 
 def test_the_ram_available_is_the_least_of_the_kernels_estimate_and_every_cgroup_limit_above(tmp_path):

@@ -45,21 +45,22 @@ def reset_peak():
 """
 
 ENGINE_STEP = PRELUDE + """
-from debate.engine import engine, models, schema_program
+from debate.engine import engine, kv_pool, models, schema_program
 model_dir, schema_name, context, rows, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
     int(sys.argv[5])
 loaded = models.load_model(model_dir, use_4bit=False)
 model, tok = loaded.model, loaded.tokenizer
 compiled = schema_program.compile_for(schema_name, tok)
-settings = engine.Settings(max_new_tokens=new_tokens, temperature=0.0, memory_budget=1 << 60)
+settings = engine.Settings(max_new_tokens=new_tokens, temperature=0.0)
+kv_pool.configure("cpu", None, "none: the whole call as one batch")
 planned = []
-plain = engine.plan_batches
+plain = kv_pool.Pool.note_call
 
-def planning(model, targets, usables, settings, schemas=None):  # the plan of the whole call, as one batch
-    planned.append(engine.batch_bytes(model, targets, usables, settings, schemas))
-    return plain(model, targets, usables, settings, schemas)
+def planning(pool, need):  # each model call's need, as the engine admits it (engine.batch_bytes)
+    planned.append(need)
+    return plain(pool, need)
 
-engine.plan_batches = planning
+kv_pool.Pool.note_call = planning
 text = lambda n, i: " ".join(f"w{{(i * 7 + j) % 50}}" for j in range(n))
 convs = [engine.Conversation(system="s") for _ in range(rows)]
 # First turn: the long context (its prefill is the warm-up); the measured turn adds a short message over it.
@@ -70,6 +71,36 @@ before = resident()
 engine.generate(model, tok, convs, [text(8, i) for i in range(rows)], settings, schemas=[compiled] * rows)
 print(json.dumps({{"measured": peak() - before, "planned": max(planned), "reused": convs[0].encoded_tokens
                   < convs[0].prompt_tokens}}))
+"""
+
+PREFILL_PIECE = PRELUDE + """
+from transformers import AutoModelForCausalLM
+from debate.engine import generator, kv_store, memory
+model_dir, columns = sys.argv[1], int(sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+s = memory.shape(model.config)
+piece = memory.PREFILL_CHUNK
+width = columns - piece
+with torch.inference_mode():
+    cache = kv_store.BatchCache(columns)
+    # The cached context: zeros in a full buffer, as the engine's gather leaves it.
+    heads, dim = s["kv_heads"], s["head_dim"]
+    cache = kv_store.BatchCache(columns, [kv_store.BufferLayer(columns, torch.zeros(1, heads, columns, dim),
+                                                               torch.zeros(1, heads, columns, dim), filled=width)
+                                          for _ in range(s["layers"])])
+    ids = torch.randint(0, s["vocab"], (1, piece))
+    mask = torch.ones(1, columns, dtype=torch.long)
+    positions = torch.arange(width, columns)[None]
+    warm = kv_store.BatchCache(64)  # a short call first: the libraries' one-time buffers are not the piece's
+    model(input_ids=ids[:, :32], attention_mask=mask[:, :32], use_cache=True, logits_to_keep=1,
+          **generator.cache_kwarg(model, warm))
+    reset_peak()
+    before = resident()
+    model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+          **generator.cache_kwarg(model, cache))
+    measured = peak() - before
+planned = {{fused: memory.prefill_bytes(s, 1, piece, width, 4, fused) for fused in (True, False)}}
+print(json.dumps({{"measured": measured, "fused": planned[True], "materialised": planned[False]}}))
 """
 
 TRAIN_STEP = PRELUDE + """
@@ -124,7 +155,7 @@ def wide(tmp_path_factory):
     # values, so a copy of a row's cache costs what it would on a real model.
     return str(build_tiny_llama(tmp_path_factory.mktemp("wide"), seed=0, hidden_size=256, intermediate_size=1024,
                                 num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4,
-                                max_position_embeddings=4096))
+                                max_position_embeddings=8192))
 
 
 MIB = 2 ** 20
@@ -144,6 +175,18 @@ def test_a_choice_scored_after_a_long_context_stays_within_the_plan(wide):
     got = run_step(ENGINE_STEP, wide, "moderator_final", 1500, 1, 48)
     assert got["reused"] and got["measured"] > 4 * MIB
     assert got["measured"] <= got["planned"], (got["measured"] / MIB, got["planned"] / MIB)
+
+
+def test_a_prefill_piece_over_a_long_context_allocates_what_the_plan_says_the_fused_kernel_does(tmp_path):
+    """The last prefill piece of a 65,536-token context: sdpa on a CPU computes the scores blockwise, so the call
+    holds its activations, the masks (transformers' boolean one and the kernel's float copy) and the keys repeated
+    to every head, megabytes, where materialised float32 scores of 32 heads would take 4 GiB."""
+    model = build_tiny_llama(tmp_path / "m", seed=0, hidden_size=512, intermediate_size=256, num_hidden_layers=1,
+                             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=65536)
+    got = run_step(PREFILL_PIECE, model, 65536)
+    assert got["measured"] > 64 * MIB  # the piece was seen: its masks and repeated keys alone are hundreds of MiB
+    assert got["measured"] <= got["fused"], (got["measured"] / MIB, got["fused"] / MIB)
+    assert got["materialised"] - got["fused"] > 2 * 2 ** 30  # the term the kernel's choice decides
 
 
 def test_a_dpo_step_with_lora_dropout_stays_within_the_plan(tmp_path):

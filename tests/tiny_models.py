@@ -92,7 +92,7 @@ def build_tiny_llama(dir, seed=0, **overrides):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=32768,  # room for the courtroom's long contexts (engine.window)
         # Larger than the usual 0.02 so logits are peaked: greedy choices then have clear margins and
         # do not flip on float noise when tests compare cached against uncached decoding.
         initializer_range=0.2,
@@ -119,7 +119,7 @@ def build_tiny_gemma(dir, seed=0, **overrides):
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
         sliding_window=16, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        max_position_embeddings=4096, initializer_range=0.1,  # varied, peaked logits (0.2 repeats a token)
+        max_position_embeddings=32768, initializer_range=0.1,  # varied, peaked logits (0.2 repeats a token)
         tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
@@ -217,3 +217,33 @@ def claim_pages(claim):
     if claim.get("justification"):
         pages.append({"url": "https://example.org/justification", "url2text": sentences(claim["justification"])})
     return pages
+
+
+def build_wide_llama(dir, seed=0, **overrides):
+    """A tiny Llama whose cache is large for its compute: eight 64-wide heads, each with its own keys and values
+    (8 KiB of cache a token over its two layers), so a few claims' caches reach the tens of MiB a small budget is
+    set against while the model stays quick on a CPU."""
+    settings = dict(hidden_size=512, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+                    num_key_value_heads=8, initializer_range=0.08)
+    settings.update(overrides)
+    return build_tiny_llama(dir, seed=seed, **settings)
+
+
+def cpu_budget(nbytes):
+    """A context manager: the CPU pool's memory budget set to `nbytes` (None: none) while it is open, its counts
+    started afresh; yields the pool (debate.engine.kv_pool)."""
+    import contextlib
+
+    from debate.engine import kv_pool
+
+    @contextlib.contextmanager
+    def scope():
+        pool = kv_pool.pool_for("cpu")
+        before = pool.budget, pool.source
+        kv_pool.configure("cpu", nbytes, "test")
+        try:
+            yield pool
+        finally:
+            pool.budget, pool.source = before
+
+    return scope()

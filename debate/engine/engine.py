@@ -1,13 +1,16 @@
 """Batched generation over many agent conversations, each keeping its KV cache between its turns.
 
-`generate(...)` is the one entry the protocols call. It joins three parts with one job each:
+`generate(...)` is the one entry the protocols call. It joins four parts with one job each:
 - debate.engine.chat: what the model sees (the chat template around the generated ids, tokenised once a piece);
-- debate.engine.kv_store: each conversation's cache (what is still valid, the batch layout, the buffers, release);
+- debate.engine.kv_store: a turn's buffer, and each conversation's cache moved in and out of it;
+- debate.engine.kv_pool: every conversation's cache counted against the run's memory budget;
 - debate.engine.generator: the prefill and decode of one batch, sampling on the device.
-and owns the memory budget: work that would not fit is split into smaller batches before it runs, and a
-batch that runs out of memory anyway is split and run again; nothing is lost, and a log line says so. On
-CUDA the budget is a share of the GPU memory free, on a CPU of the RAM available (debate.engine.ram): there
-no error can be caught, the kernel kills the process, so the split before the batch is all there is.
+and owns admission: before a model call it makes room within the budget (call_bytes, the plan of
+debate.engine.memory, plus the caches held): it drops caches of conversations outside the call (kv_pool), and
+runs fewer rows at once. A batch that runs out of memory anyway (a fragmentation the plan cannot see) frees the
+other caches and runs again smaller, once its own tensors are released; nothing is lost, and a log line says so.
+A row that cannot run at all (its context would pass the model's window, or it alone needs more than the budget)
+is left out and named in a ContextOverflow once the others have run: its claim ends, the run goes on.
 
 Cached and uncached runs feed the model the same token sequence, so under greedy decoding they produce
 the same tokens; debate.engine.reference is the plain path the tests hold the engine to.
@@ -15,23 +18,18 @@ the same tokens; debate.engine.reference is the plain path the tests hold the en
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
-from debate.engine import generator as gen, kv_store, memory, ram, schema_program
+from debate.engine import generator as gen, kv_pool, kv_store, memory, schema_program
 from debate.engine.chat import context_ids, stop_token_ids
+from debate.engine.errors import ContextOverflow
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-DEFAULT_GPU_MEMORY_FRACTION = 0.9
-# On a CPU only this share of the fraction is spent: past the RAM there is no out-of-memory error to split on,
-# and what glibc's heap keeps after a step is not in the plan (tests/test_memory_plan.py measures with it off).
-CPU_MARGIN = 0.5
-
 
 @dataclass
 class Settings:
@@ -41,10 +39,9 @@ class Settings:
     seed: int = 0
     reuse_cache: bool = True
     structured: bool = True  # decode JSON answers under their prompt's schema (debate.engine.schema_program)
-    # Share of the memory free before a batch that its cache and activations may take: of the GPU's on CUDA,
-    # of the RAM available on a CPU (the flag keeps its first name, --gpu-memory-fraction). 0: no budget.
-    gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION
-    memory_budget: Optional[int] = None  # bytes; overrides the fraction (None: the fraction's)
+    # The longest context a conversation may reach, its turn's new tokens included (None: the model's window,
+    # max_position_embeddings); a turn that would pass it ends its claim (ContextOverflow).
+    max_context: Optional[int] = None
 
 
 @dataclass
@@ -55,8 +52,11 @@ class Conversation:
     messages: List[Dict[str, str]] = field(default_factory=list)  # [{"role": "user"|"assistant", "content": str}]
     # token ids of each assistant message, verbatim (None: recalled)
     generated: List[Optional[List[int]]] = field(default_factory=list)
-    cached_ids: List[int] = field(default_factory=list)  # the tokens whose keys/values the slot holds
-    slot: Optional[kv_store.Slot] = None  # where those keys/values live (debate.engine.kv_store)
+    cached_ids: List[int] = field(default_factory=list)  # the tokens whose keys/values `kv` holds
+    # per layer (keys, values) of those tokens, (kv_heads, len(cached_ids), head_dim) each, the conversation's own
+    # tensors, counted by `pool` (debate.engine.kv_pool), which may drop them
+    kv: Optional[kv_pool.KV] = field(default=None, repr=False)
+    pool: Optional[kv_pool.Pool] = field(default=None, repr=False, compare=False)
     prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
     encoded_tokens: int = 0  # prompt tokens actually run through the model
     completion_tokens: int = 0
@@ -67,10 +67,12 @@ class Conversation:
     @property
     def cache(self) -> Optional[List[Tuple[torch.Tensor, torch.Tensor]]]:
         """Per layer (keys, values) of shape (1, kv_heads, len(cached_ids), head_dim), or None."""
-        return self.slot.views() if self.slot is not None else None
+        return [(k[None], v[None]) for k, v in self.kv] if self.kv is not None else None
 
     def drop_cache(self) -> None:
-        self.slot, self.cached_ids = None, []
+        if self.pool is not None:
+            self.pool.release(self)
+        self.kv, self.cached_ids = None, []
 
     def recall(self, prompt: str, reply: str) -> None:
         """Add an exchange this conversation did not generate, with `reply` as the agent's own earlier turn
@@ -85,34 +87,29 @@ def _dtype_bytes(model: torch.nn.Module) -> int:
 
 def batch_bytes(model: torch.nn.Module, targets: Sequence[Sequence[int]], usables: Sequence[int], settings: Settings,
                 schemas: Optional[Sequence[Any]] = None) -> int:
-    """Estimated memory of one batch of these rows (debate.engine.memory.batch_bytes): the turn's KV buffer, the
-    prefill's activations, the decode step's, and with `schemas` (one Compiled or None per row) structured
-    decoding's extras and one choice's scoring pass at the largest trie among them."""
+    """Estimated memory of one model call over these rows (debate.engine.memory.batch_bytes): the turn's KV buffer,
+    a prefill piece's activations, the decode step's, with `schemas` (one Compiled or None per row) structured
+    decoding's extras and one choice's scoring pass at the largest trie among them, and the rows' caches copied
+    out at the end (with cache reuse)."""
     plan = kv_store.layout(targets, usables)
     structured = [c for c in schemas or () if c is not None]
     # The largest prefix tree a choice feeds in one pass (schema_program.Compiled.scratch_columns); the generator keeps
     # that many cache columns free past the turn's end for it, so they count as new tokens in the KV buffer too.
     trie = max((c.scratch_columns for c in structured), default=0)
     fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
+    kept = sum(len(t) + settings.max_new_tokens for t in targets) if settings.reuse_cache else 0
     return memory.batch_bytes(memory.shape(model.config), _dtype_bytes(model), len(targets), plan.width, plan.chunk,
-                              settings.max_new_tokens + trie, len(structured), trie, fused)
+                              settings.max_new_tokens + trie, len(structured), trie, fused, kept)
 
 
-def memory_budget(model: torch.nn.Module, settings: Settings) -> Optional[int]:
-    """Bytes a batch may take: Settings.memory_budget, else the fraction of the memory free now: on CUDA the
-    GPU's (what the allocator holds unused counts as free), on a CPU the RAM the process can still take
-    (debate.engine.ram); None means no budget."""
-    if settings.memory_budget is not None:
-        return settings.memory_budget
-    device = gen.model_device(model)
-    if not settings.gpu_memory_fraction or device.type not in ("cuda", "cpu"):
-        return None
-    if device.type == "cpu":
-        free = ram.available()
-        return None if free is None else int(free * settings.gpu_memory_fraction * CPU_MARGIN)
-    free, _ = torch.cuda.mem_get_info(device)
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(free * settings.gpu_memory_fraction)
+def window(model: torch.nn.Module, settings: Settings) -> Optional[int]:
+    """The longest context a conversation may reach: the user's cap, else the model's max_position_embeddings."""
+    config: Any = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    limits = [n for n in (getattr(config, "max_position_embeddings", None), settings.max_context)
+              if isinstance(n, int) and n > 0]
+    return min(limits) if limits else None
 
 
 # A row may re-encode this many cached tokens (or as many as it feeds anew) to share a batch: cheaper than
@@ -138,55 +135,104 @@ def chunk_groups(targets: Sequence[Sequence[int]], usables: Sequence[int]) -> Li
     return [sorted(g) for g in groups]
 
 
-def plan_batches(model: torch.nn.Module, targets: Sequence[Sequence[int]], usables: Sequence[int], settings: Settings,
-                 schemas: Optional[Sequence[Any]] = None) -> List[List[int]]:
-    """The batches the rows run in: groups of similar new-chunk length (chunk_groups), each split in halves
-    until its estimate (batch_bytes, with the rows' `schemas`) fits the memory budget."""
-    budget = memory_budget(model, settings)
-
-    def split(rows):
-        if budget is None or len(rows) == 1 or batch_bytes(
-                model, [targets[i] for i in rows], [usables[i] for i in rows], settings,
-                [schemas[i] for i in rows] if schemas else None) <= budget:
-            return [rows]
-        half = len(rows) // 2
-        return split(rows[:half]) + split(rows[half:])
-
-    groups = chunk_groups(targets, usables)
-    parts = [part for group in groups for part in split(group)]
-    if len(parts) > len(groups):
-        # Said once per loaded model where the user sees it (a warning reaches stderr with no logging set up);
-        # every later split, which a long run may make on every turn, only at DEBUG (INFO is what a run prints).
-        level = logging.DEBUG if model in _split_said else logging.WARNING
-        _split_said.add(model)
-        assert budget is not None  # only a budget splits a group
-        where = "of RAM" if gen.model_device(model).type == "cpu" else "of GPU memory"
-        log.log(level, "memory budget %.2f GB %s: %d conversations run as %d batches (of %s)%s", budget / 2**30,
-                where, len(targets), len(parts), ", ".join(str(len(p)) for p in parts),
-                "" if level == logging.DEBUG else "; later splits are logged at DEBUG level")
-    return parts
-
-
 # The models whose batches have been split and said so as a warning: keyed weakly, so the set holds no model
 # alive and a model loaded later (another run in the same process) is warned about again.
 _split_said: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
-def _run_splitting(run: Callable[[List[int]], Sequence[Any]], rows: List[int], results: List[Any]) -> None:
-    """Run `rows`; on out-of-memory split them in two and run each half (recursively), so no row is lost."""
-    try:
-        for row, result in zip(rows, run(rows)):
-            results[row] = result
-    except torch.OutOfMemoryError:
-        if len(rows) == 1:
-            raise
+def _say_split(model: torch.nn.Module, pool: kv_pool.Pool, rows: int, parts: List[int]) -> None:
+    """Said once per loaded model where the user sees it (a warning reaches stderr with no logging set up); every
+    later split, which a long run may make on every turn, only at DEBUG (INFO is what a run prints)."""
+    level = logging.DEBUG if model in _split_said else logging.WARNING
+    _split_said.add(model)
+    log.log(level, "memory budget %s: %d conversations run as %d batches (of %s)%s", kv_pool.describe(pool), rows,
+            len(parts), ", ".join(str(p) for p in parts),
+            "" if level == logging.DEBUG else "; later splits are logged at DEBUG level")
+
+
+class _Turn:
+    """One generate call's rows and what admission needs of them; `run_rows` runs a batch and stores its caches."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, convs: Sequence[Conversation], targets: List[List[int]],
+                 settings: Settings, stop_ids: Sequence[int], generator: Optional[torch.Generator],
+                 schemas: Optional[List[Any]], pad_id: int) -> None:
+        self.model, self.tokenizer, self.convs, self.targets = model, tokenizer, convs, targets
+        self.settings, self.stop_ids, self.generator, self.schemas, self.pad_id = (settings, stop_ids, generator,
+                                                                                   schemas, pad_id)
+        self.pool = kv_pool.pool_for(gen.model_device(model))
+        self.results: List[Any] = [None] * len(convs)
+        self.failed: Dict[int, str] = {}
+        self.batches: List[int] = []
+
+    def usables(self, rows: Sequence[int]) -> List[int]:
+        # Read at the call: admission may have dropped a cache since the turn began.
+        return [kv_store.usable(self.convs[r], self.targets[r], self.settings.reuse_cache) for r in rows]
+
+    def need(self, rows: Sequence[int]) -> int:
+        return batch_bytes(self.model, [self.targets[r] for r in rows], self.usables(rows), self.settings,
+                           [self.schemas[r] for r in rows] if self.schemas else None)
+
+    def admit(self, rows: List[int]) -> None:
+        """Run `rows` within the budget: as one batch when the caches of conversations outside this generate call
+        can make room for it, else as halves; a single row may drop every other cache, then its own."""
+        call = [self.convs[r] for r in range(len(self.convs))]
+        if self.pool.make_room(self.need(rows), keep=call):
+            return self.run_rows(rows)
+        if len(rows) > 1:
+            half = len(rows) // 2
+            self.admit(rows[:half])
+            self.admit(rows[half:])
+            return
+        row, conv = rows[0], self.convs[rows[0]]
+        if self.pool.make_room(self.need(rows), keep=[conv]):
+            return self.run_rows(rows)
+        if conv.kv is not None:
+            self.pool.evict(conv)  # its prefill then re-encodes it, in pieces; the cache it held no longer counts
+            if self.pool.make_room(self.need(rows), keep=[conv]):
+                return self.run_rows(rows)
+        self.failed[row] = (f"one conversation of {len(self.targets[row])} context tokens needs "
+                            f"{self.need(rows) / kv_pool.GIB:.2f} GiB, more than the memory budget of "
+                            f"{kv_pool.describe(self.pool)} ({self.pool.source})")
+
+    def run_rows(self, rows: List[int]) -> None:
+        """One batch; on out of memory, once its tensors are released: every other cache dropped, then halves, then
+        the single row without its own cache; a row that still runs out is left out (failed)."""
+        self.pool.note_call(self.need(rows))
+        convs = [self.convs[r] for r in rows]
+        for row, conv in zip(rows, convs):
+            if conv.kv is None:  # a cache dropped to make room is encoded again now (kv_pool counts it)
+                self.pool.note_reencoded(conv, len(self.targets[row]) - 1)
+        out_of_memory = False
+        try:
+            results = gen.run(self.model, self.tokenizer, convs, [self.targets[r] for r in rows], self.settings,
+                              self.stop_ids, self.generator, [self.schemas[r] for r in rows] if self.schemas else None,
+                              self.pad_id)
+        except torch.OutOfMemoryError:
+            # Retried below, outside this block: here the traceback still holds the failed attempt's buffers.
+            out_of_memory = True
+        if not out_of_memory:
+            self.batches.append(len(rows))
+            for row, conv, result in zip(rows, convs, results):
+                self.results[row] = result
+                # The new cache replaces the old at once, so the pool counts what is really held.
+                self.pool.store(conv, result.kv, self.targets[row] + result.ids[:-1])
+            return
+        self.pool.make_room(1 << 62, keep=convs)  # every cache outside this batch goes
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        half = len(rows) // 2
-        log.warning("out of memory in a batch of %d conversations; retrying it as batches of %d and %d",
-                    len(rows), half, len(rows) - half)
-        _run_splitting(run, rows[:half], results)
-        _run_splitting(run, rows[half:], results)
+        if len(rows) > 1:
+            half = len(rows) // 2
+            log.warning("out of memory in a batch of %d conversations; retrying it as batches of %d and %d",
+                        len(rows), half, len(rows) - half)
+            self.run_rows(rows[:half])
+            self.run_rows(rows[half:])
+        elif convs[0].kv is not None:
+            log.warning("out of memory in a batch of 1 conversation; retrying it with its cache dropped")
+            self.pool.evict(convs[0])
+            self.run_rows(rows)
+        else:
+            self.failed[rows[0]] = (f"one conversation of {len(self.targets[rows[0]])} context tokens ran out of "
+                                    "memory with every other cache dropped")
 
 
 def generate(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs: Sequence[Conversation],
@@ -214,27 +260,33 @@ def generate(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs
     for conv, text in zip(convs, user_texts):
         conv.messages.append({"role": "user", "content": text})
     targets = [context_ids(tokenizer, c) for c in convs]
-    usables = [kv_store.usable(c, t, settings.reuse_cache) for c, t in zip(convs, targets)]
-
-    def run(rows):
-        return gen.run(model, tokenizer, [convs[i] for i in rows], [targets[i] for i in rows], settings,
-                       stop_ids, generator, [schemas[i] for i in rows] if schemas else None, pad_id)
-
-    results: List[Any] = [None] * len(convs)
+    turn = _Turn(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas, pad_id)
+    limit = window(model, settings)
+    what = "the --max-context cap" if limit == settings.max_context else "the model's window (max_position_embeddings)"
+    for row, t in enumerate(targets):
+        if limit is not None and len(t) + settings.max_new_tokens > limit:
+            turn.failed[row] = (f"its context of {len(t)} tokens and {settings.max_new_tokens} new ones would pass "
+                                f"{what} of {limit} tokens")
     try:
-        for rows in plan_batches(model, targets, usables, settings, schemas):
-            _run_splitting(run, rows, results)
+        rows = [r for r in range(len(convs)) if r not in turn.failed]
+        groups = chunk_groups([targets[r] for r in rows], turn.usables(rows))
+        for group in groups:
+            turn.admit([rows[i] for i in group])
     except BaseException:
         for conv in convs:  # leave the conversations as they were: the turn can be asked for again
             conv.messages.pop()
         raise
+    if len(turn.batches) > len(groups):
+        _say_split(model, turn.pool, len(rows), turn.batches)
 
-    replies = []
-    for conv, t, result in zip(convs, targets, results):
+    replies: List[Optional[str]] = []
+    for row, (conv, t, result) in enumerate(zip(convs, targets, turn.results)):
+        if result is None:
+            conv.messages.pop()  # a failed row: its conversation as it was
+            replies.append(None)
+            continue
         ids = result.ids
         content = ids[:-1] if ids and ids[-1] in stop_ids else ids
-        conv.slot = result.slot
-        conv.cached_ids = t + ids[:-1] if result.slot is not None else []
         conv.generated.append(content)
         conv.structured = result.structured
         reply = cast(str, tokenizer.decode(content, skip_special_tokens=True))  # one sequence: one text
@@ -243,4 +295,6 @@ def generate(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs
         conv.encoded_tokens += len(t) - result.reused
         conv.completion_tokens += len(ids)
         replies.append(reply)
-    return replies
+    if turn.failed:
+        raise ContextOverflow(turn.failed, replies)
+    return cast(List[str], replies)

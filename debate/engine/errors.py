@@ -13,3 +13,14 @@ def one_line(error):
     if len(text) > 400:
         text = text[:400] + "..."
     return f"{type(error).__name__}: {text}"
+
+
+class ContextOverflow(RuntimeError):
+    """Some rows of a turn could not run: `failed` maps each row to the reason in words (its context would pass
+    the model's window, or one conversation alone needs more than the memory budget). The other rows ran:
+    `replies` holds their replies (None for a failed row, whose conversation is left as it was). A claim with a
+    failed row ends with a note in its record; the run goes on."""
+
+    def __init__(self, failed, replies):
+        self.failed, self.replies = dict(failed), list(replies)
+        super().__init__("; ".join(sorted(set(self.failed.values()))))

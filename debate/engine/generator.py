@@ -1,9 +1,10 @@
 """Prefill and decode for one batch of rows: the model calls of a turn, nothing else.
 
-Reads the conversations (their contexts and cache slots) but changes none of them: it returns each
-row's ids and new cache slot, so a batch that fails (out of memory) can be split and run again as if it
-had never started. Sampling happens on the model's device; the one device-to-host copy of a step brings
-the picked ids back for the stop checks and the schema rows.
+Reads the conversations (their contexts and caches) but changes none of them: it returns each row's ids and
+its new cache (kv_store.copy_out), so a batch that fails (out of memory) can be split and run again as if it had
+never started. A long prefill runs in pieces of memory.PREFILL_CHUNK new tokens a row, so no call's transient
+grows with the context beyond its mask. Sampling happens on the model's device; the one device-to-host copy of a
+step brings the picked ids back for the stop checks and the schema rows.
 """
 import inspect
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from debate.engine import kv_store, schema_program
+from debate.engine import kv_store, memory, schema_program
 from debate.engine.constrained_row import SchemaRow
 from debate.engine.sampling import next_tokens
 
@@ -20,7 +21,7 @@ from debate.engine.sampling import next_tokens
 class RowResult:
     ids: list  # every sampled id, the stop token included when the turn ended on one
     reused: int  # context tokens taken from the cache (not encoded)
-    slot: object  # kv_store.Slot of the context plus the fed ids, or None without reuse
+    kv: list  # the row's own cache of the context plus the fed ids (kv_store.copy_out), or None without reuse
     structured: dict = None  # the schema result, or None for a free reply
 
 
@@ -136,9 +137,14 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         mask[row, width + chunk - len(t):width + chunk] = 1
         positions[row, chunk - len(new):] = torch.arange(r, len(t))
     cache = kv_store.batch_cache(convs, plan, capacity, device)
-    mask = mask.to(device)
-    out = model(input_ids=input_ids.to(device), attention_mask=mask[:, :width + chunk],
-                position_ids=positions.to(device), use_cache=True, logits_to_keep=1, **cache_kwarg(model, cache))
+    mask, input_ids, positions = mask.to(device), input_ids.to(device), positions.to(device)
+    # The new chunk in pieces: each writes its keys/values after the ones before it (BufferLayer), so the pieces
+    # see what one call would; only the last needs logits.
+    for begin in range(0, chunk, memory.PREFILL_CHUNK):
+        end = min(chunk, begin + memory.PREFILL_CHUNK)
+        out = model(input_ids=input_ids[:, begin:end], attention_mask=mask[:, :width + end],
+                    position_ids=positions[:, begin:end], use_cache=True, logits_to_keep=1,
+                    **cache_kwarg(model, cache))
 
     driven = [None] * rows
     if schemas:
@@ -176,6 +182,6 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
 
     # The last sampled token was never run through the model, so the cache holds the context and ids[:-1].
     lengths = [len(t) + max(0, len(ids) - 1) for t, ids in zip(targets, generated)]
-    slots = kv_store.slots(cache, plan, targets, lengths) if settings.reuse_cache else [None] * rows
-    return [RowResult(ids, r, slot, d.result if d is not None else None)
-            for ids, r, slot, d in zip(generated, plan.reuse, slots, driven)]
+    kept = kv_store.copy_out(cache, plan, targets, lengths) if settings.reuse_cache else [None] * rows
+    return [RowResult(ids, r, kv, d.result if d is not None else None)
+            for ids, r, kv, d in zip(generated, plan.reuse, kept, driven)]

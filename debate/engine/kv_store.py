@@ -1,4 +1,4 @@
-"""Owns every conversation's KV cache: what of it is still valid, where it lives, when it goes.
+"""A turn's KV buffer, and each conversation's cache moved in and out of it.
 
 Layout. A batch is a block of rows, each left-padded and contiguous: `[pad][cached][new][generated]`.
 When rows have new chunks of different lengths, a row re-encodes a few of its last cached tokens instead
@@ -7,12 +7,11 @@ counted in columns.
 
 Storage. A turn's batch gets one buffer per layer, allocated once for the whole turn (cached + new +
 --max-new-tokens columns) and written in place by the prefill and by every decode step, as gpt-fast does:
-no per-step concatenation over the whole cache. When the turn ends every conversation keeps a `Slot`, a
-reference to its row and columns of that buffer, not a copy. The next turn gathers the rows it reuses into
-its own buffer (one copy per row and layer per turn, which regrouping rows needs anyway).
-
-Release. `Conversation.drop_cache()` forgets the slot; a buffer is freed once no conversation refers to
-it, that is once every conversation of its batch has ended or moved on to a later turn's buffer.
+no per-step concatenation over the whole cache. When the turn ends each row's own columns are copied out
+(`copy_out`) into tensors of the conversation's own, and the buffer is freed with the turn: a conversation
+holds its tokens' keys and values and nothing of its batch's padding or of other rows. The next turn gathers
+the rows it reuses into its own buffer (`batch_cache`). debate.engine.kv_pool counts those tensors against the
+memory budget and may drop them.
 """
 from dataclasses import dataclass
 
@@ -24,28 +23,12 @@ from transformers.cache_utils import Cache, DynamicLayer
 GROW_COLUMNS = 256
 
 
-@dataclass
-class Slot:
-    """Where one conversation's cache lives: `length` columns from `start` of row `row` of a batch buffer."""
-
-    layers: list  # per layer (keys, values), shape (batch rows, kv_heads, capacity, head_dim)
-    row: int
-    start: int
-    length: int
-
-    def views(self):
-        """Per layer (keys, values) of shape (1, kv_heads, length, head_dim): views, nothing is copied."""
-        end = self.start + self.length
-        return [(k[self.row:self.row + 1, :, self.start:end], v[self.row:self.row + 1, :, self.start:end])
-                for k, v in self.layers]
-
-
 class BufferLayer(DynamicLayer):
     """One layer's keys/values of a batch in a preallocated buffer, written in place.
 
     `keys`/`values` are always views of the filled columns, so the model and the structured decoder's
     side pass see an ordinary cache layer. Every layer keeps all its columns (no sliding-window
-    eviction): a row's columns can then be handed to its conversation after the turn.
+    eviction): a row's columns can then be copied out to its conversation after the turn.
     """
 
     def __init__(self, capacity, keys=None, values=None, filled=0):
@@ -89,10 +72,6 @@ class BufferLayer(DynamicLayer):
     def get_seq_length(self):
         return self.filled
 
-    def storage(self):
-        """The whole buffers, for the slots that outlive the turn."""
-        return self.buffer_keys, self.buffer_values
-
 
 class BatchCache(DynamicCache):
     """A transformers cache made of BufferLayers (created on first use when nothing is reused)."""
@@ -128,7 +107,7 @@ def common_prefix(a, b):
 
 def usable(conv, target, reuse_cache):
     """How many of `target`'s first tokens `conv`'s cache still holds (at least one token must be fed)."""
-    if not reuse_cache or conv.slot is None:
+    if not reuse_cache or conv.kv is None:
         return 0
     return min(common_prefix(conv.cached_ids, target), len(target) - 1)
 
@@ -145,25 +124,31 @@ def batch_cache(convs, plan, capacity, device):
     `plan.width`: one copy per reused row and layer; empty (filled by the prefill) when nothing is reused."""
     if plan.width == 0:
         return BatchCache(capacity)
-    template = next(c.slot for c, r in zip(convs, plan.reuse) if r)
+    template = next(c.kv for c, r in zip(convs, plan.reuse) if r)
+    rows = len(convs)
     layers = []
-    for layer, (k0, v0) in enumerate(template.layers):
-        rows = len(convs)
-        # Zeros, not empty: pad columns are read (masked out, but a NaN would still poison the softmax).
-        keys = torch.zeros((rows, k0.shape[1], capacity, k0.shape[3]), dtype=k0.dtype, device=device)
-        values = torch.zeros((rows, v0.shape[1], capacity, v0.shape[3]), dtype=v0.dtype, device=device)
+    for layer, (k0, v0) in enumerate(template):
+        # Zeros, not empty: pad columns are read (masked out, but a NaN would still poison the softmax). Each layer
+        # on its own device (a model spread over GPUs keeps each layer's keys and values beside it).
+        keys = torch.zeros((rows, k0.shape[0], capacity, k0.shape[2]), dtype=k0.dtype, device=k0.device)
+        values = torch.zeros((rows, v0.shape[0], capacity, v0.shape[2]), dtype=v0.dtype, device=v0.device)
         for row, (conv, r) in enumerate(zip(convs, plan.reuse)):
             if r:
-                s = conv.slot
-                src_k, src_v = s.layers[layer]
-                keys[row, :, plan.width - r:plan.width] = src_k[s.row, :, s.start:s.start + r]
-                values[row, :, plan.width - r:plan.width] = src_v[s.row, :, s.start:s.start + r]
+                src_k, src_v = conv.kv[layer]
+                keys[row, :, plan.width - r:plan.width] = src_k[:, :r]
+                values[row, :, plan.width - r:plan.width] = src_v[:, :r]
         layers.append(BufferLayer(capacity, keys, values, filled=plan.width))
     return BatchCache(capacity, layers)
 
 
-def slots(cache, plan, targets, lengths):
-    """Each row's Slot after the turn: its `lengths[row]` fed tokens, from its start column on."""
-    storage = [layer.storage() for layer in cache.layers]
-    return [Slot(storage, row, plan.start(row, len(t)), n) for row, (t, n) in enumerate(zip(targets, lengths))]
-
+def copy_out(cache, plan, targets, lengths):
+    """Each row's own cache after the turn: per layer (keys, values) of its `lengths[row]` fed tokens, from its
+    start column on, in tensors of its own (kv_heads, length, head_dim), so the turn's buffer can go."""
+    out = []
+    for row, (t, n) in enumerate(zip(targets, lengths)):
+        start = plan.start(row, len(t))
+        # clone in contiguous format: a view (or a copy keeping the buffer's strides) would keep the buffer alive.
+        out.append([(layer.buffer_keys[row, :, start:start + n].clone(memory_format=torch.contiguous_format),
+                     layer.buffer_values[row, :, start:start + n].clone(memory_format=torch.contiguous_format))
+                    for layer in cache.layers])
+    return out

@@ -2,18 +2,23 @@
 shape alone (no torch). The engine's admission (engine.batch_bytes) and bench/memory_plan.py both call these;
 the plan lives here only.
 
-A debate's model call holds, besides the weights:
+A debate's model call holds, besides the weights and the conversations' caches the pool keeps (kv_pool):
 - the turn's KV buffer: rows x (cached width + new chunk + new tokens) x kv_bytes_per_token;
-- the prefill of the new chunk (prefill_bytes): hidden states and the MLP's intermediates, the attention
-  scores the math kernel materialises (float32, with the mask), the keys and values repeated to every
-  attention head (grouped-query attention with a mask does that), float32 logits of the last position;
+- the prefill, in pieces of at most PREFILL_CHUNK new tokens a row (prefill_bytes): hidden states and the MLP's
+  intermediates of one piece, its attention (attention_bytes: the mask transformers builds, one byte a cell per
+  layer type, and the copy in the compute dtype the kernel makes of it; the scores only where the kernel
+  materialises them; the keys and values repeated to every head, which grouped-query attention under a mask
+  does for more than one query), float32 logits of the last position; the piece attends to every column before
+  it, so the transient grows with the context only through the mask, a few bytes a column, never quadratically;
 - structured decoding's per-step extras (structured_step_bytes): the four vocabulary masks, and per row a
   masked copy of the logits, its float32 copy and the float32 softmax/log-softmax;
 - a choice field's scoring (choice_pass_bytes): ONE row's candidates as a token trie of T distinct tokens
   fed once over that row's cache in place: T tokens' activations and MLP, T x (L + T) attention scores per
   head, the row's keys and values repeated to every head over L + T columns, the T new keys and values, and
   T x vocab logits in the model's dtype, in float32 and their log-softmax. Rows are scored one at a time, so
-  T is the largest trie of the batch's schemas (schema_program.Compiled.scratch_columns), not a sum.
+  T is the largest trie of the batch's schemas (schema_program.Compiled.scratch_columns), not a sum;
+- the rows' own caches copied out of the buffer at the turn's end (kept_tokens x kv_bytes_per_token), which
+  the pool holds from then on in place of their older, shorter copies.
 The prefill's and the decode's transients are added, not maxed: an upper bound, and the decode's are small.
 
 A training step (train_step_bytes): the LoRA adapter in float32 with its gradient and AdamW's two moments;
@@ -26,6 +31,9 @@ attention); the logits of the kept target positions in the model's dtype and flo
 and its gradient.
 """
 
+# New tokens a row feeds in one prefill call: a long context is encoded in pieces of this many (vLLM's chunked
+# prefill), so a call's activations and mask stay bounded whatever the context.
+PREFILL_CHUNK = 512
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 scale per 256 absmax blocks
 GIB = 2 ** 30
 
@@ -38,11 +46,12 @@ def shape(config):
     config = config.get("text_config", config)
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    types = set(config.get("layer_types") or ()) or {"full_attention"}
     return dict(vocab=config["vocab_size"], hidden=config["hidden_size"],
                 inter=config.get("intermediate_size") or 4 * config["hidden_size"],
                 layers=config["num_hidden_layers"], heads=heads,
                 kv_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim,
-                tied=config.get("tie_word_embeddings", False))
+                tied=config.get("tie_word_embeddings", False), mask_types=len(types))
 
 
 def linear_shapes(s):
@@ -64,29 +73,45 @@ def kv_bytes_per_token(s, dtype_bytes=2):
     return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * dtype_bytes
 
 
-def _attention_bytes(s, rows, queries, columns, size, fused):
-    """One layer's attention over `columns` keys: the mask, float32 scores per head unless a fused kernel
-    computes them blockwise (sdpa's, on CUDA and on a CPU), and the keys and values repeated to every head
-    (transformers does that for grouped-query attention under a mask)."""
-    scores = rows * queries * columns * (1 if fused else s["heads"] * 4 + 1)
-    repeated = rows * columns * 2 * s["heads"] * s["head_dim"] * size
-    return scores + repeated
+def mask_types(s):
+    """The distinct masks a forward builds: one per attention type (Gemma 3: sliding-window and full)."""
+    return s.get("mask_types", 1)
+
+
+def attention_bytes(s, rows, queries, columns, size, fused, mask_cell=None):
+    """One layer's attention of `queries` new tokens a row over `columns` keys, as the kernels in use allocate it:
+    the masks transformers builds (bool, one per layer type) and the kernel's copy of one in the compute dtype
+    (sdpa turns a boolean mask into an additive one, on CUDA and on a CPU); the float32 scores where the kernel
+    materialises them (not `fused`: eager attention); the keys and values repeated to every head, which
+    transformers does for grouped-query attention under a mask when more than one token is fed (one token's
+    queries are regrouped by key head instead). `mask_cell`: the masks' bytes per (row, query, column) where the
+    caller builds them itself."""
+    mask = rows * queries * columns * (mask_types(s) + size if mask_cell is None else mask_cell)
+    scores = 0 if fused else rows * s["heads"] * queries * columns * 4
+    grouped = s["kv_heads"] < s["heads"]
+    repeated = rows * columns * 2 * s["heads"] * s["head_dim"] * size if queries > 1 and grouped else 0
+    return mask + scores + repeated
 
 
 def _layer_bytes(s, tokens, size):
-    """One layer's hidden states and MLP intermediates for `tokens` tokens."""
-    return tokens * (4 * s["hidden"] + 2 * s["inter"]) * size
+    """One layer's hidden states and MLP intermediates for `tokens` tokens: the residual stream, its norm, the
+    queries before and after the rotary embedding, the attention's output and its transposed copy live together
+    at the attention's peak (six hidden-wide tensors, measured on a 1-layer model whose MLP is narrow), then the
+    MLP's two intermediate-wide ones."""
+    return tokens * (6 * s["hidden"] + 2 * s["inter"]) * size
 
 
-def prefill_bytes(s, rows, chunk, width, size, fused=False):
-    """A prefill of `chunk` new tokens per row after `width` cached columns (the transient, not the cache)."""
-    return (_layer_bytes(s, rows * chunk, size) + _attention_bytes(s, rows, chunk, width + chunk, size, fused)
+def prefill_bytes(s, rows, chunk, width, size, fused=False, piece=PREFILL_CHUNK):
+    """A prefill of `chunk` new tokens per row after `width` cached columns, fed `piece` tokens a call (the
+    transient, not the cache): the largest call is the last piece, which attends to all width + chunk columns."""
+    queries = min(chunk, piece)
+    return (_layer_bytes(s, rows * queries, size) + attention_bytes(s, rows, queries, width + chunk, size, fused)
             + rows * s["vocab"] * 4 * 2)
 
 
 def decode_step_bytes(s, rows, columns, size, fused=False):
     """One decode step of every row over `columns` cache columns: one token's layer, its attention, logits."""
-    return (_layer_bytes(s, rows, size) + _attention_bytes(s, rows, 1, columns, size, fused)
+    return (_layer_bytes(s, rows, size) + attention_bytes(s, rows, 1, columns, size, fused)
             + rows * s["vocab"] * (size + 8))
 
 
@@ -103,22 +128,40 @@ def choice_pass_bytes(s, trie, context, size, fused=False):
     if trie <= 0:
         return 0
     columns = context + trie
-    return (_layer_bytes(s, trie, size) + _attention_bytes(s, 1, trie, columns, size, fused)
-            + trie * columns * 4  # the tree-shaped 4-D mask, in the compute dtype at most float32
+    # The tree's masks are given additive, in the compute dtype (no boolean one to convert): at most float32 a type.
+    return (_layer_bytes(s, trie, size) + attention_bytes(s, 1, trie, columns, size, fused, 4 * mask_types(s))
             + trie * kv_bytes_per_token(s, size)  # the trie's own keys and values
             + trie * s["vocab"] * (size + 4 + 4))  # logits, their float32 copy, log_softmax's copy
 
 
-def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie=0, fused=False):
+def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie=0, fused=False, kept_tokens=0):
     """A model call's turn of `rows` rows: KV buffer + prefill + the decode step's transients (with
-    structured decoding's extras and one choice pass where `structured_rows` > 0). `fused`: the attention
-    kernel never materialises the scores (attention_is_fused)."""
+    structured decoding's extras and one choice pass where `structured_rows` > 0) + the rows' caches copied out at
+    its end (`kept_tokens` tokens in all). `fused`: the attention kernel never materialises the scores
+    (attention_is_fused)."""
     columns = width + chunk + new_tokens
     kv = rows * columns * kv_bytes_per_token(s, size)
     decode = decode_step_bytes(s, rows, columns, size, fused)
     if structured_rows:
         decode += structured_step_bytes(s, structured_rows, size) + choice_pass_bytes(s, trie, columns, size, fused)
-    return kv + prefill_bytes(s, rows, chunk, width, size, fused) + decode
+    return kv + prefill_bytes(s, rows, chunk, width, size, fused) + decode + kept_tokens * kv_bytes_per_token(s, size)
+
+
+def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=PREFILL_CHUNK, trie=0, fused=True):
+    """How many claims fit `budget` bytes with every cache kept: n claims hold n x `conversations` caches of `context`
+    tokens, and the largest model call is one turn of all n (each row at `context` tokens, `chunk` of them new,
+    `new_tokens` generated, structured with a `trie`-token choice), its buffer and its copied-out caches included:
+    what the engine admits a call with (engine.call_bytes), summed. 0: not even one claim."""
+    def need(n):
+        held = n * conversations * context * kv_bytes_per_token(s, size)
+        turn = batch_bytes(s, size, n, context - chunk, chunk, new_tokens, n if trie else 0, trie, fused,
+                           kept_tokens=n * (context + new_tokens))
+        return held + turn
+
+    n = 0
+    while n < 100_000 and need(n + 1) <= budget:
+        n += 1
+    return n
 
 
 def attention_is_fused(implementation):

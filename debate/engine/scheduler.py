@@ -6,12 +6,18 @@ coroutine: `turns.speak` hands the turn to the scheduler (`submit`) and waits fo
 thread runs at a time, the scheduler passing control back and forth, so the protocols need no locks and a
 run is deterministic (the same claims, settings and seed give the same calls in the same order).
 
-The loop: admit claims until `running` are in progress (each runs until its first turn); take the turn
+The loop: admit claims while fewer than `running` are in progress and the memory pools have room for one more
+(each runs until its first turn); take the turn
 that has waited longest and every other waiting turn on the same model, adapter, settings and random
 stream; run them as one `engine.generate` call (rows of different claims, roles and prompts, each under
 its own schema or none); resume each of those claims with its reply, which runs it to its next turn or
 to its end. A claim that ends frees its place at once for the next one: no claim waits for the slowest
 claim of a batch, and no model call waits for a whole batch of claims to reach the same turn.
+
+Room for a claim: twice the most bytes any claim's caches have held so far (debate.engine.kv_pool), once for its
+caches and once for the turn buffer and copies a model call makes of them; before any claim has a cache, claims
+are admitted up to `running`. A turn whose row cannot run (engine.generate's ContextOverflow) ends that claim
+alone: the error is raised in its thread, and its run writes the claim with a note.
 
 Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
@@ -19,10 +25,12 @@ runs them a batch at a time (`--no-continuous`), which is the reference this is 
 import contextvars
 import itertools
 import threading
+import weakref
 from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
-from debate.engine import engine
+from debate.engine import engine, kv_pool
+from debate.engine.errors import ContextOverflow
 from debate.engine.models import RoleModel, adapter_scope
 
 if TYPE_CHECKING:
@@ -50,6 +58,7 @@ class Turn:
     order: int  # when it was asked for: the oldest turn goes first
     key: Optional[Tuple[Any, ...]] = None  # turns with equal keys can share a model call (see `_key`)
     replies: Optional[List[str]] = None
+    error: Optional[BaseException] = None  # raised in the claim instead of replying (a row that could not run)
 
 
 def _key(agent: RoleModel, settings: engine.Settings, generator: Optional["torch.Generator"]) -> Tuple[Any, ...]:
@@ -68,6 +77,8 @@ class _Task:
     def __init__(self, index: int, claim: Any, verify_one: Callable[[Any], Any], baton: threading.Semaphore) -> None:
         self.index, self.turn, self.error = index, None, None
         self.started = self.finished = self.cancelled = False
+        # The conversations its turns have used, weakly: what its caches hold is read off them (kv_pool.held_by).
+        self.convs: "weakref.WeakValueDictionary[int, engine.Conversation]" = weakref.WeakValueDictionary()
         self.go = threading.Semaphore(0)
         self.baton = baton
         # A copy of the starting context: the claim's thread reads what its run set there (the run's prompt
@@ -117,8 +128,10 @@ def submit(agent: RoleModel, convs: Iterable[engine.Conversation], prompts: Iter
     task.go.acquire()
     if task.cancelled:
         raise Cancelled
-    replies, task.turn = task.turn.replies, None
-    return replies
+    turn, task.turn = task.turn, None
+    if turn.error is not None:
+        raise turn.error
+    return turn.replies
 
 
 def _run_turns(group: Sequence[_Task]) -> None:
@@ -127,28 +140,44 @@ def _run_turns(group: Sequence[_Task]) -> None:
     convs = [c for t in group for c in t.turn.convs]
     prompts = [p for t in group for p in t.turn.prompts]
     schemas = [t.turn.schema for t in group for _ in t.turn.convs]
+    failed: dict = {}
     with adapter_scope(first.agent):
-        replies = engine.generate(first.agent.model, first.agent.tokenizer, convs, prompts, first.settings,
-                                  generator=first.generator, schemas=schemas if any(schemas) else None)
+        try:
+            replies = engine.generate(first.agent.model, first.agent.tokenizer, convs, prompts, first.settings,
+                                      generator=first.generator, schemas=schemas if any(schemas) else None)
+        except ContextOverflow as err:  # the other rows ran; only the claims of the failed rows end
+            replies, failed = err.replies, err.failed
     start = 0
     for task in group:
         n = len(task.turn.convs)
-        task.turn.replies, start = replies[start:start + n], start + n
+        mine = {row - start: reason for row, reason in failed.items() if start <= row < start + n}
+        if mine:
+            task.turn.error = ContextOverflow(mine, replies[start:start + n])
+        else:
+            task.turn.replies = replies[start:start + n]
+        for conv in task.turn.convs:
+            if isinstance(conv, engine.Conversation):
+                task.convs[id(conv)] = conv
+        start += n
 
 
-def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> None:
+def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> int:
     """Verify `claims` with `verify_one(claim)` (a method on a one-claim batch, writing its own record),
-    at most `running` claims in progress at once."""
+    at most `running` claims in progress at once, fewer when the memory pools have no room for another;
+    returns the most claims that were in progress at once."""
     if running < 1:
         raise ValueError(f"running must be at least 1, not {running}")
     baton = threading.Semaphore(0)
     waiting = list(enumerate(claims))[::-1]  # popped from the end: claims start in their given order
     live: List[_Task] = []
+    claim_peak = 0  # the most bytes one claim's caches have held so far
+    most = 0
     try:
         while waiting or live:
-            while waiting and len(live) < running:
+            while waiting and len(live) < running and (not live or kv_pool.has_room(2 * claim_peak)):
                 task = _Task(*waiting.pop(), verify_one, baton)
                 live.append(task)
+                most = max(most, len(live))
                 task.resume()
             live = [t for t in live if not t.finished]
             if not live:
@@ -156,9 +185,11 @@ def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -
             oldest = min(live, key=lambda t: t.turn.order)
             group = sorted((t for t in live if t.turn.key == oldest.turn.key), key=lambda t: t.turn.order)
             _run_turns(group)
+            claim_peak = max([claim_peak] + [kv_pool.held_by(task.convs.values()) for task in group])
             for task in group:
                 task.resume()
             live = [t for t in live if not t.finished]
+        return most
     finally:
         for task in live:  # an error or an interrupt: unwind the claims still waiting, keep nothing of them
             if not task.finished:

@@ -67,13 +67,10 @@ def read_probs(reply, structured=None):
     return {s: float(s == match.group(1)) for s in SCORES}, status
 
 
-def judge_settings(base=None):
+def judge_settings():
     """The judge's generation settings: greedy (the score is read from the probabilities, not drawn), a short
-    answer, structured decoding on; memory settings from `base` (an engine.Settings) when given."""
-    settings = engine.Settings(max_new_tokens=JUDGE_TOKENS, temperature=0.0, structured=True)
-    if base is not None:
-        settings.gpu_memory_fraction, settings.memory_budget = base.gpu_memory_fraction, base.memory_budget
-    return settings
+    answer, structured decoding on (the memory budget is the judge's device's pool's, debate.engine.kv_pool)."""
+    return engine.Settings(max_new_tokens=JUDGE_TOKENS, temperature=0.0, structured=True)
 
 
 def rate(agent, units, settings, batch_size=8):

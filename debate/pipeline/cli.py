@@ -288,9 +288,18 @@ def run_parser(description=None):
                    "claim's place taken at once; --no-continuous: fixed batches of claims that move from turn to "
                    "turn together (the same records under greedy decoding; sampled draws differ)")
     g.add_argument("--gpu-memory-fraction", type=float,
-                   help="share of the GPU memory free before a batch that its KV cache and activations may take; "
-                   "a batch that would not fit runs as smaller ones, and one that runs out of memory is split and "
-                   "retried; on a CPU, half this share of the RAM available (default 0.9, ours; 0: no budget)")
+                   help="the run's memory budget, decided once the weights are loaded: this share of the card's "
+                   "total memory less the weights and the CUDA context, for every conversation's cache and every "
+                   "model call; claims in flight, batches and kept caches are fitted to it, so the run never runs "
+                   "out of memory; on a CPU, half this share of the RAM available after loading (default 0.9, ours; "
+                   "0: no budget)")
+    g.add_argument("--memory-gb", type=float,
+                   help="the run's memory budget in GiB on any device, instead of --gpu-memory-fraction's (default: "
+                   "none, the fraction's; ours)")
+    g.add_argument("--max-context", type=int,
+                   help="the longest context (tokens, a turn's new ones included) a conversation may reach; a claim "
+                   "whose next turn would pass it ends with a note in its record (default: the model's window, "
+                   "max_position_embeddings; ours)")
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "

@@ -213,7 +213,11 @@ class Generation:
     structured: bool = identity(True)
     reuse_cache: bool = True
     continuous: bool = True  # claims in progress share model calls turn by turn (ours)
-    gpu_memory_fraction: float = 0.9  # of the GPU memory free before a batch, half of it of a CPU's RAM (ours); 0: none
+    # the run's memory budget (debate/engine/kv_pool.py), decided once the weights are loaded (ours): this share of
+    # the card's capacity less the weights on CUDA, half of it of the RAM then available on a CPU; 0: none
+    gpu_memory_fraction: float = 0.9
+    memory_gb: Optional[float] = None  # the budget in GiB on any device instead (ours)
+    max_context: Optional[int] = identity()  # a conversation's longest context; None: the model's window (ours)
 
 
 @dataclass(frozen=True)
@@ -451,6 +455,10 @@ def _check(s: Dict[str, Any]) -> None:
             raise ConfigError(f"{flag(name)} must be at least 1")
     if s["limit"] is not None and s["limit"] < 1:
         raise ConfigError("--limit must be at least 1")
+    if s["max_context"] is not None and s["max_context"] < 1:
+        raise ConfigError("--max-context must be at least 1")
+    if s["memory_gb"] is not None and not s["memory_gb"] > 0:
+        raise ConfigError("--memory-gb must be above 0")
     if s["temperature"] < 0 or not 0 < s["top_p"] <= 1:
         raise ConfigError("--temperature must be >= 0 and --top-p in (0, 1]")
     if s["madr_temperature"] < 0:

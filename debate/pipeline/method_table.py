@@ -113,8 +113,7 @@ def settings_of(config):
     """The engine's generation settings of a run."""
     g = config.generation
     return engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed,
-                           reuse_cache=g.reuse_cache, structured=g.structured,
-                           gpu_memory_fraction=g.gpu_memory_fraction)
+                           reuse_cache=g.reuse_cache, structured=g.structured, max_context=g.max_context)
 
 
 def check_schemas(config, agents, settings, labels):

@@ -15,7 +15,7 @@ from pathlib import Path
 from debate.data import claims as data, prompts
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError
-from debate.engine import errors, models, offline, retrieval, scheduler
+from debate.engine import errors, kv_pool, models, offline, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema_program import SchemaBudgetError
 from debate.methods import madr, turns
@@ -87,7 +87,8 @@ def run(config):
         log.info("--device-map auto: no CUDA here, ignored")
     # Overriding prompt files are checked first: a wrong placeholder stops the run before anything loads.
     # The run reads its own set of prompts; nothing of it outlives the run (debate/data/prompts.py).
-    with prompts.using(prompts.checked_set(config.method.prompts)) as prompt_set:
+    # The memory budget it decides once its models are loaded is its own (debate/engine/kv_pool.py).
+    with prompts.using(prompts.checked_set(config.method.prompts)) as prompt_set, kv_pool.kept_budgets():
         return _run_checked(config, prompt_set.info(), world)
 
 
@@ -222,8 +223,15 @@ def _verify(config, claims, inputs, prompt_info, agents):
     log.info(f"{len(claims)} claims, {len(claims) - len(todo)} already done in {out_dir}, {len(todo)} to go")
 
     if todo:
-        if not agents:
+        loaded = not agents
+        if loaded:
             agents.update(load_agents(config, roles))
+        distinct = list({id(a.model): a.model for a in agents.values()}.values())
+        if loaded:  # once every weight is loaded: the budget every cache and model call of the run stays within
+            kv_pool.start_run(distinct, config.generation.gpu_memory_fraction, config.generation.memory_gb)
+        pools = kv_pool.pools_of(distinct)
+        for pool in pools:
+            pool.reset_stats()  # each trial says its own
         saved["models"] = models.model_info(agents)
         log.info("models: " + models.precision_line(saved["models"]))
         settings = settings_of(config)
@@ -243,34 +251,63 @@ def _verify(config, claims, inputs, prompt_info, agents):
                     out.write(record)
                 bar.claim_done(len(record["transcript"].get("turns", ())))
 
-            verify_claims(config, agents, todo, settings, streams, kwargs, write)
+            in_flight = verify_claims(config, agents, todo, settings, streams, kwargs, write)
         log.info(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
+        log.info(kv_pool.summary(pools, in_flight))
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     """Verify `claims` with the config's method (and MADR); `write(record)` gets each claim's record as it is
-    decided. `kwargs`: the method's options (`method_options`).
+    decided. `kwargs`: the method's options (`method_options`). Returns the most claims in progress at once.
 
-    Continuous (the default): --batch-size claims in progress at once, each claim's turns joining the next
-    model call of its model (debate/engine/scheduler.py). Otherwise claims go in fixed batches that move from turn
-    to turn together. Under greedy decoding both give the same records."""
+    Continuous (the default): --batch-size claims in progress at once at most, fewer while the memory budget has no
+    room for another, each claim's turns joining the next model call of its model (debate/engine/scheduler.py).
+    Otherwise claims go in fixed batches that move from turn to turn together. Under greedy decoding both give the
+    same records. A claim one of whose conversations cannot go on (errors.ContextOverflow: its context would pass
+    the model's window, or it alone needs more memory than the budget) is written with a note and no verdict."""
     method = method_entry(config)[0]
+    written = set()
+
+    def recorded(record):
+        written.add(record["prediction"]["claim_id"])
+        write(record)
 
     def verify(batch):
         if config.method.refine == "madr":
             # A claim is written once its justification is refined, so a crash redoes its batch.
             done_batch = method(agents, batch, settings, streams=streams, **kwargs)
             madr.refine(agents, done_batch, batch, replace(settings, temperature=config.madr.madr_temperature),
-                        config.madr.madr_iterations, streams, on_finish=write)
+                        config.madr.madr_iterations, streams, on_finish=recorded)
         else:
-            method(agents, batch, settings, streams=streams, on_finish=write, **kwargs)
+            method(agents, batch, settings, streams=streams, on_finish=recorded, **kwargs)
+
+    def guarded(batch):
+        try:
+            verify(batch)
+        except errors.ContextOverflow as err:
+            rest = [c for c in batch if c["claim_id"] not in written]
+            if len(batch) > 1:  # a fixed batch: its claims not yet written again, each alone, to find whose it was
+                for claim in rest:
+                    guarded([claim])
+            elif rest:
+                log.warning(f"claim {rest[0]['claim_id']}: not verified, {err}")
+                recorded(overflow_record(rest[0], err))
 
     size = config.generation.batch_size
     if config.generation.continuous:
-        scheduler.run(claims, lambda claim: verify([claim]), running=size)
-    else:
-        for i in range(0, len(claims), size):
-            verify(claims[i:i + size])
+        return scheduler.run(claims, lambda claim: guarded([claim]), running=size)
+    for i in range(0, len(claims), size):
+        guarded(claims[i:i + size])
+    return min(size, len(claims))
+
+
+def overflow_record(claim, err):
+    """The record of a claim that could not be debated to its end: no verdict, and why in its note."""
+    record = turns.record(claim, {"status": "unparsed", "verdict": None, "justification": ""}, [], [])
+    note = f"not verified: {err}"
+    record["prediction"].update(parse_status="context_overflow", note=note)
+    record["transcript"]["note"] = note
+    return record
 
 
 def main_guard(fn):

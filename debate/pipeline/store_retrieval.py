@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from debate.data import datasets, knowledge_store
 from debate.data.inputs import DataError
-from debate.engine import models, ram, retrieval
+from debate.engine import kv_pool, models, ram, retrieval
 from debate.methods import hero_retrieval
 from debate.pipeline import records
 
@@ -175,6 +175,7 @@ def _retrieve(config, settings, todo, path, done):
     r, g = config.retrieval, config.generation
     agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
                               device_map=config.models.device_map)["retriever"]
+    kv_pool.start_run([agent.model], config.generation.gpu_memory_fraction, config.generation.memory_gb)
     embedder = retrieval.load_embedder(config.courtroom.embedder)
     instruction = hero_retrieval.query_instruction(embedder.path, r.query_instruction)
     pool = knowledge_store.qa_examples(few_shot_claims(config), settings["few_shot_split"]) if r.few_shot else []
@@ -255,7 +256,7 @@ def _engine_settings(config):
     from debate.engine import engine
 
     g = config.generation
-    return engine.Settings(seed=g.seed, reuse_cache=False, structured=False, gpu_memory_fraction=g.gpu_memory_fraction)
+    return engine.Settings(seed=g.seed, reuse_cache=False, structured=False, max_context=g.max_context)
 
 
 def status_path(config, claim):
