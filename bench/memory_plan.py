@@ -3,6 +3,7 @@
     python bench/memory_plan.py                                   # Llama-3.1-8B's shape, the defaults below
     python bench/memory_plan.py --config MODEL_DIR/config.json --gpu-gb 40 --context 4096 --lora-r 128
     python bench/memory_plan.py --check-cpu                       # the formula against a measured NF4 step here
+    python bench/memory_plan.py --turn-tokens 192 --rounds 3      # claims in flight on 40 and 80 GB at 192-token turns
 
 The arithmetic is debate/engine/memory.py's, the same the engine admits its batches with; its docstring
 says what each term counts. Weights: NF4 keeps every decoder projection in 4 bits, one 8-bit block scale
@@ -15,6 +16,14 @@ gradient and AdamW's two moments, gradient checkpointing, LoRA dropout's copies 
 the dequantised NF4 projection, the logits over the last --target tokens; on CUDA the attention is a fused
 kernel (sdpa's; no scores kept), as it is on a CPU.
 "Fits" is against the card's usable memory: its reported capacity less the CUDA context (usable_gib).
+
+Claims in flight (in_flight_table): the run's budget on a card as the engine decides it (debate/engine/kv_pool.py:
+--gpu-memory-fraction 0.9 of the capacity less the weights and the CUDA context), and the most claims whose
+caches it holds all at once while one turn of all of them runs (debate.engine.memory.claims_in_flight, the sum
+the engine admits a call with). A DebateCV claim's longest conversation, from its turn length and rounds: the
+evidence and the meta prompt, then each round both arguments and the Moderator's reply (3 turns and the round's
+prompt), then the final prompt's two arguments and the verdict (debatecv_context). More claims than fit still run:
+the scheduler admits fewer at once and the engine drops the newest caches and re-encodes them later.
 Everything is GiB (2**30 bytes), as torch.cuda.max_memory_allocated and bench/bench_dpo_memory.py report.
 """
 import argparse
@@ -40,6 +49,42 @@ LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
 # The largest choice trie of the project's schemas is the labels' (a few tokens a label, plus the closing
 # quote); 64 distinct tokens is a generous bound for any label set, and the pass is a few MiB per token.
 TRIE_TOKENS = 64
+
+
+# A DebateCV conversation besides its turns: the meta prompt with the evidence (HerO's retrieved evidence on AVeriTeC
+# dev runs to about 1,500 tokens under Llama-3's tokenizer), and each round's prompt text around the arguments.
+EVIDENCE_TOKENS = 1500
+META_TOKENS = 400
+ROUND_PROMPT_TOKENS = 200
+FRACTION = 0.9  # --gpu-memory-fraction's default
+CARD_GB = (40, 80)
+
+
+def debatecv_context(turn, rounds, evidence=EVIDENCE_TOKENS):
+    """The longest DebateCV conversation (the Moderator's, by the final prompt) in tokens."""
+    return evidence + META_TOKENS + rounds * (3 * turn + ROUND_PROMPT_TOKENS) + 3 * turn + ROUND_PROMPT_TOKENS
+
+
+def card_budget(gpu_gb, s, nf4):
+    """The engine's budget on such a card: FRACTION of its capacity less the weights and the CUDA context."""
+    quantised, rest = memory.weights_bytes(s, nf4)
+    return int(FRACTION * CARDS.get(gpu_gb, gpu_gb * GIB) - quantised - rest - CUDA_CONTEXT_GIB * GIB)
+
+
+def in_flight_table(s, args):
+    context = debatecv_context(args.turn_tokens, args.rounds, args.evidence_tokens)
+    lines = [f"DebateCV, {args.rounds} rounds + final, {args.turn_tokens}-token turns, {args.evidence_tokens} tokens "
+             f"of evidence: a claim's longest conversation {context:,} tokens, its {args.conversations} caches "
+             f"{args.conversations * context * memory.kv_bytes_per_token(s) / GIB:.2f} GiB at most",
+             "| card | weights | budget (0.9 of the card less weights and CUDA context) | claims in flight, all caches "
+             "kept |", "|---|---|---:|---:|"]
+    for gpu_gb in CARD_GB:
+        for nf4 in (True, False):
+            budget = card_budget(gpu_gb, s, nf4)
+            n = memory.claims_in_flight(s, 2, budget, args.conversations, context, args.turn_tokens,
+                                        trie=args.trie_tokens)
+            lines.append(f"| {gpu_gb} GB | {'NF4' if nf4 else 'bf16'} | {max(budget, 0) / GIB:.1f} GiB | {n} |")
+    return "\n".join(lines)
 
 
 def usable_gib(gpu_gb):
@@ -199,6 +244,11 @@ def build_parser():
     p.add_argument("--target", type=int, default=256, help="D-DPO: reply tokens at the end of each")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--lora-dropout", type=float, default=0.05, help="D-DPO: LoRA dropout (train_moderator's default)")
+    p.add_argument("--turn-tokens", type=int, default=512, help="claims in flight: --max-new-tokens of the run "
+                   "(the DebateCV paper's 512)")
+    p.add_argument("--rounds", type=int, default=3, help="claims in flight: debate rounds before the final prompt")
+    p.add_argument("--evidence-tokens", type=int, default=EVIDENCE_TOKENS,
+                   help="claims in flight: tokens of a claim's evidence in its meta prompts")
     p.add_argument("--trie-tokens", type=int, default=TRIE_TOKENS,
                    help="distinct tokens of the largest choice's candidates (its token trie)")
     p.add_argument("--no-gradient-checkpointing", dest="checkpointing", action="store_false")
@@ -218,6 +268,8 @@ def main():
           f"KV cache {memory.kv_bytes_per_token(s) / 1024:.0f} KiB a token; LoRA r {args.lora_r}: "
           f"{memory.lora_params(s, args.lora_r) / 1e6:.0f}M parameters")
     print(table(s, args))
+    print()
+    print(in_flight_table(s, args))
     if args.check_cpu:
         check_cpu(args)
 

@@ -90,14 +90,14 @@ def batch_bytes(model: torch.nn.Module, targets: Sequence[Sequence[int]], usable
     """Estimated memory of one model call over these rows (debate.engine.memory.batch_bytes): the turn's KV buffer,
     a prefill piece's activations, the decode step's, with `schemas` (one Compiled or None per row) structured
     decoding's extras and one choice's scoring pass at the largest trie among them, and the rows' caches copied
-    out at the end (with cache reuse)."""
+    out at the end (with cache reuse), less the rows' own caches, which are freed once gathered into the buffer."""
     plan = kv_store.layout(targets, usables)
     structured = [c for c in schemas or () if c is not None]
     # The largest prefix tree a choice feeds in one pass (schema_program.Compiled.scratch_columns); the generator keeps
     # that many cache columns free past the turn's end for it, so they count as new tokens in the KV buffer too.
     trie = max((c.scratch_columns for c in structured), default=0)
     fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
-    kept = sum(len(t) + settings.max_new_tokens for t in targets) if settings.reuse_cache else 0
+    kept = sum(len(t) + settings.max_new_tokens - u for t, u in zip(targets, usables)) if settings.reuse_cache else 0
     return memory.batch_bytes(memory.shape(model.config), _dtype_bytes(model), len(targets), plan.width, plan.chunk,
                               settings.max_new_tokens + trie, len(structured), trie, fused, kept)
 
@@ -202,11 +202,21 @@ class _Turn:
         for row, conv in zip(rows, convs):
             if conv.kv is None:  # a cache dropped to make room is encoded again now (kv_pool counts it)
                 self.pool.note_reencoded(conv, len(self.targets[row]) - 1)
+        released: Dict[int, Tuple[Conversation, int]] = {}
+
+        def gathered() -> None:
+            # The rows' caches are in the turn's buffer now: their own copies go, so the copies made at the turn's
+            # end never sit beside them (batch_bytes counts on it).
+            for conv in convs:
+                if conv.kv is not None:
+                    released[id(conv)] = conv, len(conv.cached_ids)
+                    self.pool.release(conv)
+
         out_of_memory = False
         try:
             results = gen.run(self.model, self.tokenizer, convs, [self.targets[r] for r in rows], self.settings,
                               self.stop_ids, self.generator, [self.schemas[r] for r in rows] if self.schemas else None,
-                              self.pad_id)
+                              self.pad_id, gathered)
         except torch.OutOfMemoryError:
             # Retried below, outside this block: here the traceback still holds the failed attempt's buffers.
             out_of_memory = True
@@ -217,6 +227,9 @@ class _Turn:
                 # The new cache replaces the old at once, so the pool counts what is really held.
                 self.pool.store(conv, result.kv, self.targets[row] + result.ids[:-1])
             return
+        for conv, tokens in released.values():  # released at the gather: encoded again in the retry
+            conv.evicted_tokens = getattr(conv, "evicted_tokens", 0) + tokens
+            self.pool.dropped += 1
         self.pool.make_room(1 << 62, keep=convs)  # every cache outside this batch goes
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -118,8 +118,9 @@ def tree_logprobs(model, cache, row, start, candidates, first_logits):
 
 
 @torch.inference_mode()
-def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas, pad_id):
-    """Generate one reply for each row (`targets[row]`: its whole context's ids); returns RowResults."""
+def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas, pad_id, gathered=None):
+    """Generate one reply for each row (`targets[row]`: its whole context's ids); returns RowResults. `gathered()` is
+    called once the rows' caches are in the turn's buffer (the engine frees their own copies then)."""
     device = model_device(model)
     rows = len(convs)
     plan = kv_store.layout(targets, [kv_store.usable(c, t, settings.reuse_cache) for c, t in zip(convs, targets)])
@@ -137,6 +138,8 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         mask[row, width + chunk - len(t):width + chunk] = 1
         positions[row, chunk - len(new):] = torch.arange(r, len(t))
     cache = kv_store.batch_cache(convs, plan, capacity, device)
+    if gathered is not None:
+        gathered()
     mask, input_ids, positions = mask.to(device), input_ids.to(device), positions.to(device)
     # The new chunk in pieces: each writes its keys/values after the ones before it (BufferLayer), so the pieces
     # see what one call would; only the last needs logits.

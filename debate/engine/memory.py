@@ -17,8 +17,8 @@ A debate's model call holds, besides the weights and the conversations' caches t
   head, the row's keys and values repeated to every head over L + T columns, the T new keys and values, and
   T x vocab logits in the model's dtype, in float32 and their log-softmax. Rows are scored one at a time, so
   T is the largest trie of the batch's schemas (schema_program.Compiled.scratch_columns), not a sum;
-- the rows' own caches copied out of the buffer at the turn's end (kept_tokens x kv_bytes_per_token), which
-  the pool holds from then on in place of their older, shorter copies.
+- the rows' own caches copied out of the buffer at the turn's end, less their older copies, freed once gathered
+  into the buffer (kept_tokens: what the copies add, x kv_bytes_per_token); the pool holds them from then on.
 The prefill's and the decode's transients are added, not maxed: an upper bound, and the decode's are small.
 
 A training step (train_step_bytes): the LoRA adapter in float32 with its gradient and AdamW's two moments;
@@ -136,9 +136,9 @@ def choice_pass_bytes(s, trie, context, size, fused=False):
 
 def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie=0, fused=False, kept_tokens=0):
     """A model call's turn of `rows` rows: KV buffer + prefill + the decode step's transients (with
-    structured decoding's extras and one choice pass where `structured_rows` > 0) + the rows' caches copied out at
-    its end (`kept_tokens` tokens in all). `fused`: the attention kernel never materialises the scores
-    (attention_is_fused)."""
+    structured decoding's extras and one choice pass where `structured_rows` > 0) + what the rows' caches copied out
+    at its end add to their older copies (`kept_tokens` tokens in all). `fused`: the attention kernel never
+    materialises the scores (attention_is_fused)."""
     columns = width + chunk + new_tokens
     kv = rows * columns * kv_bytes_per_token(s, size)
     decode = decode_step_bytes(s, rows, columns, size, fused)
@@ -155,7 +155,7 @@ def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=
     def need(n):
         held = n * conversations * context * kv_bytes_per_token(s, size)
         turn = batch_bytes(s, size, n, context - chunk, chunk, new_tokens, n if trie else 0, trie, fused,
-                           kept_tokens=n * (context + new_tokens))
+                           kept_tokens=n * (chunk + new_tokens))
         return held + turn
 
     n = 0
