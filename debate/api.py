@@ -80,7 +80,7 @@ class Verifier:
             self._budgets.enter_context(kv_pool.kept_budgets())
             kv_pool.start_run({id(a.model): a.model for a in self.agents.values()}.values(), g.gpu_memory_fraction,
                               g.memory_gb)
-            self.settings = method_table.settings_of(self.config)
+            self.settings = method_table.settings_of(self.config, self.agents)
             method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
             self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))
         self.streams = turns.Streams(turns.device_of(self.agents))

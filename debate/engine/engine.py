@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, ca
 
 import torch
 
-from debate.engine import generator as gen, kv_pool, kv_store, memory, schema_program
+from debate.engine import decode_step, generator as gen, kv_pool, kv_store, memory, schema_program
 from debate.engine.chat import context_ids, stop_token_ids
 from debate.engine.errors import ContextOverflow
 
@@ -42,6 +42,8 @@ class Settings:
     # The longest context a conversation may reach, its turn's new tokens included (None: the model's window,
     # max_position_embeddings); a turn that would pass it ends its claim (ContextOverflow).
     max_context: Optional[int] = None
+    # Decode steps through torch.compile (debate.engine.decode_step), replayed as CUDA graphs on CUDA.
+    compile: bool = False
 
 
 @dataclass
@@ -57,6 +59,8 @@ class Conversation:
     # tensors, counted by `pool` (debate.engine.kv_pool), which may drop them
     kv: Optional[kv_pool.KV] = field(default=None, repr=False)
     pool: Optional[kv_pool.Pool] = field(default=None, repr=False, compare=False)
+    evicted_tokens: int = field(default=0, repr=False, compare=False)  # dropped by the pool, not yet re-encoded
+    birth: Optional[int] = field(default=None, repr=False, compare=False)  # when it first stored a cache (kv_pool)
     prompt_tokens: int = 0  # context length summed over turns (what an API would bill)
     encoded_tokens: int = 0  # prompt tokens actually run through the model
     completion_tokens: int = 0
@@ -98,8 +102,10 @@ def batch_bytes(model: torch.nn.Module, targets: Sequence[Sequence[int]], usable
     trie = max((c.scratch_columns for c in structured), default=0)
     fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
     kept = sum(len(t) + settings.max_new_tokens - u for t, u in zip(targets, usables)) if settings.reuse_cache else 0
+    columns = plan.width + plan.chunk + settings.max_new_tokens + trie
+    buffer = decode_step.shape(len(targets), columns, decode_step.compiling(model, settings))
     return memory.batch_bytes(memory.shape(model.config), _dtype_bytes(model), len(targets), plan.width, plan.chunk,
-                              settings.max_new_tokens + trie, len(structured), trie, fused, kept)
+                              settings.max_new_tokens + trie, len(structured), trie, fused, kept, buffer)
 
 
 def window(model: torch.nn.Module, settings: Settings) -> Optional[int]:
@@ -228,7 +234,7 @@ class _Turn:
                 self.pool.store(conv, result.kv, self.targets[row] + result.ids[:-1])
             return
         for conv, tokens in released.values():  # released at the gather: encoded again in the retry
-            conv.evicted_tokens = getattr(conv, "evicted_tokens", 0) + tokens
+            conv.evicted_tokens += tokens
             self.pool.dropped += 1
         self.pool.make_room(1 << 62, keep=convs)  # every cache outside this batch goes
         if torch.cuda.is_available():

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from debate.engine import kv_store, memory, schema_program
+from debate.engine import decode_step, kv_store, memory, schema_program
 from debate.engine.constrained_row import SchemaRow
 from debate.engine.sampling import next_tokens
 
@@ -63,9 +63,9 @@ def _layer_masks(model, seen, distance, dtype, device):
     return masks.popitem()[1] if len(masks) == 1 else masks
 
 
-def tree_logprobs(model, cache, row, start, candidates, first_logits):
+def tree_logprobs(model, cache, row, start, candidates, first_logits, filled=None):
     """Each candidate id list's summed log-probability after `row`'s context, whose keys/values fill the
-    columns from `start` to the end of `cache` (a kv_store.BatchCache).
+    columns from `start` to `filled` of `cache` (a kv_store.BatchCache; None: its filled columns).
 
     The first tokens are scored from `first_logits` (the row's logits now); the rest in one side pass that
     feeds the candidates' distinct prefixes as a tree (schema_program.prefix_tree): each fed token attends to the
@@ -80,7 +80,7 @@ def tree_logprobs(model, cache, row, start, candidates, first_logits):
         return totals
     device, n = first_logits.device, len(tokens)
     layers = cache.layers
-    filled = layers[0].filled
+    filled = layers[0].filled if filled is None else filled
     if filled + n > layers[0].capacity:
         raise RuntimeError(f"choice scoring needs {n} free cache columns past column {filled}, the batch has "
                            f"{layers[0].capacity - filled}")  # run() reserves them: a bug if it happens
@@ -127,17 +127,18 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
     width, chunk = plan.width, plan.chunk
     # Past the turn's columns, room for the largest tree a choice feeds (tree_logprobs), never a copy.
     scratch = max((c.scratch_columns for c in schemas or () if c is not None), default=0)
-    capacity = width + chunk + settings.max_new_tokens + scratch
+    compiling = decode_step.compiling(model, settings)
+    bucket, capacity = decode_step.shape(rows, width + chunk + settings.max_new_tokens + scratch, compiling)
 
     input_ids = torch.full((rows, chunk), pad_id, dtype=torch.long)
-    mask = torch.zeros((rows, capacity), dtype=torch.long)  # the whole turn's mask, filled column by column
+    mask = torch.zeros((rows, width + chunk), dtype=torch.long)
     positions = torch.zeros((rows, chunk), dtype=torch.long)
     for row, (t, r) in enumerate(zip(targets, plan.reuse)):
         new = t[r:]
         input_ids[row, chunk - len(new):] = torch.tensor(new)
-        mask[row, width + chunk - len(t):width + chunk] = 1
+        mask[row, width + chunk - len(t):] = 1
         positions[row, chunk - len(new):] = torch.arange(r, len(t))
-    cache = kv_store.batch_cache(convs, plan, capacity, device)
+    cache = kv_store.batch_cache(convs, plan, capacity, device, bucket)
     if gathered is not None:
         gathered()
     mask, input_ids, positions = mask.to(device), input_ids.to(device), positions.to(device)
@@ -148,25 +149,53 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         out = model(input_ids=input_ids[:, begin:end], attention_mask=mask[:, :width + end],
                     position_ids=positions[:, begin:end], use_cache=True, logits_to_keep=1,
                     **cache_kwarg(model, cache))
+    first_logits = out.logits[:, -1, :]
+    del out, mask, input_ids, positions
+    cache.layer_class_to_replicate = None  # every layer exists now; a compiled step then sees the same cache type
 
+    first = width + chunk  # the column of the first generated token
+    state = decode_step.start(rows, bucket, [plan.start(r, len(t)) for r, t in enumerate(targets)], first, capacity,
+                              [len(t) for t in targets], decode_step.layer_windows(model), first_logits.dtype, device,
+                              settings.max_new_tokens, list(stop_ids), pad_id)
+    for layer in cache.layers:
+        layer.decode(state.column)
     driven = [None] * rows
+    state_steps = [0]  # decode steps taken: a choice's tree pass writes past column first + steps
     if schemas:
-        masks = schema_program.masks(tokenizer, out.logits.shape[-1], stop_ids, device)
+        masks = schema_program.masks(tokenizer, first_logits.shape[-1], stop_ids, device)
         for row, compiled in enumerate(schemas):
             if compiled is not None:
                 start = plan.start(row, len(targets[row]))  # the row's first column in the cache, for good
                 score = (lambda row, start: lambda candidates, logits: tree_logprobs(
-                    model, cache, row, start, candidates, logits))(row, start)
+                    model, cache, row, start, candidates, logits, first + state_steps[0]))(row, start)
                 driven[row] = SchemaRow(compiled, settings.max_new_tokens - 1, masks, settings, generator, score)
+    stepper = decode_step.Stepper(model, cache_kwarg(model, cache), state, settings, generator, rows,
+                                  pick_on_device=not any(d is not None for d in driven))
+    with decode_step.decoding(model):
+        if stepper.pick_on_device:
+            generated = stepper.run(first_logits)
+        else:
+            generated = _host_driven(stepper, first_logits, driven, rows, settings, stop_ids, generator, state_steps)
+    del stepper, state
+
+    # The last sampled token was never run through the model, so the cache holds the context and ids[:-1].
+    lengths = [len(t) + max(0, len(ids) - 1) for t, ids in zip(targets, generated)]
+    kept = kv_store.copy_out(cache, plan, targets, lengths) if settings.reuse_cache else [None] * rows
+    return [RowResult(ids, r, kv, d.result if d is not None else None)
+            for ids, r, kv, d in zip(generated, plan.reuse, kept, driven)]
+
+
+def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator, state_steps):
+    """The decode loop of a batch with rows under a schema: the host picks every row's token each step (a schema
+    row's from its program, the others by sampling), then the step runs on the device."""
     free_rows = any(d is None for d in driven)
     generated = [[] for _ in range(rows)]
     live = [True] * rows
     stops = set(stop_ids)
-    next_position = torch.tensor([[len(t)] for t in targets], device=device)
     for step in range(settings.max_new_tokens):
-        logits = out.logits[:, -1, :]
+        state_steps[0] = step
         # The one device-to-host copy of the step for free rows; the bookkeeping below is plain Python.
-        picked = next_tokens(logits, settings, generator).tolist() if free_rows else [None] * rows
+        picked = next_tokens(logits[:rows], settings, generator).tolist() if free_rows else [None] * rows
         for row in range(rows):
             if live[row]:
                 if driven[row] is not None:
@@ -177,14 +206,5 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         if not any(live) or step == settings.max_new_tokens - 1:
             break
         # A finished row is fed a masked pad so the batch keeps its shape; its stop token is never encoded.
-        column = width + chunk + step
-        feed = torch.tensor([[t if on else pad_id] for t, on in zip(picked, live)], device=device)
-        mask[:, column] = torch.tensor(live, device=device, dtype=mask.dtype)
-        out = model(input_ids=feed, attention_mask=mask[:, :column + 1], position_ids=next_position + step,
-                    use_cache=True, **cache_kwarg(model, cache))
-
-    # The last sampled token was never run through the model, so the cache holds the context and ids[:-1].
-    lengths = [len(t) + max(0, len(ids) - 1) for t, ids in zip(targets, generated)]
-    kept = kv_store.copy_out(cache, plan, targets, lengths) if settings.reuse_cache else [None] * rows
-    return [RowResult(ids, r, kv, d.result if d is not None else None)
-            for ids, r, kv, d in zip(generated, plan.reuse, kept, driven)]
+        logits = stepper.step_fed([t if on else None for t, on in zip(picked, live)])
+    return generated

@@ -99,9 +99,9 @@ class Pool:
             return
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
         key = id(conv)
-        birth = getattr(conv, "birth", None)
-        if birth is None:
-            birth = conv.birth = next(_births)
+        if conv.birth is None:
+            conv.birth = next(_births)
+        birth = conv.birth
         # The entry goes when the conversation is freed (a claim that ends without dropping its caches).
         self._entries[key] = (weakref.ref(conv, functools.partial(self._gone, key)), size, birth)
         self.held += size
@@ -144,7 +144,7 @@ class Pool:
 
     def evict(self, conv: Any) -> None:
         """Drop `conv`'s cache to make room; its next turn encodes it again (note_reencoded counts that)."""
-        conv.evicted_tokens = getattr(conv, "evicted_tokens", 0) + len(conv.cached_ids)
+        conv.evicted_tokens += len(conv.cached_ids)
         self.release(conv)
         self.dropped += 1
 
@@ -155,9 +155,8 @@ class Pool:
 
     def note_reencoded(self, conv: Any, tokens: int) -> None:
         """`conv`, dropped earlier, encodes `tokens` of what it had cached again."""
-        owed = getattr(conv, "evicted_tokens", 0)
-        if owed:
-            self.reencoded += min(owed, tokens)
+        if conv.evicted_tokens:
+            self.reencoded += min(conv.evicted_tokens, tokens)
             conv.evicted_tokens = 0
 
 

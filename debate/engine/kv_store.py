@@ -26,28 +26,36 @@ GROW_COLUMNS = 256
 class BufferLayer(DynamicLayer):
     """One layer's keys/values of a batch in a preallocated buffer, written in place.
 
-    `keys`/`values` are always views of the filled columns, so the model and the structured decoder's
-    side pass see an ordinary cache layer. Every layer keeps all its columns (no sliding-window
-    eviction): a row's columns can then be copied out to its conversation after the turn.
+    While the prefill runs, `keys`/`values` are views of the filled columns of the rows fed, so the model and the
+    structured decoder's side pass see an ordinary cache layer. For the decode steps (`decode(column)`) each
+    update writes its one token a row at the column a device tensor holds and the whole buffer is attended, masked
+    (debate.engine.decode_step): the same shapes every step, no Python number read. Every layer keeps all its
+    columns (no sliding-window eviction): a row's columns can then be copied out to its conversation after the
+    turn. The buffer may have more rows than the prefill feeds (a compiled turn's bucket): those stay zeros.
     """
 
-    def __init__(self, capacity, keys=None, values=None, filled=0):
+    is_compileable = True
+
+    def __init__(self, capacity, keys=None, values=None, filled=0, rows=None):
         super().__init__()
-        self.capacity, self.filled = capacity, filled
+        self.capacity, self.filled, self.rows = capacity, filled, rows
         self.buffer_keys, self.buffer_values = keys, values
+        self.column = None  # decode mode: the device tensor of the column each update writes
         if keys is not None:
             self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self._expose()
+            self._expose(keys.shape[0])
 
-    def _expose(self):
-        self.keys = self.buffer_keys[:, :, :self.filled]
-        self.values = self.buffer_values[:, :, :self.filled]
+    def _expose(self, rows):
+        self.keys = self.buffer_keys[:rows, :, :self.filled]
+        self.values = self.buffer_values[:rows, :, :self.filled]
 
     def lazy_initialization(self, key_states, value_states):
         rows, heads, _, dim = key_states.shape
-        # Every column is written before it is read (the prefill covers all rows' pads), so no zeroing.
-        self.buffer_keys = key_states.new_empty((rows, heads, self.capacity, dim))
-        self.buffer_values = value_states.new_empty((rows, value_states.shape[1], self.capacity,
+        rows = max(rows, self.rows or 0)
+        # Zeros: a decode step attends to every column, the unwritten ones masked, and a NaN there would still
+        # poison the softmax's weighted sum.
+        self.buffer_keys = key_states.new_zeros((rows, heads, self.capacity, dim))
+        self.buffer_values = value_states.new_zeros((rows, value_states.shape[1], self.capacity,
                                                      value_states.shape[3]))
         self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
 
@@ -57,16 +65,25 @@ class BufferLayer(DynamicLayer):
         self.buffer_keys, self.buffer_values = pad(self.buffer_keys), pad(self.buffer_values)
         self.capacity += extra
 
+    def decode(self, column):
+        """From now on each update writes at `column` (a (1,) device tensor the steps advance)."""
+        self.column = column
+
     def update(self, key_states, value_states, *args, **kwargs):
+        if self.column is not None:
+            self.buffer_keys.index_copy_(2, self.column, key_states)
+            self.buffer_values.index_copy_(2, self.column, value_states)
+            return self.buffer_keys, self.buffer_values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.filled + key_states.shape[-2]
         if end > self.capacity:
             self._grow(end)
-        self.buffer_keys[:, :, self.filled:end].copy_(key_states)
-        self.buffer_values[:, :, self.filled:end].copy_(value_states)
+        rows = key_states.shape[0]
+        self.buffer_keys[:rows, :, self.filled:end].copy_(key_states)
+        self.buffer_values[:rows, :, self.filled:end].copy_(value_states)
         self.filled = end
-        self._expose()
+        self._expose(rows)
         return self.keys, self.values
 
     def get_seq_length(self):
@@ -74,13 +91,14 @@ class BufferLayer(DynamicLayer):
 
 
 class BatchCache(DynamicCache):
-    """A transformers cache made of BufferLayers (created on first use when nothing is reused)."""
+    """A transformers cache made of BufferLayers (created on first use when nothing is reused), of `rows` rows at
+    least."""
 
-    def __init__(self, capacity, layers=None):
+    def __init__(self, capacity, layers=None, rows=None):
         if layers:
             Cache.__init__(self, layers=layers)
         else:
-            Cache.__init__(self, layer_class_to_replicate=lambda: BufferLayer(capacity))
+            Cache.__init__(self, layer_class_to_replicate=lambda: BufferLayer(capacity, rows=rows))
 
 
 @dataclass
@@ -119,13 +137,14 @@ def layout(targets, usables):
     return Layout(reuse, max(reuse), chunk)
 
 
-def batch_cache(convs, plan, capacity, device):
-    """A BatchCache of `capacity` columns holding each row's reused keys/values right-aligned to
-    `plan.width`: one copy per reused row and layer; empty (filled by the prefill) when nothing is reused."""
+def batch_cache(convs, plan, capacity, device, rows=None):
+    """A BatchCache of `capacity` columns and `rows` rows (at least one a conversation) holding each row's reused
+    keys/values right-aligned to `plan.width`: one copy per reused row and layer; empty (filled by the prefill)
+    when nothing is reused."""
     if plan.width == 0:
-        return BatchCache(capacity)
+        return BatchCache(capacity, rows=rows)
     template = next(c.kv for c, r in zip(convs, plan.reuse) if r)
-    rows = len(convs)
+    rows = max(len(convs), rows or 0)
     layers = []
     for layer, (k0, v0) in enumerate(template):
         # Zeros, not empty: pad columns are read (masked out, but a NaN would still poison the softmax). Each layer
@@ -138,6 +157,7 @@ def batch_cache(convs, plan, capacity, device):
                 keys[row, :, plan.width - r:plan.width] = src_k[:, :r]
                 values[row, :, plan.width - r:plan.width] = src_v[:, :r]
         layers.append(BufferLayer(capacity, keys, values, filled=plan.width))
+        layers[-1]._expose(len(convs))
     return BatchCache(capacity, layers)
 
 

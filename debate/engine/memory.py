@@ -110,9 +110,16 @@ def prefill_bytes(s, rows, chunk, width, size, fused=False, piece=PREFILL_CHUNK)
 
 
 def decode_step_bytes(s, rows, columns, size, fused=False):
-    """One decode step of every row over `columns` cache columns: one token's layer, its attention, logits."""
-    return (_layer_bytes(s, rows, size) + attention_bytes(s, rows, 1, columns, size, fused)
+    """One decode step of every row over `columns` cache columns: one token's layer, its attention (over the
+    turn's own additive masks, counted with the turn: decode_masks_bytes), logits."""
+    return (_layer_bytes(s, rows, size) + attention_bytes(s, rows, 1, columns, size, fused, mask_cell=0)
             + rows * s["vocab"] * (size + 8))
+
+
+def decode_masks_bytes(s, rows, columns, size, new_tokens):
+    """What a turn's decode steps keep on the device for the whole turn (debate.engine.decode_step.State): one
+    additive mask a layer type over every column, and the history of picked ids."""
+    return rows * columns * mask_types(s) * size + rows * max(1, new_tokens) * 8
 
 
 def structured_step_bytes(s, rows, size):
@@ -134,14 +141,17 @@ def choice_pass_bytes(s, trie, context, size, fused=False):
             + trie * s["vocab"] * (size + 4 + 4))  # logits, their float32 copy, log_softmax's copy
 
 
-def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie=0, fused=False, kept_tokens=0):
+def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie=0, fused=False, kept_tokens=0,
+                buffer=None):
     """A model call's turn of `rows` rows: KV buffer + prefill + the decode step's transients (with
     structured decoding's extras and one choice pass where `structured_rows` > 0) + what the rows' caches copied out
     at its end add to their older copies (`kept_tokens` tokens in all). `fused`: the attention kernel never
-    materialises the scores (attention_is_fused)."""
+    materialises the scores (attention_is_fused). `buffer`: (rows, columns) of the turn's buffer where a compiled
+    turn rounds them up to its buckets (debate.engine.decode_step.shape)."""
     columns = width + chunk + new_tokens
-    kv = rows * columns * kv_bytes_per_token(s, size)
-    decode = decode_step_bytes(s, rows, columns, size, fused)
+    rows_b, columns_b = buffer or (rows, columns)
+    kv = rows_b * columns_b * kv_bytes_per_token(s, size) + decode_masks_bytes(s, rows_b, columns_b, size, new_tokens)
+    decode = decode_step_bytes(s, rows_b, columns_b, size, fused)
     if structured_rows:
         decode += structured_step_bytes(s, structured_rows, size) + choice_pass_bytes(s, trie, columns, size, fused)
     return kv + prefill_bytes(s, rows, chunk, width, size, fused) + decode + kept_tokens * kv_bytes_per_token(s, size)

@@ -213,6 +213,7 @@ class Generation:
     structured: bool = identity(True)
     reuse_cache: bool = True
     continuous: bool = True  # claims in progress share model calls turn by turn (ours)
+    compile: Optional[bool] = None  # the decode step compiled, CUDA graphs on CUDA (ours); None: on CUDA only
     # the run's memory budget (debate/engine/kv_pool.py), decided once the weights are loaded (ours): this share of
     # the card's capacity less the weights on CUDA, half of it of the RAM then available on a CPU; 0: none
     gpu_memory_fraction: float = 0.9

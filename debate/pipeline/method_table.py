@@ -109,11 +109,16 @@ def load_agents(config, roles):
                              device_map=config.models.device_map)
 
 
-def settings_of(config):
-    """The engine's generation settings of a run."""
+def settings_of(config, agents=None):
+    """The engine's generation settings of a run; `agents` (role -> RoleModel) decide --compile's default: on where
+    the models run on CUDA."""
     g = config.generation
+    compile_steps = g.compile
+    if compile_steps is None:
+        compile_steps = bool(agents) and all(next(a.model.parameters()).device.type == "cuda" for a in agents.values())
     return engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed,
-                           reuse_cache=g.reuse_cache, structured=g.structured, max_context=g.max_context)
+                           reuse_cache=g.reuse_cache, structured=g.structured, max_context=g.max_context,
+                           compile=compile_steps)
 
 
 def check_schemas(config, agents, settings, labels):

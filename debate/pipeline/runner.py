@@ -15,7 +15,7 @@ from pathlib import Path
 from debate.data import claims as data, prompts
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError
-from debate.engine import errors, kv_pool, models, offline, retrieval, scheduler
+from debate.engine import decode_step, errors, kv_pool, models, offline, retrieval, scheduler
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema_program import SchemaBudgetError
 from debate.methods import madr, turns
@@ -234,7 +234,7 @@ def _verify(config, claims, inputs, prompt_info, agents):
             pool.reset_stats()  # each trial says its own
         saved["models"] = models.model_info(agents)
         log.info("models: " + models.precision_line(saved["models"]))
-        settings = settings_of(config)
+        settings = settings_of(config, agents)
         check_schemas(config, agents, settings, labels)
         kwargs = method_options(config, labels, inputs.passages)  # the courtroom's encoder loads here
         # One random stream per seed for the whole run, not one per batch.
@@ -254,6 +254,13 @@ def _verify(config, claims, inputs, prompt_info, agents):
             in_flight = verify_claims(config, agents, todo, settings, streams, kwargs, write)
         log.info(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
         log.info(kv_pool.summary(pools, in_flight))
+        # How each model's decode steps ran (compiled or not, graphs, recompiles), in the run's config.json.
+        for role, agent in agents.items():
+            stats = decode_step.stats_of(agent.model)
+            if stats is not None:
+                saved["models"][role]["decode"] = stats.as_record()
+        records.write_json(Path(out_dir) / records.CONFIG, saved)
+        log.info("decode: " + decode_step.summary({id(a.model): a.model for a in agents.values()}.values()))
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
