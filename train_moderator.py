@@ -63,6 +63,9 @@ def build_parser():
     d.add_argument("--top-p", type=float, default=D.top_p, help="default 1.0, the DebateCV paper's")
     d.add_argument("--structured", action=argparse.BooleanOptionalAction, default=D.structured,
                    help="decode the Moderator's and the Corrector's JSON answers under their schemas (ours)")
+    d.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                   help="the synthesis run's decode step compiled, CUDA graphs on a GPU (run_debate.py --compile; "
+                   "default: on with CUDA, off on a CPU; ours)")
     d.add_argument("--memory-gb", type=float,
                    help="the synthesis run's memory budget in GiB (run_debate.py --memory-gb; default: 0.9 of the "
                    "card's capacity less the weights, half of it of the RAM available on a CPU; ours)")

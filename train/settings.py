@@ -42,6 +42,7 @@ class TrainSettings:
     top_p: float = 1.0
     structured: bool = True
     memory_gb: Optional[float] = None  # the synthesis run's memory budget in GiB (run_debate.py's --memory-gb, ours)
+    compile: Optional[bool] = None  # the synthesis run's decode step compiled (run_debate.py's --compile, ours)
     # models (None: the embedded model; the Debaters and the Corrector default to --model)
     model: Optional[str] = None
     debater_model: Optional[str] = None

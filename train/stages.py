@@ -110,7 +110,7 @@ def synth_config(settings: TrainSettings) -> config.RunConfig:
                         limit=settings.limit, debater_model=settings.debater_model, moderator_model=settings.model,
                         batch_size=settings.batch_size, temperature=settings.temperature, top_p=settings.top_p,
                         seed=settings.seed, max_new_tokens=settings.max_new_tokens, max_rounds=settings.max_rounds,
-                        use_4bit=settings.use_4bit, memory_gb=settings.memory_gb,
+                        use_4bit=settings.use_4bit, memory_gb=settings.memory_gb, compile=settings.compile,
                         structured=settings.structured, output_dir=str(paths(settings.out)["debates"]),
                         overwrite=settings.overwrite, **_debate_retrieval(settings))
 

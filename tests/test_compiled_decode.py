@@ -1,0 +1,137 @@
+"""The compiled decode step (debate/engine/decode_step.py, --compile): on a CPU through inductor, the same greedy
+tokens and label probabilities as the eager step on the tiny Llama, the tiny Gemma (sliding-window layers) and NF4
+weights, with a LoRA adapter too; no graph break; a few graphs for the buckets a run touches, never one a step; the
+decode steps' model forwards leave Python. Each model compiles once for the module (CI time)."""
+import contextlib
+import inspect
+import json
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import run_debate
+from debate.engine import decode_step, engine, models, schema_program
+from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama
+
+SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(5)]
+ROWS = (5, 4, 3, 1)  # a turn's rows shrink as claims end: row buckets 8, 4, 4, 1
+
+
+def debate(model, tok, compile_steps, schema=None, scope=None):
+    """Four turns over shrinking batches; every conversation's ids and structured results."""
+    convs = [engine.Conversation(system=s) for s in SYSTEMS]
+    tokens = (schema.fixed_cost + 16) if schema else 10
+    settings = engine.Settings(max_new_tokens=tokens, compile=compile_steps)
+    for turn, rows in enumerate(ROWS):
+        with scope() if scope else contextlib.nullcontext():
+            engine.generate(model, tok, convs[:rows], [f"Round {turn}: answer claim {i}." for i in range(rows)],
+                            settings, schemas=[schema] * rows if schema else None)
+    return [c.generated for c in convs], [c.structured for c in convs]
+
+
+def one_token_forwards(model, run):
+    """run() under a profiler counting the Python-level calls of the model's forward that feed one token a row."""
+    code = inspect.unwrap(type(model).forward).__code__
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            ids = frame.f_locals.get("input_ids")
+            if ids is not None and ids.shape[-1] == 1:
+                count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        out = run()
+    finally:
+        sys.setprofile(None)
+    return out, count[0]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    path = build_tiny_llama(tmp_path_factory.mktemp("llama"), seed=0)
+    return path, AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_compiled_steps_give_the_eager_tokens_in_one_graph_and_leave_python(llama):
+    _, model, tok = llama
+    eager, eager_forwards = one_token_forwards(model, lambda: debate(model, tok, False))
+    compiled, compiled_forwards = one_token_forwards(model, lambda: debate(model, tok, True))
+    assert compiled == eager
+    stats = decode_step.stats_of(model)
+    assert stats.failed is None and stats.steps > 30
+    # Rows 8 and 4 share the dynamic graph; a single row is a graph of its own (PyTorch specialises sizes of 1).
+    assert 1 <= stats.graphs <= 2
+    assert eager_forwards > 30 and compiled_forwards <= eager_forwards / 10
+    again, _ = one_token_forwards(model, lambda: debate(model, tok, True))
+    assert again == eager and decode_step.stats_of(model).graphs == stats.graphs  # nothing recompiled
+
+
+def test_structured_replies_and_their_label_probabilities_are_the_eager_ones(llama):
+    """Rows under a schema: the host picks each token, the step still runs compiled, and a choice's tree pass reads
+    the compiled steps' cache."""
+    _, model, tok = llama
+    schema = schema_program.compile_for("moderator_round", tok)
+    eager = debate(model, tok, False, schema)
+    compiled = debate(model, tok, True, schema)
+    assert compiled[0] == eager[0]
+    for got, want in zip(compiled[1], eager[1]):
+        assert got["fields"] == want["fields"]
+        for key, probs in want["probs"].items():
+            assert got["probs"][key] == pytest.approx(probs, abs=1e-5)
+
+
+def test_sliding_window_layers_compile_and_slide_as_eagerly(tmp_path):
+    path = build_tiny_gemma(tmp_path / "gemma", seed=0)
+    model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    eager = debate(model, tok, False)
+    assert debate(model, tok, True) == eager
+    assert decode_step.stats_of(model).failed is None
+
+
+def test_nf4_weights_with_a_lora_adapter_compile_and_give_the_eager_tokens(llama, tmp_path):
+    path = llama[0]
+    adapter = build_random_lora(path, tmp_path / "adapter")
+    agent = models.load_roles({"moderator": path}, {"moderator": str(adapter)}, use_4bit=True)["moderator"]
+    assert agent.loaded.quantized
+    scope = lambda: models.adapter_scope(agent)  # noqa: E731
+    eager = debate(agent.model, agent.tokenizer, False, scope=scope)
+    assert debate(agent.model, agent.tokenizer, True, scope=scope) == eager
+    stats = decode_step.stats_of(agent.model)
+    assert stats.failed is None and stats.graphs >= 1
+
+
+def test_a_step_that_cannot_compile_says_so_once_and_runs_eagerly(llama, monkeypatch, caplog):
+    _, model, tok = llama
+    want = debate(model, tok, False)
+    fresh = AutoModelForCausalLM.from_pretrained(llama[0]).eval()  # a model of its own: its compile state is new
+
+    def broken(*args, **kwargs):
+        raise torch._dynamo.exc.Unsupported("simulated graph break")
+
+    entry = decode_step.compiled(fresh)
+    monkeypatch.setattr(entry, "fn", broken)
+    with caplog.at_level("WARNING", logger="debate.engine.decode_step"):
+        got = debate(fresh, tok, True)
+    assert got == want
+    assert caplog.text.count("could not be compiled") == 1 and "simulated graph break" in caplog.text
+    assert decode_step.stats_of(fresh).as_record()["compiled"] is False
+
+
+def test_a_run_with_compile_records_it_and_writes_the_eager_runs_predictions(llama, tmp_path):
+    path = llama[0]
+    outs = {}
+    for flag in ("--compile", "--no-compile"):
+        outs[flag] = tmp_path / flag
+        run_debate.main(["--split", "demo", "--model", str(path), "--limit", "2", "--max-new-tokens", "8",
+                         "--max-rounds", "1", "--no-structured", "--temperature", "0", "--output-dir",
+                         str(outs[flag]), flag])
+    read = lambda out: [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]  # noqa
+    assert read(outs["--compile"]) == read(outs["--no-compile"])
+    decode = json.loads((outs["--compile"] / "config.json").read_text())["models"]["moderator"]["decode"]
+    assert decode["compiled"] is True and decode["graphs"] >= 1 and decode["compiled_steps"] > 0
+    eager = json.loads((outs["--no-compile"] / "config.json").read_text())["models"]["moderator"]["decode"]
+    assert eager["compiled"] is False and eager["eager_steps"] > 0
