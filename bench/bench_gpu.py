@@ -2,6 +2,8 @@
 
     python bench/bench_gpu.py --claims 32 --batch-size 32                 # the full matrix on a GPU
     python bench/bench_gpu.py --tiny --claims 4 --batch-size 4 --turns 16  # CPU smoke run, a tiny model
+    python bench/bench_gpu.py --preset compile --out bench/out/compile.json  # the compiled decode step (issue 45)
+    python bench/bench_gpu.py --preset compile --tiny --claims 4           # the same on a CPU, a tiny model
 
 It builds the checkpoint itself, once, under --cache: a byte-level BPE tokenizer trained on the AVeriTeC dev
 claim text (Llama-3's special tokens and a Llama-3-like chat template) and random bf16 weights of the 8B
@@ -13,6 +15,15 @@ tokens/s, peak GPU memory, mean GPU utilisation (sampled in a thread) and the en
 call (engine time outside the model's forward, over the forward calls). 4-bit needs bitsandbytes and CUDA;
 on CPU only bf16/fp32 rows run. A random model never ends a turn early; with --no-structured (the default
 here) its Moderator never stops the debate either, so every claim takes the heaviest shape a debate can.
+
+`--preset compile` (the check of the compiled decode step, sized for about 8 minutes on one H100, unmeasured
+until a GPU is lent: building the 16 GB checkpoint the first time adds a minute or two) keeps each precision's
+model loaded for all its rows (debate.api.Verifier, one load per precision): NF4, then bf16; for each, a warm-up
+of 2 claims that compiles the step, then the timed rows: compiled, 32 claims at batch 32, 3 rounds + final with
+192-token turns; eager, the same claims with --eager-rounds (1 by default, to fit the time; a step's cost does not
+depend on the round). No synchronising hook in any timed row: the decode steps' time is the engine's own
+(debate.engine.decode_step.Stats: each turn's decode loop, wall clock, ended by the copy of its ids to the host).
+One JSON: claims/hour, completion tokens/s, ms per decode step, peak GPU memory, graphs compiled, CUDA graphs.
 """
 import argparse
 import datetime
@@ -198,6 +209,70 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
     }
 
 
+def preset_compile(args, path):
+    """The compiled-decode check (module doc): one row per precision and mode, each model loaded once."""
+    from dataclasses import replace
+
+    from debate import api
+    from debate.engine import decode_step
+    from debate.pipeline import config as run_config
+    from tests.tiny_models import bench_claims
+
+    claims, source = bench_claims(args.claims, "retrieved")
+    claims = [{"claim_id": c["claim_id"], "claim": c["claim"], "evidence": c["evidence"], "label": c.get("label")}
+              for c in claims]
+    try:
+        import bitsandbytes  # noqa: F401
+        precisions = [True, False] if torch.cuda.is_available() else [False]
+    except ImportError:
+        precisions = [False]
+    rows = []
+    for four_bit in precisions:
+        config = run_config.build(method="debatecv", model=str(path), max_new_tokens=args.turns[0], max_rounds=3,
+                                  temperature=0.0, structured=args.structured, use_4bit=four_bit,
+                                  batch_size=args.batch_size, compile=True)
+        start = time.perf_counter()
+        verifier = api.Verifier(config)
+        loaded_s = time.perf_counter() - start
+        model = next(iter(verifier.agents.values())).model
+        start = time.perf_counter()
+        verifier.verify(claims[:2])  # compiles the step (two rows: the one dynamic graph every bucket shares)
+        warm_s = time.perf_counter() - start
+        for compiled in (True, False):
+            verifier.settings = replace(verifier.settings, compile=compiled)
+            verifier.options["max_rounds"] = 3 if compiled else args.eager_rounds
+            batch = claims if compiled else claims[:args.eager_claims]
+            before = decode_step.stats_of(model)
+            before = (before.seconds, before.steps + before.eager_steps) if before else (0.0, 0)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            preds = verifier.verify(batch)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            stats = decode_step.stats_of(model)
+            steps = stats.steps + stats.eager_steps - before[1]
+            completion = sum(p["completion_tokens"] for p in preds)
+            rows.append({
+                "precision": "nf4" if four_bit else ("bf16" if torch.cuda.is_available() else "fp32"),
+                "compiled": compiled, "claims": len(preds), "rounds": verifier.options["max_rounds"],
+                "turn_tokens": args.turns[0], "seconds": round(seconds, 1),
+                "claims_per_hour": round(len(preds) / seconds * 3600, 1),
+                "completion_tokens_per_s": round(completion / seconds, 1),
+                "decode_steps": steps,
+                "ms_per_decode_step": round((stats.seconds - before[0]) / max(steps, 1) * 1000, 2),
+                "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                if torch.cuda.is_available() else None,
+                "graphs_compiled": stats.graphs, "cuda_graphs": stats.cuda_graphs, "fallback": stats.failed,
+                "load_seconds": round(loaded_s, 1), "warm_up_seconds": round(warm_s, 1),
+            })
+            print(json.dumps(rows[-1]), flush=True)
+        verifier.close()
+    return rows, source
+
+
 def build_parser():
     """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,6 +289,10 @@ def build_parser():
                    help="continuous batching, fixed batches, both, or the run's default without the flag "
                    "(for code from before --continuous existed)")
     p.add_argument("--gpu-memory-fraction", type=float, help="passed to the run (default: the run's own)")
+    p.add_argument("--preset", choices=("compile",), help="compile: the compiled decode step's check (module doc) "
+                   "instead of the matrix (default: the matrix)")
+    p.add_argument("--eager-claims", type=int, default=32, help="--preset compile: claims of the eager rows")
+    p.add_argument("--eager-rounds", type=int, default=1, help="--preset compile: rounds of the eager rows")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--data-dir", default=os.environ.get("DEBATECV_DATA", str(ROOT.parent / "shared/data/averitec")))
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"))
@@ -228,6 +307,21 @@ def main():
         print(f"error: {args.data_dir}/dev.json not found (--data-dir)", file=sys.stderr)
         return 2
     path = checkpoint(args.cache, args.tiny, args.data_dir, args.vocab_size)
+    if args.preset == "compile":
+        if args.turns == [192, 512]:
+            args.turns = [192]
+        os.environ.setdefault("DEBATECV_SHARED_DATA", args.data_dir)  # where bench_claims reads the claims
+        rows, source = preset_compile(args, path)
+        result = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  "machine": torch.cuda.get_device_name() if torch.cuda.is_available()
+                  else f"{platform.machine()} CPU, {os.cpu_count()} cores", "torch": torch.__version__,
+                  "model": f"random {'tiny Llama' if args.tiny else 'Llama-3.1-8B shape'}", "claims": source,
+                  "batch_size": args.batch_size, "runs": rows}
+        print(json.dumps(result, indent=2))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     try:
         import bitsandbytes  # noqa: F401
         four_bit_ok = torch.cuda.is_available()

@@ -6,8 +6,8 @@ decode mode writes the token's keys and values at a column held on the device). 
 lives in device tensors updated in place: the column, the rows' positions, and additive attention masks (one per
 attention type: Gemma 3's sliding-window layers close the column that falls out of their window as the full ones
 open the new one). Compiled (`--compile`), rows and columns are rounded up to buckets (ROW_BUCKETS, COLUMN_BUCKET)
-so turns of similar size share a graph, and the forward is compiled once per model with dynamic sizes; a bucket
-of one row is a graph of its own (PyTorch specialises sizes of 1), so a run compiles a handful, never one per step.
+so turns of similar size share a graph, and the forward is compiled once per model with dynamic sizes (two rows
+at least: PyTorch would compile a size of 1 as a graph of its own), never once a step.
 
 Grouped-query attention reads each key head once: for one token the step regroups a key head's queries side by
 side (DECODE_ATTENTION, which `decoding` switches a model to for its steps) where transformers, compiled, would
@@ -21,7 +21,7 @@ compiling or capturing fails, the run says why in one line and goes on eagerly.
 import contextlib
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
@@ -37,8 +37,9 @@ DECODE_ATTENTION = "debatecv_decode"
 
 
 def bucket_rows(rows: int) -> int:
-    """A compiled turn's rows: the next power of two (at most twice the rows, a handful of buckets in all)."""
-    n = 1
+    """A compiled turn's rows: the next power of two, two at least (at most twice the rows, a handful of buckets in
+    all; PyTorch compiles a size of 1 as a graph of its own, so a lone row is padded to two)."""
+    n = 2
     while n < rows:
         n *= 2
     return n
@@ -107,21 +108,25 @@ class Stats:
     steps: int = 0  # decode steps through the compiled forward
     eager_steps: int = 0
     failed: Optional[str] = None
+    # Wall time of the turns' decode loops (the prefill's last kernels may still run as one starts; each ends on the
+    # copy of its ids to the host), for milliseconds a step.
+    seconds: float = 0.0
 
     def as_record(self) -> Dict[str, Any]:
-        return {"compiled": self.graphs > 0 and self.failed is None, "graphs": self.graphs,
+        return {"compiled": self.steps > 0 and self.failed is None, "graphs": self.graphs,
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
-                "eager_steps": self.eager_steps, **({"fallback": self.failed} if self.failed else {})}
+                "eager_steps": self.eager_steps, "decode_seconds": round(self.seconds, 3),
+                **({"fallback": self.failed} if self.failed else {})}
 
 
 @dataclass
 class _Compiled:
     fn: Callable[..., torch.Tensor]
-    stats: Stats = field(default_factory=Stats)
+    stats: Stats
 
 
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
-_eager_stats: "weakref.WeakKeyDictionary[torch.nn.Module, Stats]" = weakref.WeakKeyDictionary()
+_stats: "weakref.WeakKeyDictionary[torch.nn.Module, Stats]" = weakref.WeakKeyDictionary()  # compiled or eager
 
 
 def forward(model: torch.nn.Module, cache_kwarg: Dict[str, Any], tokens: torch.Tensor, positions: torch.Tensor,
@@ -135,7 +140,7 @@ def compiled(model: torch.nn.Module) -> _Compiled:
     """The model's compiled decode forward, made on first use; its graphs counted by the backend."""
     entry = _compiled.get(model)
     if entry is None:
-        stats = Stats()
+        stats = _stats.setdefault(model, Stats())
         inductor = torch._dynamo.lookup_backend("inductor")
         seen = set()
 
@@ -154,9 +159,8 @@ def compiled(model: torch.nn.Module) -> _Compiled:
 
 
 def stats_of(model: torch.nn.Module) -> Optional[Stats]:
-    """The model's decode statistics (compiled or eager), or None when it has not decoded."""
-    entry = _compiled.get(model)
-    return entry.stats if entry is not None else _eager_stats.get(model)
+    """The model's decode statistics (compiled and eager steps), or None when it has not decoded."""
+    return _stats.get(model)
 
 
 @dataclass
@@ -262,7 +266,7 @@ class Stepper:
         self.generator, self.rows, self.pick_on_device = generator, rows, pick_on_device
         self.bucket = state.tokens.shape[0]
         self.entry: Optional[_Compiled] = compiled(model) if compiling(model, settings) else None
-        self.stats = self.entry.stats if self.entry is not None else _eager_stats.setdefault(model, Stats())
+        self.stats = _stats.setdefault(model, Stats())
         # A CUDA graph once the step has run once (compiled, and its kernels tuned); never on a CPU.
         self.capture = self.entry is not None and state.tokens.device.type == "cuda"
         self.graph: Any = None
@@ -285,7 +289,6 @@ class Stepper:
             log.warning("--compile: the decode step of %s could not be compiled (%s); it runs eagerly",
                         type(self.model).__name__, self.entry.stats.failed)
             self.entry, self.capture = None, False
-            self.stats = _eager_stats.setdefault(self.model, Stats())
             return self._forward()  # the masks' update is the same again; nothing else moved
 
     def _greedy_step(self) -> torch.Tensor:
@@ -372,10 +375,12 @@ def summary(models: Any) -> str:
         if stats is None:
             continue
         name = type(model).__name__
+        steps = stats.steps + stats.eager_steps
+        ms = f", {stats.seconds / steps * 1000:.1f} ms a step" if steps else ""
         if stats.graphs:
             parts.append(f"{name} compiled, {stats.graphs} graph(s) ({max(0, stats.graphs - 1)} recompiles), "
-                         f"{stats.steps} steps through them, {stats.cuda_graphs} CUDA graphs"
-                         + (f", {stats.eager_steps} eager after: {stats.failed}" if stats.failed else ""))
+                         f"{stats.steps} steps through them, {stats.cuda_graphs} CUDA graphs, {stats.eager_steps} "
+                         f"eager steps{ms}" + (f" (compiling failed: {stats.failed})" if stats.failed else ""))
         else:
-            parts.append(f"{name} eager, {stats.eager_steps} steps")
+            parts.append(f"{name} eager, {stats.eager_steps} steps{ms}")
     return "; ".join(parts) or "no decode step"

@@ -7,6 +7,7 @@ grows with the context beyond its mask. Sampling happens on the model's device; 
 step brings the picked ids back for the stop checks and the schema rows.
 """
 import inspect
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -171,11 +172,13 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
                 driven[row] = SchemaRow(compiled, settings.max_new_tokens - 1, masks, settings, generator, score)
     stepper = decode_step.Stepper(model, cache_kwarg(model, cache), state, settings, generator, rows,
                                   pick_on_device=not any(d is not None for d in driven))
+    began = time.perf_counter()
     with decode_step.decoding(model):
         if stepper.pick_on_device:
             generated = stepper.run(first_logits)
         else:
             generated = _host_driven(stepper, first_logits, driven, rows, settings, stop_ids, generator, state_steps)
+    stepper.stats.seconds += time.perf_counter() - began
     del stepper, state
 
     # The last sampled token was never run through the model, so the cache holds the context and ids[:-1].
