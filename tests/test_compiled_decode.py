@@ -135,3 +135,24 @@ def test_a_run_with_compile_records_it_and_writes_the_eager_runs_predictions(lla
     assert decode["compiled"] is True and decode["graphs"] >= 1 and decode["compiled_steps"] > 0
     eager = json.loads((outs["--no-compile"] / "config.json").read_text())["models"]["moderator"]["decode"]
     assert eager["compiled"] is False and eager["eager_steps"] > 0
+
+
+def test_one_tokens_queries_grouped_by_key_head_attend_as_with_repeated_keys():
+    """The decode attention reads each key head once: the same output as transformers' sdpa, which repeats keys
+    and values to every query head, under a mask."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    torch.manual_seed(0)
+    rows, heads, kv_heads, columns, dim = 3, 8, 2, 40, 16
+    query = torch.randn(rows, heads, 1, dim)
+    key, value = torch.randn(rows, kv_heads, columns, dim), torch.randn(rows, kv_heads, columns, dim)
+    mask = torch.zeros(rows, 1, 1, columns).masked_fill(torch.rand(rows, 1, 1, columns) < 0.3, float("-inf"))
+    mask[..., 0] = 0.0
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    got, _ = decode_step._decode_attention(module, query, key, value, mask, scaling=dim ** -0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
+                                                            attn_mask=mask, scale=dim ** -0.5).transpose(1, 2)
+    assert got.shape == (rows, 1, heads, dim)
+    assert torch.allclose(got, want, atol=1e-6)

@@ -304,28 +304,39 @@ class Stepper:
         pick(self.state, picked)
 
     def _replayed(self, body: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """body() itself, or its CUDA graph: captured the second time it is asked for, replayed from then on."""
+        """body() itself, or its CUDA graph: the first step runs it on a side stream (lazy initialisations happen
+        there, outside any capture, as PyTorch's CUDA graph notes advise), the second captures and replays it, the
+        later ones replay it."""
         if self.graph is not None:
             self.graph.replay()
+            self.stats.steps += 1
             assert self.graph_out is not None
             return self.graph_out
-        if self.capture and self._warm:
-            try:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = body()
-                self.graph, self.graph_out = graph, out
-                self.stats.cuda_graphs += 1
-                graph.replay()
-                return out
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as err:
-                log.warning("--compile: the decode step could not be captured as a CUDA graph (%s); it runs "
-                            "without one", " ".join(str(err).split())[:200])
-                self.capture = False
-        self._warm = True
-        return body()
+        if not self.capture:
+            return body()
+        if not self._warm:
+            self._warm = True
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = body()
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = body()  # recorded, not run: the step's Python bookkeeping counts the replay below
+            self.graph, self.graph_out = graph, out
+            self.stats.cuda_graphs += 1
+            graph.replay()
+            return out
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:
+            log.warning("--compile: the decode step could not be captured as a CUDA graph (%s); it runs without one",
+                        " ".join(str(err).split())[:200])
+            self.capture = False
+            return body()
 
     _warm = False
 
