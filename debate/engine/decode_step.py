@@ -344,7 +344,9 @@ class Stepper:
 
     def run(self, first_logits: torch.Tensor) -> List[List[int]]:
         """Every row's ids, the turn decoded with no schema row: each step's pick stays on the device, and the host
-        learns only whether every row has stopped (one small copy a step) and, at the end, the ids."""
+        learns only whether every row has stopped (one small copy a step: on CUDA into pinned memory, read a step
+        late, so the next step is launched before the host waits; one more step may run, its picks unread) and,
+        at the end, the ids."""
         state, greedy_pick = self.state, self.settings.temperature <= 0
         if greedy_pick:
             first = greedy(first_logits)
@@ -352,15 +354,29 @@ class Stepper:
                  if self.bucket > self.rows else first)
         else:
             self._sample(first_logits)
+        cuda = state.live.device.type == "cuda"
+        pending: Optional[tuple] = None  # (event, pinned flag) of the step before, on CUDA
+        # Two flags in turn: one is written by this step while the host reads the other, the step before's.
+        flags = [torch.empty(1, dtype=torch.bool, pin_memory=True) for _ in range(2)] if cuda else []
         steps = 1
         for _ in range(1, self.settings.max_new_tokens):
-            if not bool(state.live.any()):
+            if not cuda and not bool(state.live.any()):
                 break
             if greedy_pick:
                 self._replayed(self._greedy_step)
             else:
                 self._sample(self._replayed(self._forward))
             steps += 1
+            if cuda:
+                flag = flags[steps % 2]
+                flag.copy_(state.live.any().view(1), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                if pending is not None:
+                    pending[0].synchronize()
+                    if not bool(pending[1]):  # every row had stopped a step ago: this step's picks are never read
+                        break
+                pending = (event, flag)
         stops = set(state.stops.tolist())
         ids = []
         for row in state.history[:self.rows, :steps].tolist():
