@@ -54,7 +54,8 @@ def test_a_budget_that_drops_caches_writes_every_claim_as_the_unlimited_run_does
     assert pool.dropped > 0 and pool.reencoded > 0  # caches had to go, and were encoded again at their next turn
     assert pool.peak_counted <= budget_gb * kv_pool.GIB  # within the budget at every call
     [line] = {r.message for r in caplog.records if r.message.startswith("memory: ")}
-    assert f"of a {budget_gb:.2f} GiB budget" in line and "caches dropped to stay within it" in line
+    budget = kv_pool.size(int(budget_gb * kv_pool.GIB))
+    assert f"of a {budget} budget" in line and "caches dropped to stay within it" in line
 
     preds, small_preds = free[records.PREDICTIONS], small[records.PREDICTIONS]
     assert len(preds) == len(small_preds) == 2  # both claims written in each run

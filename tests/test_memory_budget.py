@@ -216,3 +216,9 @@ def test_a_claim_whose_context_passes_the_cap_is_written_with_a_note_and_the_oth
     capped = [p for p in preds if p["parse_status"] == "context_overflow"]
     assert 0 < len(capped) < 8  # they differ in length: the cap ends some, not all (5 of 8 here)
     assert all(p["label"] is None and "the --max-context cap of 2880 tokens" in p["note"] for p in capped)
+    # What was done before the cap stays in the record: the tokens counted and the conversations' messages.
+    assert all(p["prompt_tokens"] > 0 and p["completion_tokens"] > 0 for p in capped)
+    transcripts = {t["claim_id"]: t for t in read(out / "transcripts.jsonl")}
+    for p in capped:
+        conversations = transcripts[p["claim_id"]]["conversations"]
+        assert len(conversations) == 3 and all(c["messages"] for c in conversations)

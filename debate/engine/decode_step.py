@@ -359,7 +359,7 @@ class Stepper:
         # Two flags in turn: one is written by this step while the host reads the other, the step before's.
         flags = [torch.empty(1, dtype=torch.bool, pin_memory=True) for _ in range(2)] if cuda else []
         steps = 1
-        for _ in range(1, self.settings.max_new_tokens):
+        for _ in range(1, self.settings.max_new_tokens if bool(state.live.any()) else 1):
             if not cuda and not bool(state.live.any()):
                 break
             if greedy_pick:

@@ -197,7 +197,7 @@ class _Turn:
             if self.pool.make_room(self.need(rows), keep=[conv]):
                 return self.run_rows(rows)
         self.failed[row] = (f"one conversation of {len(self.targets[row])} context tokens needs "
-                            f"{self.need(rows) / kv_pool.GIB:.2f} GiB, more than the memory budget of "
+                            f"{kv_pool.size(self.need(rows))}, more than the memory budget of "
                             f"{kv_pool.describe(self.pool)} ({self.pool.source})")
 
     def run_rows(self, rows: List[int]) -> None:

@@ -23,4 +23,7 @@ class ContextOverflow(RuntimeError):
 
     def __init__(self, failed, replies):
         self.failed, self.replies = dict(failed), list(replies)
+        # The conversations of the claim that could not go on, as far as they are known (the scheduler knows every
+        # one of the claim's; a turn run directly, its own): what its record keeps of the work done.
+        self.conversations = []
         super().__init__("; ".join(sorted(set(self.failed.values()))))

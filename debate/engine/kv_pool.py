@@ -189,8 +189,13 @@ def held_by(convs: Iterable[Any]) -> int:
     return sum(c.pool.bytes_of(c) for c in convs if getattr(c, "pool", None) is not None)
 
 
+def size(nbytes: float) -> str:
+    """Bytes in words: GiB to two decimals from 1 GiB, MiB below (a small budget stays readable)."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / 2 ** 20:.1f} MiB"
+
+
 def describe(pool: Pool) -> str:
-    return "no budget" if pool.budget is None else f"{pool.budget / GIB:.2f} GiB"
+    return "no budget" if pool.budget is None else size(pool.budget)
 
 
 def start_run(models: Iterable[torch.nn.Module], fraction: float = DEFAULT_FRACTION,
@@ -220,8 +225,8 @@ def summary(pools: Iterable[Pool], in_flight: Optional[int] = None) -> str:
     counted = max((p.peak_counted for p in pools), default=0)
     budgets = [p.budget for p in pools if p.budget is not None]
     dropped, reencoded = sum(p.dropped for p in pools), sum(p.reencoded for p in pools)
-    return (f"memory: caches held {peak / GIB:.2f} GiB at most, {counted / GIB:.2f} GiB with a model call's needs, "
-            f"of a {'%.2f GiB' % (max(budgets) / GIB) if budgets else 'unlimited'} budget"
+    return (f"memory: caches held {size(peak)} at most, {size(counted)} with a model call's needs, "
+            f"of {'a ' + size(max(budgets)) if budgets else 'an unlimited'} budget"
             + (f"; {in_flight} claims in flight at most" if in_flight is not None else "")
             + (f"; {dropped} caches dropped to stay within it, {reencoded} tokens re-encoded for them" if dropped
                else "; no cache dropped"))

@@ -150,14 +150,15 @@ def _run_turns(group: Sequence[_Task]) -> None:
     start = 0
     for task in group:
         n = len(task.turn.convs)
-        mine = {row - start: reason for row, reason in failed.items() if start <= row < start + n}
-        if mine:
-            task.turn.error = ContextOverflow(mine, replies[start:start + n])
-        else:
-            task.turn.replies = replies[start:start + n]
         for conv in task.turn.convs:
             if isinstance(conv, engine.Conversation):
                 task.convs[id(conv)] = conv
+        mine = {row - start: reason for row, reason in failed.items() if start <= row < start + n}
+        if mine:
+            task.turn.error = ContextOverflow(mine, replies[start:start + n])
+            task.turn.error.conversations = list(task.convs.values())
+        else:
+            task.turn.replies = replies[start:start + n]
         start += n
 
 

@@ -10,6 +10,7 @@ import torch
 
 from debate.data.labels import AVERITEC
 from debate.engine import engine, scheduler, schema_program
+from debate.engine.errors import ContextOverflow
 from debate.engine.models import adapter_scope
 
 TOKEN_KEYS = ("prompt_tokens", "encoded_tokens", "completion_tokens")
@@ -63,8 +64,12 @@ def speak(agent, convs, prompts, settings, generator=None, schema_name=None, lab
     replies = scheduler.submit(agent, convs, prompts, settings, generator, compiled)
     if replies is None:
         with adapter_scope(agent):
-            replies = engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
-                                      generator=generator, schemas=[compiled] * len(convs) if compiled else None)
+            try:
+                replies = engine.generate(agent.model, agent.tokenizer, list(convs), list(prompts), settings,
+                                          generator=generator, schemas=[compiled] * len(convs) if compiled else None)
+            except ContextOverflow as err:
+                err.conversations = err.conversations or list(convs)  # what the claim's record can keep
+                raise
     if on_turn is not None:
         on_turn(len(replies))
     return replies

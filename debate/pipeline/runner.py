@@ -309,11 +309,14 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
 
 
 def overflow_record(claim, err):
-    """The record of a claim that could not be debated to its end: no verdict, and why in its note."""
-    record = turns.record(claim, {"status": "unparsed", "verdict": None, "justification": ""}, [], [])
+    """The record of a claim that could not be debated to its end: no verdict, and why in its note; the tokens its
+    known conversations used, and their messages in its transcript (the method's own turns went with it)."""
+    convs = [c for c in err.conversations if c is not None]
+    record = turns.record(claim, {"status": "unparsed", "verdict": None, "justification": ""}, [], convs)
     note = f"not verified: {err}"
     record["prediction"].update(parse_status="context_overflow", note=note)
-    record["transcript"]["note"] = note
+    record["transcript"].update(note=note, conversations=[{"system": c.system, "messages": c.messages}
+                                                          for c in convs])
     return record
 
 
