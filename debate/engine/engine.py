@@ -230,8 +230,10 @@ class _Turn:
             self.batches.append(len(rows))
             for row, conv, result in zip(rows, convs, results):
                 self.results[row] = result
-                # The new cache replaces the old at once, so the pool counts what is really held.
+                # The new cache replaces the old at once, so the pool counts what is really held; the result lets go
+                # of it, or a cache the pool drops for a later batch of this call would stay in memory uncounted.
                 self.pool.store(conv, result.kv, self.targets[row] + result.ids[:-1])
+                result.kv = None
             return
         for conv, tokens in released.values():  # released at the gather: encoded again in the retry
             conv.evicted_tokens += tokens
