@@ -190,10 +190,10 @@ def main(argv=None):
     data_dir = averitec_dir()
     if not (data_dir / "dev.json").is_file():
         p.error(f"no AVeriTeC dev split at {data_dir}: set DEBATECV_SHARED_DATA to the shared data folder")
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # absolute: a --tree run's working directory is its tree
     work = out.parent / out.stem
     work.mkdir(parents=True, exist_ok=True)
-    model = args.model or str(work / "wide")
+    model = str(Path(args.model).resolve()) if args.model else str(work / "wide")
     if not args.model and not (Path(model) / "config.json").is_file():
         build_wide_llama(model, seed=0)
     common = ["--split", "dev", "--evidence", "golden", "--data-dir", str(data_dir), "--limit", str(args.claims),
