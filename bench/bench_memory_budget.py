@@ -176,7 +176,8 @@ def build_parser():
     p.add_argument("--tree", help="another checkout whose run_debate.py also runs, unlimited, with the same flags and "
                    "model; its records and encoded tokens are compared with this checkout's unlimited run")
     p.add_argument("--run-flags", default=" ".join(RUN_FLAGS),
-                   help="run_debate.py flags every run takes (one string; default: %(default)s)")
+                   help="run_debate.py flags every run takes, one string given with '=' "
+                   "(--run-flags='--max-rounds 2 ...'); default: %(default)s")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default 1: pin the bench "
                    "to one core with taskset)")
     p.add_argument("--out", default=str(ROOT / "bench/out/memory_budget.json"),
