@@ -222,3 +222,34 @@ def test_a_claim_whose_context_passes_the_cap_is_written_with_a_note_and_the_oth
     for p in capped:
         conversations = transcripts[p["claim_id"]]["conversations"]
         assert len(conversations) == 3 and all(c["messages"] for c in conversations)
+
+
+def test_a_lone_row_out_of_memory_runs_again_without_any_cache_and_then_fails_alone(wide, monkeypatch, caplog):
+    """One row that runs out of memory once is run again with every cache dropped, its own too: the same tokens.
+    One that runs out every time fails alone (ContextOverflow names it), its conversation as it was."""
+    model, tok = wide
+    whole, _, _ = debate(model, tok, None, turns=2, batch_size=1)
+    forward, calls = model.forward, []
+
+    def once(*args, **kw):  # the second turn's first call of the first conversation runs out of memory
+        calls.append(1)
+        if len(calls) == 6 * 8 + 1:
+            raise torch.OutOfMemoryError("simulated")
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", once)
+    with caplog.at_level("WARNING", logger="debate.engine.engine"):
+        retried, stats, _ = debate(model, tok, None, turns=2, batch_size=1)
+    assert "out of memory in a batch of 1 conversation; retrying it with every cache dropped" in caplog.text
+    assert [c.generated for c in retried] == [c.generated for c in whole]
+    assert stats["dropped"] >= 1 and stats["reencoded"] > 0
+
+    def always(*args, **kw):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(model, "forward", always)
+    convs = [engine.Conversation(system="s")]
+    with cpu_budget(None), pytest.raises(errors.ContextOverflow) as err:
+        engine.generate(model, tok, convs, ["go"], engine.Settings(max_new_tokens=4))
+    assert "ran out of memory with every other cache dropped" in err.value.failed[0]
+    assert convs[0].messages == [] and convs[0].kv is None

@@ -200,9 +200,9 @@ class _Turn:
                             f"{kv_pool.size(self.need(rows))}, more than the memory budget of "
                             f"{kv_pool.describe(self.pool)} ({self.pool.source})")
 
-    def run_rows(self, rows: List[int]) -> None:
+    def run_rows(self, rows: List[int], last_try: bool = False) -> None:
         """One batch; on out of memory, once its tensors are released: every other cache dropped, then halves, then
-        the single row without its own cache; a row that still runs out is left out (failed)."""
+        the single row once more, without its own cache; a row that still runs out is left out (failed)."""
         self.pool.note_call(self.need(rows))
         convs = [self.convs[r] for r in rows]
         for row, conv in zip(rows, convs):
@@ -247,10 +247,11 @@ class _Turn:
                         len(rows), half, len(rows) - half)
             self.run_rows(rows[:half])
             self.run_rows(rows[half:])
-        elif convs[0].kv is not None:
-            log.warning("out of memory in a batch of 1 conversation; retrying it with its cache dropped")
-            self.pool.evict(convs[0])
-            self.run_rows(rows)
+        elif not last_try:
+            log.warning("out of memory in a batch of 1 conversation; retrying it with every cache dropped")
+            if convs[0].kv is not None:
+                self.pool.evict(convs[0])
+            self.run_rows(rows, last_try=True)
         else:
             self.failed[rows[0]] = (f"one conversation of {len(self.targets[rows[0]])} context tokens ran out of "
                                     "memory with every other cache dropped")
