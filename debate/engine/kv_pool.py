@@ -53,7 +53,7 @@ def decide(device: Any, fraction: float = DEFAULT_FRACTION, memory_gb: Optional[
     if memory_gb is not None:
         return int(memory_gb * GIB), f"--memory-gb {memory_gb:g}"
     if not fraction:
-        return None, "none (--gpu-memory-fraction 0)"
+        return None, "--gpu-memory-fraction 0"
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
@@ -65,10 +65,10 @@ def decide(device: Any, fraction: float = DEFAULT_FRACTION, memory_gb: Optional[
     if device.type == "cpu":
         available = ram.available()
         if available is None:
-            return None, "none (the RAM available is unknown here; --memory-gb sets one)"
+            return None, "the RAM available is unknown here; --memory-gb sets one"
         return int(available * fraction * CPU_MARGIN), (f"{fraction:g} x {CPU_MARGIN:g} of the {available / GIB:.1f} "
                                                         "GiB of RAM available after loading the weights")
-    return None, f"none on {device.type} (--memory-gb sets one)"
+    return None, f"none known on {device.type}; --memory-gb sets one"
 
 
 class Pool:
