@@ -317,11 +317,7 @@ def main():
                   else f"{platform.machine()} CPU, {os.cpu_count()} cores", "torch": torch.__version__,
                   "model": f"random {'tiny Llama' if args.tiny else 'Llama-3.1-8B shape'}", "claims": source,
                   "batch_size": args.batch_size, "runs": rows}
-        print(json.dumps(result, indent=2))
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        return 0
+        return emit(result, args.out)
     try:
         import bitsandbytes  # noqa: F401
         four_bit_ok = torch.cuda.is_available()
@@ -354,10 +350,15 @@ def main():
         f", vocabulary {args.vocab_size} (BPE on AVeriTeC dev claims)", "claims": args.claims,
         "batch_size": args.batch_size, "structured": args.structured, "runs": rows,
     }
+    return emit(result, args.out)
+
+
+def emit(result, out):
+    """Print the result as JSON, and write it to `out` too when given; the exit status."""
     print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
