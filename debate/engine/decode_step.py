@@ -115,8 +115,7 @@ class Stats:
     def as_record(self) -> Dict[str, Any]:
         return {"compiled": self.steps > 0 and self.failed is None, "graphs": self.graphs,
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
-                "eager_steps": self.eager_steps, "decode_seconds": round(self.seconds, 3),
-                **({"fallback": self.failed} if self.failed else {})}
+                "eager_steps": self.eager_steps, **({"fallback": self.failed} if self.failed else {})}
 
 
 @dataclass
