@@ -185,7 +185,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
     if not (data / "dev.json").is_file():
         missing(f"AVeriTeC dev not found in {data}")
     runs = {}
-    for name, extra in (("free", ["--gpu-memory-fraction", "0"]), ("small", ["--memory-gb", "0.08"])):
+    for name, extra in (("free", ["--gpu-memory-fraction", "0"]), ("small", ["--memory-gb", "0.25"])):
         out = tmp_path / name
         with caplog.at_level("INFO"):
             run_debate.main(["--split", "dev", "--data-dir", str(data), "--evidence", "golden", "--model", wide_path,
@@ -193,7 +193,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
                              "--no-structured", "--temperature", "0", "--output-dir", str(out), *extra])
         pool = kv_pool.pool_for("cpu")
         runs[name] = dict(preds=sorted(read(out / "predictions.jsonl"), key=lambda p: str(p["claim_id"])),
-                          counted=pool.peak_counted, dropped=pool.dropped, budget=0.08 * kv_pool.GIB,
+                          counted=pool.peak_counted, dropped=pool.dropped, budget=0.25 * kv_pool.GIB,
                           line=[r.message for r in caplog.records if r.message.startswith("memory: ")][-1])
         caplog.clear()
     free, small = runs["free"], runs["small"]
@@ -201,7 +201,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
     keys = ("claim_id", "label", "justification", "prompt_tokens", "completion_tokens")
     assert [{k: p[k] for k in keys} for p in small["preds"]] == [{k: p[k] for k in keys} for p in free["preds"]]
     # The unlimited run's calls came to many times the small budget; the small one stayed inside it at every call.
-    assert free["counted"] > 10 * small["budget"] and small["counted"] <= small["budget"]
+    assert free["counted"] > 8 * small["budget"] and small["counted"] <= small["budget"]
     assert small["dropped"] > 0 and "tokens re-encoded for them" in small["line"]
     assert "no cache dropped" in free["line"]
 
