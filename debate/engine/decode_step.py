@@ -126,6 +126,7 @@ class _Compiled:
 
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
 _stats: "weakref.WeakKeyDictionary[torch.nn.Module, Stats]" = weakref.WeakKeyDictionary()  # compiled or eager
+_no_graphs: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose step could not be captured
 
 
 def forward(model: torch.nn.Module, cache_kwarg: Dict[str, Any], tokens: torch.Tensor, positions: torch.Tensor,
@@ -267,7 +268,7 @@ class Stepper:
         self.entry: Optional[_Compiled] = compiled(model) if compiling(model, settings) else None
         self.stats = _stats.setdefault(model, Stats())
         # A CUDA graph once the step has run once (compiled, and its kernels tuned); never on a CPU.
-        self.capture = self.entry is not None and state.tokens.device.type == "cuda"
+        self.capture = self.entry is not None and state.tokens.device.type == "cuda" and model not in _no_graphs
         self.graph: Any = None
         self.graph_out: Optional[torch.Tensor] = None
 
@@ -331,9 +332,10 @@ class Stepper:
             return out
         except torch.OutOfMemoryError:
             raise
-        except Exception as err:
-            log.warning("--compile: the decode step could not be captured as a CUDA graph (%s); it runs without one",
-                        " ".join(str(err).split())[:200])
+        except Exception as err:  # said once a model (a model spread over GPUs, say): its later turns do not try
+            log.warning("--compile: the decode step of %s could not be captured as a CUDA graph (%s); it runs "
+                        "compiled, without one", type(self.model).__name__, " ".join(str(err).split())[:200])
+            _no_graphs.add(self.model)
             self.capture = False
             return body()
 
