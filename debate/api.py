@@ -78,7 +78,7 @@ class Verifier:
             g = self.config.generation
             self._budgets = contextlib.ExitStack()
             self._budgets.enter_context(kv_pool.kept_budgets())
-            kv_pool.start_run({id(a.model): a.model for a in self.agents.values()}.values(), g.gpu_memory_fraction,
+            kv_pool.start_run(models.base_models(self.agents), g.gpu_memory_fraction,
                               g.memory_gb)
             self.settings = method_table.settings_of(self.config, self.agents)
             method_table.check_schemas(self.config, self.agents, self.settings, self.labels)

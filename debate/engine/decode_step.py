@@ -271,6 +271,7 @@ class Stepper:
         self.capture = self.entry is not None and state.tokens.device.type == "cuda" and model not in _no_graphs
         self.graph: Any = None
         self.graph_out: Optional[torch.Tensor] = None
+        self.fed = 0  # steps fed by the host (step_fed): a choice's tree pass writes past column first + fed
 
     # -- the step's body: what a CUDA graph captures ---------------------------------------------------------------
 
@@ -385,6 +386,11 @@ class Stepper:
             ids.append(row[:end])
         return ids
 
+    def close(self) -> None:
+        """Let go of the turn's CUDA graph (its memory pool) and the step's tensors."""
+        self.graph = self.graph_out = None
+        del self.state
+
     def step_fed(self, tokens: List[Optional[int]]) -> torch.Tensor:
         """One step feeding `tokens` (None: the row has stopped, a masked pad goes in); the logits, rows first."""
         pad = self.state.pad_id
@@ -392,6 +398,7 @@ class Stepper:
         live = [t is not None for t in tokens] + [False] * (self.bucket - self.rows)
         self.state.tokens.copy_(torch.tensor(fed)[:, None])
         self.state.live.copy_(torch.tensor(live))
+        self.fed += 1
         return self._replayed(self._forward)
 
 

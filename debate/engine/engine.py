@@ -5,7 +5,7 @@
 - debate.engine.kv_store: a turn's buffer, and each conversation's cache moved in and out of it;
 - debate.engine.kv_pool: every conversation's cache counted against the run's memory budget;
 - debate.engine.generator: the prefill and decode of one batch, sampling on the device.
-and owns admission: before a model call it makes room within the budget (call_bytes, the plan of
+and owns admission: before a model call it makes room within the budget (batch_bytes, the plan of
 debate.engine.memory, plus the caches held): it drops caches of conversations outside the call (kv_pool), and
 runs fewer rows at once. A batch that runs out of memory anyway (a fragmentation the plan cannot see) frees the
 other caches and runs again smaller, once its own tensors are released; nothing is lost, and a log line says so.

@@ -3,8 +3,9 @@
 Reads the conversations (their contexts and caches) but changes none of them: it returns each row's ids and
 its new cache (kv_store.copy_out), so a batch that fails (out of memory) can be split and run again as if it had
 never started. A long prefill runs in pieces of memory.PREFILL_CHUNK new tokens a row, so no call's transient
-grows with the context beyond its mask. Sampling happens on the model's device; the one device-to-host copy of a
-step brings the picked ids back for the stop checks and the schema rows.
+grows with the context beyond its mask. The decode steps are debate.engine.decode_step's (static shapes, compiled
+under --compile): without a schema row the picks and stop checks stay on the device; with one, the host picks each
+step's tokens (`_host_driven`).
 """
 import inspect
 import time
@@ -160,26 +161,27 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
                               settings.max_new_tokens, list(stop_ids), pad_id)
     for layer in cache.layers:
         layer.decode(state.column)
+    # A row under a schema has its tokens picked on the host (constrained_row.SchemaRow); else they stay on the device.
+    stepper = decode_step.Stepper(model, cache_kwarg(model, cache), state, settings, generator, rows,
+                                  pick_on_device=not any(c is not None for c in schemas or ()))
     driven = [None] * rows
-    state_steps = [0]  # decode steps taken: a choice's tree pass writes past column first + steps
     if schemas:
         masks = schema_program.masks(tokenizer, first_logits.shape[-1], stop_ids, device)
         for row, compiled in enumerate(schemas):
             if compiled is not None:
                 start = plan.start(row, len(targets[row]))  # the row's first column in the cache, for good
                 score = (lambda row, start: lambda candidates, logits: tree_logprobs(
-                    model, cache, row, start, candidates, logits, first + state_steps[0]))(row, start)
+                    model, cache, row, start, candidates, logits, first + stepper.fed))(row, start)
                 driven[row] = SchemaRow(compiled, settings.max_new_tokens - 1, masks, settings, generator, score)
-    stepper = decode_step.Stepper(model, cache_kwarg(model, cache), state, settings, generator, rows,
-                                  pick_on_device=not any(d is not None for d in driven))
     began = time.perf_counter()
     with decode_step.decoding(model):
         if stepper.pick_on_device:
             generated = stepper.run(first_logits)
         else:
-            generated = _host_driven(stepper, first_logits, driven, rows, settings, stop_ids, generator, state_steps)
+            generated = _host_driven(stepper, first_logits, driven, rows, settings, stop_ids, generator)
     stepper.stats.seconds += time.perf_counter() - began
-    del stepper, state
+    stepper.close()  # its CUDA graph's memory and the step's tensors go before the copies below are made
+    del state
 
     # The last sampled token was never run through the model, so the cache holds the context and ids[:-1].
     lengths = [len(t) + max(0, len(ids) - 1) for t, ids in zip(targets, generated)]
@@ -188,7 +190,7 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
             for ids, r, kv, d in zip(generated, plan.reuse, kept, driven)]
 
 
-def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator, state_steps):
+def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator):
     """The decode loop of a batch with rows under a schema: the host picks every row's token each step (a schema
     row's from its program, the others by sampling), then the step runs on the device."""
     free_rows = any(d is None for d in driven)
@@ -196,7 +198,6 @@ def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator, s
     live = [True] * rows
     stops = set(stop_ids)
     for step in range(settings.max_new_tokens):
-        state_steps[0] = step
         # The one device-to-host copy of the step for free rows; the bookkeeping below is plain Python.
         picked = next_tokens(logits[:rows], settings, generator).tolist() if free_rows else [None] * rows
         for row in range(rows):

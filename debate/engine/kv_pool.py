@@ -202,12 +202,9 @@ def start_run(models: Iterable[torch.nn.Module], fraction: float = DEFAULT_FRACT
               memory_gb: Optional[float] = None) -> List[Pool]:
     """Decide the budget of every device `models` run on (call it once they are all loaded), say it, and start the
     pools' counts afresh; the pools."""
-    devices: Dict[str, torch.device] = {}
-    for model in models:
-        device = next(model.parameters()).device
-        devices.setdefault(str(device), device)
     pools = []
-    for name, device in devices.items():
+    for device in _devices(models):
+        name = str(device)
         budget, source = decide(device, fraction, memory_gb)
         if budget is not None and budget <= 0:
             log.warning("memory budget on %s: nothing left for caches and model calls (%s); every turn runs alone "
@@ -232,13 +229,14 @@ def summary(pools: Iterable[Pool], in_flight: Optional[int] = None) -> str:
                else "; no cache dropped"))
 
 
+def _devices(models: Iterable[torch.nn.Module]) -> List[torch.device]:
+    """The devices `models` run on (each model's first parameter's), each once."""
+    return list({str(d): d for d in (next(m.parameters()).device for m in models)}.values())
+
+
 def pools_of(models: Iterable[torch.nn.Module]) -> List[Pool]:
     """The pools of the devices `models` run on, each once."""
-    pools: Dict[int, Pool] = {}
-    for model in models:
-        pool = pool_for(next(model.parameters()).device)
-        pools.setdefault(id(pool), pool)
-    return list(pools.values())
+    return [pool_for(device) for device in _devices(models)]
 
 
 @contextlib.contextmanager

@@ -161,7 +161,7 @@ def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=
     """How many claims fit `budget` bytes with every cache kept: n claims hold n x `conversations` caches of `context`
     tokens, and the largest model call is one turn of all n (each row at `context` tokens, `chunk` of them new,
     `new_tokens` generated, structured with a `trie`-token choice), its buffer and its copied-out caches included:
-    what the engine admits a call with (engine.call_bytes), summed. 0: not even one claim."""
+    what the engine admits a call with (engine.batch_bytes), summed. 0: not even one claim."""
     def need(n):
         held = n * conversations * context * kv_bytes_per_token(s, size)
         turn = batch_bytes(s, size, n, context - chunk, chunk, new_tokens, n if trie else 0, trie, fused,

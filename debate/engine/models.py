@@ -564,6 +564,11 @@ def precision_line(info: Mapping[str, Mapping[str, Any]]) -> str:
     return "; ".join(f"{how}: {', '.join(roles)}" for how, roles in groups.items())
 
 
+def base_models(role_models: Mapping[str, RoleModel]) -> List[Model]:
+    """The distinct models the roles run on, each once (roles naming one base share its object)."""
+    return list({id(rm.model): rm.model for rm in role_models.values()}.values())
+
+
 def release_memory() -> None:
     """Give the memory of models no longer referenced back to the device (CUDA caches it otherwise)."""
     if torch.cuda.is_available():

@@ -226,7 +226,7 @@ def _verify(config, claims, inputs, prompt_info, agents):
         loaded = not agents
         if loaded:
             agents.update(load_agents(config, roles))
-        distinct = list({id(a.model): a.model for a in agents.values()}.values())
+        distinct = models.base_models(agents)
         if loaded:  # once every weight is loaded: the budget every cache and model call of the run stays within
             kv_pool.start_run(distinct, config.generation.gpu_memory_fraction, config.generation.memory_gb)
         pools = kv_pool.pools_of(distinct)
@@ -260,7 +260,7 @@ def _verify(config, claims, inputs, prompt_info, agents):
             if stats is not None:
                 saved["models"][role]["decode"] = stats.as_record()
         records.write_json(Path(out_dir) / records.CONFIG, saved)
-        log.info("decode: " + decode_step.summary({id(a.model): a.model for a in agents.values()}.values()))
+        log.info("decode: " + decode_step.summary(distinct))
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
