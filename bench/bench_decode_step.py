@@ -15,6 +15,7 @@ the flags). For each mode it reports:
 - host_syncs_per_step: calls of Tensor.tolist/.item/__bool__ from the engine's code per decode step (on a GPU
   each waits for the device);
 - ms_per_step: the engine's decode-loop clock (debate.engine.decode_step.Stats), on this CPU;
+- max_logit_difference_from_eager (compiled rows): one step's logits from the same cache, eager against compiled;
 - the tokens, compared with the eager run's.
 On a CPU there is no CUDA graph: the GPU figures (one replay a step) need bench/bench_gpu.py --preset compile.
 """
@@ -110,6 +111,33 @@ def ops_per_step(engine, model, tok, compile_steps, new_tokens):
     return (one(new_tokens) - one(1)) / (new_tokens - 1)
 
 
+def logits_apart(model):
+    """The largest difference between one decode step's logits run eagerly and through the compiled forward, from
+    the same cache (4 rows, a 300-token context of random ids)."""
+    from debate.engine import decode_step, generator, kv_store
+
+    generator_ = torch.Generator().manual_seed(0)
+    rows, context, capacity = 4, 300, 512
+    ids = torch.randint(10, 400, (rows, context), generator=generator_)
+    with torch.inference_mode():
+        cache = kv_store.BatchCache(capacity, rows=rows)
+        model(input_ids=ids, attention_mask=torch.ones(rows, context, dtype=torch.long), use_cache=True,
+              **generator.cache_kwarg(model, cache))
+        logits = {}
+        for name, fn in (("eager", decode_step.forward), ("compiled", decode_step.compiled(model).fn)):
+            layers = [kv_store.BufferLayer(capacity, layer.buffer_keys.clone(), layer.buffer_values.clone(),
+                                           filled=context) for layer in cache.layers]
+            state = decode_step.start(rows, rows, [0] * rows, context, capacity, [context] * rows,
+                                      decode_step.layer_windows(model), torch.float32, torch.device("cpu"), 2, [0], 0)
+            for layer in layers:
+                layer.decode(state.column)
+            state.tokens[:, 0] = torch.tensor([5, 6, 7, 8])
+            with decode_step.decoding(model):
+                logits[name] = decode_step.advance(fn, state, generator.cache_kwarg(model, kv_store.BatchCache(
+                    capacity, layers)), model)
+        return float((logits["eager"] - logits["compiled"]).abs().max())
+
+
 def measure(args, four_bit, compile_steps):
     from debate.engine import engine, models
 
@@ -131,8 +159,9 @@ def measure(args, four_bit, compile_steps):
     # Eagerly every decode step is one Python forward of one token; that is the count where no clock says.
     steps = stats.steps + stats.eager_steps - before[1] if stats else counts["python_one_token_forwards"]
     per_step = ops_per_step(engine, model, tok, compile_steps, args.new_tokens)
+    apart = logits_apart(model) if compile_steps else None
     return {"weights": "nf4" if four_bit else "float32", "compiled": compile_steps, "seconds": round(seconds, 2),
-            "decode_steps": steps,
+            "decode_steps": steps, "max_logit_difference_from_eager": apart,
             "ms_per_step": round((stats.seconds - before[0]) / steps * 1000, 2) if stats else None,
             "python_one_token_forwards": counts["python_one_token_forwards"],
             "host_syncs_per_step": round(counts["host_syncs"] / steps, 2),
