@@ -10,6 +10,8 @@ A debate's model call holds, besides the weights and the conversations' caches t
   materialises them; the keys and values repeated to every head, which grouped-query attention under a mask
   does for more than one query), float32 logits of the last position; the piece attends to every column before
   it, so the transient grows with the context only through the mask, a few bytes a column, never quadratically;
+- the kernels' scratch (kernel_scratch_bytes): one projection's weight copied in the compute dtype (NF4
+  dequantised per matmul) and KERNEL_WORKSPACE, once a call;
 - structured decoding's per-step extras (structured_step_bytes): the four vocabulary masks, and per row a
   masked copy of the logits, its float32 copy and the float32 softmax/log-softmax;
 - a choice field's scoring (choice_pass_bytes): ONE row's candidates as a token trie of T distinct tokens
@@ -36,6 +38,9 @@ and its gradient.
 PREFILL_CHUNK = 512
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 scale per 256 absmax blocks
 GIB = 2 ** 30
+# The kernels' own buffers beyond a weight's copy (kernel_scratch_bytes): sdpa's per-thread blocks on a CPU, cuBLAS's
+# workspace on CUDA; a bound, not a measurement (the CPU's measured a few hundred KiB).
+KERNEL_WORKSPACE = 4 * 2 ** 20
 
 
 def shape(config):
@@ -101,12 +106,22 @@ def _layer_bytes(s, tokens, size):
     return tokens * (6 * s["hidden"] + 2 * s["inter"]) * size
 
 
+def kernel_scratch_bytes(s, size):
+    """What the kernels take beside the tensors a forward names, one matmul at a time: a copy of the largest
+    projection's weight in the compute dtype (bitsandbytes dequantises an NF4 weight for every matmul over more
+    than one token; oneDNN reorders a weight on some CPUs: the CI's CPU measured 1.3 MiB over this machine's in
+    tests/test_memory_plan.py, a 1 MiB projection there) and KERNEL_WORKSPACE for the rest (sdpa's blockwise
+    buffers, a few hundred KiB a thread on a CPU; cuBLAS's workspace)."""
+    return max(a * b for a, b in linear_shapes(s)) * size + KERNEL_WORKSPACE
+
+
 def prefill_bytes(s, rows, chunk, width, size, fused=False, piece=PREFILL_CHUNK):
     """A prefill of `chunk` new tokens per row after `width` cached columns, fed `piece` tokens a call (the
-    transient, not the cache): the largest call is the last piece, which attends to all width + chunk columns."""
+    transient, not the cache): the largest call is the last piece, which attends to all width + chunk columns.
+    The kernels' scratch is counted here once for the whole model call (its matmuls run one at a time)."""
     queries = min(chunk, piece)
     return (_layer_bytes(s, rows * queries, size) + attention_bytes(s, rows, queries, width + chunk, size, fused)
-            + rows * s["vocab"] * 4 * 2)
+            + rows * s["vocab"] * 4 * 2 + kernel_scratch_bytes(s, size))
 
 
 def decode_step_bytes(s, rows, columns, size, fused=False):
