@@ -109,9 +109,10 @@ def _layer_bytes(s, tokens, size):
 def kernel_scratch_bytes(s, size):
     """What the kernels take beside the tensors a forward names, one matmul at a time: a copy of the largest
     projection's weight in the compute dtype (bitsandbytes dequantises an NF4 weight for every matmul over more
-    than one token; oneDNN reorders a weight on some CPUs: the CI's CPU measured 1.3 MiB over this machine's in
-    tests/test_memory_plan.py, a 1 MiB projection there) and KERNEL_WORKSPACE for the rest (sdpa's blockwise
-    buffers, a few hundred KiB a thread on a CPU; cuBLAS's workspace)."""
+    than one token; the CI's CPU allocated 1.3 MiB more than this one in tests/test_memory_plan.py's prefill
+    piece, about one 1 MiB projection there, likely oneDNN reordering a weight, not confirmed on that machine) and
+    KERNEL_WORKSPACE for the rest (sdpa's blockwise buffers, a few hundred KiB a thread on a CPU; cuBLAS's
+    workspace)."""
     return max(a * b for a, b in linear_shapes(s)) * size + KERNEL_WORKSPACE
 
 
