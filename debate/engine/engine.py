@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, ca
 import torch
 
 from debate.engine import decode_step, generator as gen, kv_pool, kv_store, memory, schema_program
-from debate.engine.chat import context_ids, stop_token_ids
+from debate.engine.chat import context_ids, encode_text, render, stop_token_ids
 from debate.engine.errors import ContextOverflow
 
 if TYPE_CHECKING:
@@ -87,6 +87,18 @@ class Conversation:
 
 def _dtype_bytes(model: torch.nn.Module) -> int:
     return next(model.parameters()).element_size() if next(model.parameters()).is_floating_point() else 2
+
+
+def turn_cache_bytes(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs: Sequence[Conversation],
+                     prompts: Sequence[str], settings: Settings) -> int:
+    """About the bytes these conversations' caches will hold after a turn with `prompts`, before it runs: each
+    row's chat so far and its new prompt rendered by the template and tokenised as one text (the context the turn
+    feeds, but for how generated replies split into tokens), plus the new tokens, at the model's cache bytes a
+    token. The scheduler's estimate of a claim before any claim has run."""
+    tokens = sum(len(encode_text(tokenizer, render(tokenizer, c.system, c.messages + [{"role": "user", "content": p}],
+                                                   add_generation_prompt=True))) + settings.max_new_tokens
+                 for c, p in zip(convs, prompts))
+    return tokens * memory.kv_bytes_per_token(memory.shape(model.config), _dtype_bytes(model))
 
 
 def batch_bytes(model: torch.nn.Module, targets: Sequence[Sequence[int]], usables: Sequence[int], settings: Settings,

@@ -14,10 +14,13 @@ its own schema or none); resume each of those claims with its reply, which runs 
 to its end. A claim that ends frees its place at once for the next one: no claim waits for the slowest
 claim of a batch, and no model call waits for a whole batch of claims to reach the same turn.
 
-Room for a claim: twice the most bytes any claim's caches have held so far (debate.engine.kv_pool), once for its
-caches and once for the turn buffer and copies a model call makes of them; before any claim has a cache, claims
-are admitted up to `running`. A turn whose row cannot run (engine.generate's ContextOverflow) ends that claim
-alone: the error is raised in its thread, and its run writes the claim with a note.
+Room for a claim (`_reserve`): a claim's caches twice for it, once for its caches and once for the turn buffer and
+copies a model call makes of them, and once more for every live claim that holds none yet (admitted since the last
+model call, or all its caches dropped), which the pools' count cannot see. A claim's caches: the most bytes any
+claim's caches have held so far (debate.engine.kv_pool); before any claim has held one, the largest first turn
+among the claims admitted, estimated from its prompts (engine.turn_cache_bytes), so the first wave too is
+admitted by what fits. A turn whose row cannot run (engine.generate's ContextOverflow) ends that claim alone: the
+error is raised in its thread, and its run writes the claim with a note.
 
 Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
@@ -76,6 +79,7 @@ class _Task:
 
     def __init__(self, index: int, claim: Any, verify_one: Callable[[Any], Any], baton: threading.Semaphore) -> None:
         self.index, self.turn, self.error = index, None, None
+        self.first_turn: Optional[int] = None  # its first turn's caches in bytes, estimated once (`_reserve`)
         self.started = self.finished = self.cancelled = False
         # The conversations its turns have used, weakly: what its caches hold is read off them (kv_pool.held_by).
         self.convs: "weakref.WeakValueDictionary[int, engine.Conversation]" = weakref.WeakValueDictionary()
@@ -162,6 +166,30 @@ def _run_turns(group: Sequence[_Task]) -> None:
         start += n
 
 
+def _first_turn_bytes(task: _Task) -> int:
+    """What the claim's caches will hold after the turn it waits on, estimated once (engine.turn_cache_bytes);
+    0 for a turn on a model the pools do not count (no config or tokenizer: a scripted stand-in)."""
+    if task.first_turn is None:
+        turn = task.turn  # a live, unfinished claim waits on a turn
+        rows = [(c, p) for c, p in zip(turn.convs, turn.prompts) if isinstance(c, engine.Conversation)]
+        model, tokenizer = turn.agent.model, turn.agent.tokenizer
+        if not rows or getattr(model, "config", None) is None or tokenizer is None:
+            task.first_turn = 0
+        else:
+            convs, prompts = zip(*rows)
+            task.first_turn = engine.turn_cache_bytes(model, tokenizer, convs, prompts, turn.settings)
+    return task.first_turn
+
+
+def _reserve(live: Sequence[_Task], claim_peak: int) -> int:
+    """The bytes the pools must have free to admit one more claim: twice a claim's caches for it, and a claim's
+    caches for each live claim that holds none yet; a claim's caches: `claim_peak`, the most any claim has held,
+    or before any has held one, the largest first turn among the live claims."""
+    fresh = [t for t in live if not t.finished and kv_pool.held_by(t.convs.values()) == 0]
+    per_claim = claim_peak or max((_first_turn_bytes(t) for t in fresh), default=0)
+    return (len(fresh) + 2) * per_claim
+
+
 def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> int:
     """Verify `claims` with `verify_one(claim)` (a method on a one-claim batch, writing its own record),
     at most `running` claims in progress at once, fewer when the memory pools have no room for another;
@@ -175,7 +203,7 @@ def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -
     most = 0
     try:
         while waiting or live:
-            while waiting and len(live) < running and (not live or kv_pool.has_room(2 * claim_peak)):
+            while waiting and len(live) < running and (not live or kv_pool.has_room(_reserve(live, claim_peak))):
                 task = _Task(*waiting.pop(), verify_one, baton)
                 live.append(task)
                 most = max(most, len(live))
