@@ -30,6 +30,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from debate.engine.sampling import next_tokens
+
 log = logging.getLogger(__name__)
 
 COLUMN_BUCKET = 256  # a compiled turn's columns are rounded up to a multiple of this
@@ -272,6 +274,7 @@ class Stepper:
         self.graph: Any = None
         self.graph_out: Optional[torch.Tensor] = None
         self.fed = 0  # steps fed by the host (step_fed): a choice's tree pass writes past column first + fed
+        self._warm = False  # the first step has run on a side stream (`_replayed`): the next one is captured
 
     # -- the step's body: what a CUDA graph captures ---------------------------------------------------------------
 
@@ -297,8 +300,6 @@ class Stepper:
         return self.state.live
 
     def _sample(self, logits: torch.Tensor) -> None:
-        from debate.engine.sampling import next_tokens
-
         picked = next_tokens(logits[:self.rows], self.settings, self.generator)  # the rows' own draws, as eagerly
         if self.bucket > self.rows:
             picked = torch.cat([picked, picked.new_full((self.bucket - self.rows,), self.state.pad_id)])
@@ -339,8 +340,6 @@ class Stepper:
             _no_graphs.add(self.model)
             self.capture = False
             return body()
-
-    _warm = False
 
     # -- the loops ------------------------------------------------------------------------------------------------
 
