@@ -24,10 +24,18 @@ of 2 claims that compiles the step, then the timed rows: compiled, 32 claims at 
 depend on the round). No synchronising hook in any timed row: the decode steps' time is the engine's own
 (debate.engine.decode_step.Stats: each turn's decode loop, wall clock, ended by the copy of its ids to the host).
 One JSON: claims/hour, completion tokens/s, ms per decode step, peak GPU memory, graphs compiled, CUDA graphs.
+
+`--turn-lengths MEAN` (off by default; the matrix and the preset both take it) ends each free reply at a drawn
+length, as vLLM's serving benchmark fixes each request's output length: a lognormal with that mean and sigma 0.6,
+capped by the turn's --turns limit, drawn from a generator seeded by --seed and the reply's context ids (so the same
+reply gets the same length however it is batched, and the same seed gives the same records). A random model never
+stops a reply early by itself; real replies do, and rows that stop early sit idle in a batch formed by the turn.
+Each row reports the decode steps' occupancy: tokens they produced over the rows they ran.
 """
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -36,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +60,39 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0)
 TINY = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
             num_key_value_heads=4, max_position_embeddings=16384)
+
+
+TURN_SIGMA = 0.6  # --turn-lengths: the lognormal's sigma (the issue's simulation's)
+
+
+def turn_lengths(mean, seed):
+    """A reply's drawn length from its context ids: lognormal with `mean` and TURN_SIGMA (mu = ln(mean) - sigma^2 / 2),
+    seeded by `seed` and the ids, so a reply's length does not depend on the batch it runs in."""
+    mu = math.log(mean) - TURN_SIGMA ** 2 / 2
+
+    def cap(context_ids):
+        key = zlib.crc32(b"%d:" % seed + ",".join(map(str, context_ids)).encode())
+        gen = torch.Generator().manual_seed(key)
+        normal = float(torch.randn((), generator=gen))
+        return max(1, round(math.exp(mu + TURN_SIGMA * normal)))
+
+    return cap
+
+
+def set_turn_lengths(args):
+    """Install --turn-lengths' cap in the engine (None: every reply runs to its stop or --turns)."""
+    from debate.engine import generator
+
+    generator.reply_cap = turn_lengths(args.turn_lengths, args.seed) if args.turn_lengths else None
+
+
+def occupancy(out_dir):
+    """The decode steps' occupancy of a run, from its config.json (each distinct model once)."""
+    config = json.loads((Path(out_dir) / "config.json").read_text())
+    decodes = {json.dumps(m.get("decode"), sort_keys=True): m.get("decode") for m in config["models"].values()}
+    tokens = sum(d.get("decode_tokens", 0) for d in decodes.values() if d)
+    rows = sum(d.get("decode_row_steps", 0) for d in decodes.values() if d)
+    return round(tokens / rows, 4) if rows else None
 
 
 def claim_texts(data_dir):
@@ -206,6 +248,8 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
         "mean_gpu_utilisation_pct": util.mean(),
         "engine_python_ms_per_model_call": round((clock.engine_s - clock.forward_s) / max(clock.calls, 1) * 1000, 2),
         "model_calls": clock.calls,
+        "turn_lengths": args.turn_lengths,
+        "occupancy": occupancy(out_dir),
     }
 
 
@@ -243,7 +287,8 @@ def preset_compile(args, path):
             verifier.options["max_rounds"] = 3 if compiled else args.eager_rounds
             batch = claims if compiled else claims[:args.eager_claims]
             before = decode_step.stats_of(model)
-            before = (before.seconds, before.steps + before.eager_steps) if before else (0.0, 0)
+            before = ((before.seconds, before.steps + before.eager_steps, before.tokens, before.row_steps) if before
+                      else (0.0, 0, 0, 0))
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -263,6 +308,8 @@ def preset_compile(args, path):
                 "completion_tokens_per_s": round(completion / seconds, 1),
                 "decode_steps": steps,
                 "ms_per_decode_step": round((stats.seconds - before[0]) / max(steps, 1) * 1000, 2),
+                "turn_lengths": args.turn_lengths,
+                "occupancy": round((stats.tokens - before[2]) / max(stats.row_steps - before[3], 1), 4),
                 "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 if torch.cuda.is_available() else None,
                 "graphs_compiled": stats.graphs, "cuda_graphs": stats.cuda_graphs, "fallback": stats.failed,
@@ -293,6 +340,9 @@ def build_parser():
                    "instead of the matrix (default: the matrix)")
     p.add_argument("--eager-claims", type=int, default=32, help="--preset compile: claims of the eager rows")
     p.add_argument("--eager-rounds", type=int, default=1, help="--preset compile: rounds of the eager rows")
+    p.add_argument("--turn-lengths", type=float, metavar="MEAN", help="end each free reply at a length drawn from a "
+                   "lognormal with this mean (sigma 0.6), capped by --turns (module doc); default: off")
+    p.add_argument("--seed", type=int, default=0, help="--turn-lengths: the draws' seed")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--data-dir", default=os.environ.get("DEBATECV_DATA", str(ROOT.parent / "shared/data/averitec")))
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"))
@@ -307,6 +357,7 @@ def main():
         print(f"error: {args.data_dir}/dev.json not found (--data-dir)", file=sys.stderr)
         return 2
     path = checkpoint(args.cache, args.tiny, args.data_dir, args.vocab_size)
+    set_turn_lengths(args)
     if args.preset == "compile":
         if args.turns == [192, 512]:
             args.turns = [192]
@@ -348,7 +399,8 @@ def main():
         "torch": torch.__version__,
         "model": f"random {'tiny Llama (hidden 256, 4 layers)' if args.tiny else 'Llama-3.1-8B shape'}"
         f", vocabulary {args.vocab_size} (BPE on AVeriTeC dev claims)", "claims": args.claims,
-        "batch_size": args.batch_size, "structured": args.structured, "runs": rows,
+        "batch_size": args.batch_size, "structured": args.structured, "turn_lengths": args.turn_lengths,
+        "runs": rows,
     }
     return emit(result, args.out)
 

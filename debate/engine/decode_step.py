@@ -113,9 +113,19 @@ class Stats:
     # Wall time of the turns' decode loops (the prefill's last kernels may still run as one starts; each ends on the
     # copy of its ids to the host), for milliseconds a step.
     seconds: float = 0.0
+    # Occupancy: tokens the decode steps produced over the rows they ran (a row that has stopped, or pads a bucket,
+    # runs and produces nothing).
+    tokens: int = 0
+    row_steps: int = 0
+
+    @property
+    def occupancy(self) -> Optional[float]:
+        return self.tokens / self.row_steps if self.row_steps else None
 
     def as_record(self) -> Dict[str, Any]:
         return {"compiled": self.steps > 0 and self.failed is None, "graphs": self.graphs,
+                "decode_tokens": self.tokens, "decode_row_steps": self.row_steps,
+                "occupancy": None if self.occupancy is None else round(self.occupancy, 4),
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
                 "eager_steps": self.eager_steps, **({"fallback": self.failed} if self.failed else {})}
 
@@ -179,11 +189,12 @@ class State:
     step: torch.Tensor  # (1,) the history column the next pick goes to
     stops: torch.Tensor  # the stop ids
     pad_id: int
+    limits: torch.Tensor  # (rows,) the most ids each row may pick (bench_gpu.py --turn-lengths; else max steps)
 
 
 def start(rows: int, bucket: int, starts: List[int], first: int, capacity: int, positions: List[int],
           windows: Dict[str, Optional[int]], dtype: torch.dtype, device: torch.device, steps: int,
-          stop_ids: List[int], pad_id: int) -> State:
+          stop_ids: List[int], pad_id: int, limits: Optional[List[int]] = None) -> State:
     """The state before a turn's first decode step: row r's context in columns starts[r] .. first - 1, the first
     generated token to be written at column `first` at position positions[r]; rows past `rows` are padding (they
     see column 0 alone, zeros, so their softmax stays finite)."""
@@ -204,7 +215,8 @@ def start(rows: int, bucket: int, starts: List[int], first: int, capacity: int, 
                  column=torch.tensor([first], device=device), masks=masks, windows=windows, live=live,
                  history=torch.full((bucket, max(1, steps)), pad_id, dtype=torch.long, device=device),
                  step=torch.zeros(1, dtype=torch.long, device=device),
-                 stops=torch.tensor(stop_ids, dtype=torch.long, device=device), pad_id=pad_id)
+                 stops=torch.tensor(stop_ids, dtype=torch.long, device=device), pad_id=pad_id,
+                 limits=torch.tensor((limits or [steps] * rows) + [steps] * (bucket - rows), device=device))
 
 
 def open_column(state: State) -> None:
@@ -237,7 +249,7 @@ def pick(state: State, picked: torch.Tensor) -> None:
     masked, for a row that has stopped)."""
     state.history.index_copy_(1, state.step, picked.view(-1, 1))
     state.step.add_(1)
-    state.live &= ~torch.isin(picked, state.stops)
+    state.live &= ~torch.isin(picked, state.stops) & (state.step < state.limits)
     state.tokens.copy_(torch.where(state.live, picked, state.pad_id).view(-1, 1))
 
 
@@ -380,10 +392,18 @@ class Stepper:
                 pending = (event, flag)
         stops = set(state.stops.tolist())
         ids = []
-        for row in state.history[:self.rows, :steps].tolist():
+        for row, limit in zip(state.history[:self.rows, :steps].tolist(), state.limits.tolist()):
             end = next((i + 1 for i, token in enumerate(row) if token in stops), len(row))
-            ids.append(row[:end])
+            ids.append(row[:min(end, limit)])
+        self.count(ids)
         return ids
+
+    def count(self, ids: List[List[int]]) -> None:
+        """Occupancy's counts for a finished turn: every id after the first (which the prefill's logits gave) came
+        from a decode step, and each step ran the whole bucket."""
+        forwards = max(len(row) for row in ids) - 1 if ids else 0
+        self.stats.tokens += sum(max(0, len(row) - 1) for row in ids)
+        self.stats.row_steps += forwards * self.bucket
 
     def close(self) -> None:
         """Let go of the turn's CUDA graph (its memory pool) and the step's tensors."""
@@ -411,6 +431,7 @@ def summary(models: Any) -> str:
         name = type(model).__name__
         steps = stats.steps + stats.eager_steps
         ms = f", {stats.seconds / steps * 1000:.1f} ms a step" if steps else ""
+        ms += f", occupancy {stats.occupancy:.2f}" if stats.occupancy is not None else ""
         if stats.graphs:
             parts.append(f"{name} compiled, {stats.graphs} graph(s) ({max(0, stats.graphs - 1)} recompiles), "
                          f"{stats.steps} steps through them, {stats.cuda_graphs} CUDA graphs, {stats.eager_steps} "

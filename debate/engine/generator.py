@@ -27,6 +27,11 @@ class RowResult:
     structured: dict = None  # the schema result, or None for a free reply
 
 
+# bench/bench_gpu.py --turn-lengths: a callable(context ids) -> the most tokens a free reply after that context may
+# take (its drawn length), so a random model's replies end at realistic, varied lengths; None: --max-new-tokens.
+reply_cap = None
+
+
 def model_device(model):
     return next(model.parameters()).device
 
@@ -156,9 +161,11 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
     cache.layer_class_to_replicate = None  # every layer exists now; a compiled step then sees the same cache type
 
     first = width + chunk  # the column of the first generated token
+    limits = [settings.max_new_tokens if reply_cap is None or (schemas and schemas[r] is not None)
+              else max(1, min(settings.max_new_tokens, reply_cap(t))) for r, t in enumerate(targets)]
     state = decode_step.start(rows, bucket, [plan.start(r, len(t)) for r, t in enumerate(targets)], first, capacity,
                               [len(t) for t in targets], decode_step.layer_windows(model), first_logits.dtype, device,
-                              settings.max_new_tokens, list(stop_ids), pad_id)
+                              settings.max_new_tokens, list(stop_ids), pad_id, limits)
     for layer in cache.layers:
         layer.decode(state.column)
     # A row under a schema has its tokens picked on the host (constrained_row.SchemaRow); else they stay on the device.
@@ -178,7 +185,7 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
         if stepper.pick_on_device:
             generated = stepper.run(first_logits)
         else:
-            generated = _host_driven(stepper, first_logits, driven, rows, settings, stop_ids, generator)
+            generated = _host_driven(stepper, first_logits, driven, rows, settings, stop_ids, generator, limits)
     stepper.stats.seconds += time.perf_counter() - began
     stepper.close()  # its CUDA graph's memory and the step's tensors go before the copies below are made
     del state
@@ -190,7 +197,7 @@ def run(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas
             for ids, r, kv, d in zip(generated, plan.reuse, kept, driven)]
 
 
-def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator):
+def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator, limits):
     """The decode loop of a batch with rows under a schema: the host picks every row's token each step (a schema
     row's from its program, the others by sampling), then the step runs on the device."""
     free_rows = any(d is None for d in driven)
@@ -206,9 +213,10 @@ def _host_driven(stepper, logits, driven, rows, settings, stop_ids, generator):
                     token = driven[row].next_token(logits[row])
                     picked[row] = stop_ids[0] if token is None else token
                 generated[row].append(picked[row])
-                live[row] = picked[row] not in stops
+                live[row] = picked[row] not in stops and len(generated[row]) < limits[row]
         if not any(live) or step == settings.max_new_tokens - 1:
             break
         # A finished row is fed a masked pad so the batch keeps its shape; its stop token is never encoded.
         logits = stepper.step_fed([t if on else None for t, on in zip(picked, live)])
+    stepper.count(generated)
     return generated
