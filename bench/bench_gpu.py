@@ -81,9 +81,12 @@ def turn_lengths(mean, seed):
 
 def set_turn_lengths(args):
     """Install --turn-lengths' cap in the engine (None: every reply runs to its stop or --turns)."""
-    from debate.engine import generator
+    try:
+        from debate.engine import decode_batch as holder  # where the engine keeps the cap
+    except ImportError:  # the commit before batching by the step (0190a6d) kept it in the generator
+        from debate.engine import generator as holder
 
-    generator.reply_cap = turn_lengths(args.turn_lengths, args.seed) if args.turn_lengths else None
+    holder.reply_cap = turn_lengths(args.turn_lengths, args.seed) if args.turn_lengths else None
 
 
 def occupancy(out_dir):

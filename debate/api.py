@@ -78,8 +78,8 @@ class Verifier:
             g = self.config.generation
             self._budgets = contextlib.ExitStack()
             self._budgets.enter_context(kv_pool.kept_budgets())
-            kv_pool.start_run(models.base_models(self.agents), g.gpu_memory_fraction,
-                              g.memory_gb)
+            kv_pool.start_run(models.base_models(self.agents), g.gpu_memory_fraction, g.memory_gb,
+                              rows=g.batch_size)
             self.settings = method_table.settings_of(self.config, self.agents)
             method_table.check_schemas(self.config, self.agents, self.settings, self.labels)
             self.options = method_table.method_options(self.config, self.labels, courtroom_corpus(self.config))

@@ -1,24 +1,29 @@
-"""Every conversation's KV cache between its turns, counted against one memory budget per device.
+"""The memory authority: the run's budget on each device and everything decided within it, in one place.
 
-The budget (`decide`) is the bytes a run's caches and model calls may take on the model's device, decided once
-after the weights are loaded (not from the memory free at each call, which shrinks as caches pile up):
+The budget (`decide`) is the bytes a run's caches and model calls may take on a device, decided once after the
+weights are loaded (not from the memory free at each call, which shrinks as caches pile up):
 - `--memory-gb N`: N GiB, on any device;
 - CUDA: `fraction` (--gpu-memory-fraction, 0.9) of the card's total capacity, less what PyTorch has allocated
   then (the weights) and what the process does not hold as tensors (the CUDA context, other processes);
 - a CPU: fraction x CPU_MARGIN of the RAM the process can still take then (debate.engine.ram): past the RAM
   no error can be caught (the kernel kills the process), and glibc keeps some freed memory;
-- fraction 0: no budget (for measurement only).
+- fraction 0: no budget (for measurement only): sized as if the whole free memory were one.
 
-The pool (`Pool`) counts the bytes every conversation's cache holds: the conversation keeps only its own tokens'
-keys and values (kv_store.copy_out), stored here (`store`) and forgotten when the conversation drops it or is
-freed. Before a model call the engine asks it to make room for the call (`make_room`): it drops the caches of
-conversations outside the call, newest conversation first, until the caches held and the call fit the budget. A
-dropped conversation is re-encoded at its next turn: slower, never different. Newest first is vLLM's order for
-preempting requests: the claims that started last give way to the ones about to finish, and a debate's turns
-come round in a cycle, where dropping the least recently used cache would drop the one needed next.
+Each model gets its share of its device's budget as one `Memory`, made on its first turn and kept for the run
+(debate.engine.memory.kv_plan splits it): a reserve for the decode batch's transients, the decode place (slots
+where turns decode) and the page arena (where conversations' caches wait), both allocated once
+(debate.engine.kv_store). The Memory decides:
+- places: a row takes the lowest free slot, so the rows a step runs stay packed at the front; a row wider than a
+  slot waits, first in line, until the place is empty, and the place is then seen as fewer, wider slots (`place`);
+- caches: a conversation's cache is copied into its slot when its turn starts (its pages go back at once) and out
+  to pages when it ends (`store`); with no free pages the caches of other waiting conversations are dropped, newest
+  conversation first, and re-encoded at their next turn: slower, never different. Newest first is vLLM's order for
+  preempting requests: the claims that started last give way to those about to finish, and a debate's turns come
+  round in a cycle, where dropping the least recently used cache would drop the one needed next;
+- claims: `has_room` tells the scheduler whether the arenas have room for one more claim's caches.
 
-One pool per device, kept for the process (`pool_for`); a run sets its budget and reads its summary
-(`configure`, `summary`).
+A conversation's cache is one `Entry` (its pages and the ids they hold), which the conversation holds and the Memory
+lists weakly: a conversation freed without dropping its cache gives its pages back with it.
 """
 import contextlib
 import functools
@@ -26,11 +31,12 @@ import gc
 import itertools
 import logging
 import weakref
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from debate.engine import ram
+from debate.engine import kv_store, memory, ram
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +45,7 @@ DEFAULT_FRACTION = 0.9
 # On a CPU only this share of the fraction is spent: past the RAM there is no out-of-memory error to recover
 # from, and what glibc's heap keeps after a step is not in the plan (tests/test_memory_plan.py measures with it off).
 CPU_MARGIN = 0.5
-
-KV = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (kv_heads, tokens, head_dim)
+COLUMN_BUCKET = 256  # a slot's width is a multiple of this
 
 _births = itertools.count()  # the order conversations first stored a cache in: the newest is dropped first
 
@@ -71,93 +76,237 @@ def decide(device: Any, fraction: float = DEFAULT_FRACTION, memory_gb: Optional[
     return None, f"none known on {device.type}; --memory-gb sets one"
 
 
+def _free_memory(device: torch.device) -> int:
+    """What a budget of None is sized from: the device's free memory (RAM on a CPU), 8 GiB where unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * DEFAULT_FRACTION)
+    return int((ram.available() or 8 * GIB) * CPU_MARGIN)
+
+
+@dataclass(eq=False)
+class Entry:
+    """A conversation's cache: the ids whose keys and values it holds, in `pages` of its Memory's arena (None once
+    dropped: `dropped` tokens then wait to be encoded again)."""
+
+    memory: Any  # weakref.ref to the Memory
+    ids: List[int]
+    pages: Optional[List[int]]
+    birth: int
+    dropped: int = 0
+
+
+def _window(model: torch.nn.Module) -> Optional[int]:
+    config: Any = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def dtype_of(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's keys and values are computed in: its first floating parameter's (NF4 weights are uint8;
+    their compute dtype is the norms' and embeddings')."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+class Memory:
+    """One model's KV memory within its share of the budget: the place, the arena, and what holds which."""
+
+    def __init__(self, pool: "Pool", model: torch.nn.Module, share: Optional[int], rows: int, widest: int,
+                 new_tokens: int, trie: int) -> None:
+        self.pool = pool
+        device = next(model.parameters()).device
+        dtype = dtype_of(model)
+        self.shape = memory.shape(model.config)
+        self.size = torch.tensor([], dtype=dtype).element_size()
+        self.token_bytes = memory.kv_bytes_per_token(self.shape, self.size)
+        self.budget = share if share is not None else _free_memory(device)
+        # The widest a row may ever be: the model's window with a turn's new tokens, as far as the budget goes.
+        window = _window(model)
+        if window:
+            widest = max(widest, min(window + new_tokens + trie, self.budget // max(self.token_bytes, 1)))
+        fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
+        self.plan = memory.kv_plan(self.shape, self.size, self.budget, rows, widest, new_tokens, fused, trie)
+        shapes = kv_store.layer_shapes(model, dtype)
+        tokens = max(COLUMN_BUCKET, self.plan["place_tokens"])
+        self.place = kv_store.Place(shapes, tokens, rows=max(1, min(rows, tokens // COLUMN_BUCKET)))
+        self.arena = kv_store.Arena(shapes, int(self.plan["pages"]))
+        self.free_pages = list(range(self.arena.pages))[::-1]  # popped from the end: low pages first
+        self.free_slots = list(range(self.place.rows))
+        self.entries: Dict[int, Tuple[Any, Entry]] = {}  # id(conv) -> (weak reference to it, its entry)
+        self.wanted_rows = rows
+        self.peak_rows = 0
+        pool.note_memory(self)
+
+    # -- the place -------------------------------------------------------------------------------------------------
+
+    def fits(self, width: int) -> bool:
+        """Whether a row of `width` columns can ever run here (the place holds it as one slot)."""
+        return width <= self.place.tokens
+
+    def take_slot(self, width: int) -> Optional[int]:
+        """The lowest free slot for a row of `width` columns, or None (every slot taken, or the slots too narrow)."""
+        if width > self.place.columns or not self.free_slots:
+            return None
+        slot = min(self.free_slots)
+        self.free_slots.remove(slot)
+        self.peak_rows = max(self.peak_rows, self.place.rows - len(self.free_slots))
+        return slot
+
+    def give_slot(self, slot: int) -> None:
+        self.free_slots.append(slot)
+
+    def empty(self) -> bool:
+        return len(self.free_slots) == self.place.rows
+
+    def reshape(self, widths: Sequence[int]) -> bool:
+        """With no row in the place and rows of `widths` waiting: where the first of them is wider than a slot, or
+        more of them wait than there are slots and the place holds more of the widest, the place seen as as many
+        slots as the waiting rows want (the run's rows at least), as wide as the widest, or fewer where it holds no
+        more of that width; whether it changed."""
+        assert self.empty()
+        widest = -(-max(widths) // COLUMN_BUCKET) * COLUMN_BUCKET
+        if widest > self.place.tokens:
+            return False  # no view holds it: the row fails when it joins
+        rows = max(1, min(max(self.wanted_rows, len(widths)), self.place.tokens // widest))
+        if widths[0] <= self.place.columns and rows <= self.place.rows:
+            return False
+        columns = self.place.tokens // rows
+        log.debug("decode place: %d slots of %d columns (was %d of %d)", rows, columns, self.place.rows,
+                  self.place.columns)
+        self.place.view(rows, columns)
+        self.free_slots = list(range(rows))
+        self.pool.reshapes += 1
+        return True
+
+    # -- caches ----------------------------------------------------------------------------------------------------
+
+    def usable(self, conv: Any, target: Sequence[int]) -> int:
+        """How many of `target`'s first tokens the conversation's pages hold (one token at least is left to feed)."""
+        entry = getattr(conv, "kv", None)
+        if entry is None or entry.pages is None or entry.memory() is not self:
+            return 0
+        n = 0
+        ids = entry.ids
+        limit = min(len(ids), len(target) - 1)
+        while n < limit and ids[n] == target[n]:
+            n += 1
+        return n
+
+    def load(self, conv: Any, target: Sequence[int], slot: int, reuse: bool) -> int:
+        """The conversation's cached prefix of `target` into `slot`, its pages given back; how many tokens that was.
+        A cache dropped earlier is counted as re-encoded now."""
+        entry = getattr(conv, "kv", None)
+        if entry is not None and entry.dropped:
+            self.pool.reencoded += min(entry.dropped, len(target) - 1)
+            entry.dropped = 0
+        usable = self.usable(conv, target) if reuse else 0
+        if usable and entry is not None and entry.pages is not None:
+            self.arena.copy_in(self.place, slot, usable, entry.pages)
+        self.release(conv)
+        return usable
+
+    def store(self, conv: Any, slot: int, ids: List[int]) -> None:
+        """Slot `slot`'s first len(ids) columns, the keys and values of `ids`, as the conversation's cache; other
+        waiting caches dropped (newest first) where the free pages are too few; none kept where even that is."""
+        prior = getattr(conv, "kv", None)
+        birth = prior.birth if isinstance(prior, Entry) else next(_births)
+        self.release(conv)
+        need = -(-len(ids) // kv_store.PAGE)
+        if need > len(self.free_pages) and need <= self.arena.pages:
+            gc.collect()  # conversations in reference cycles nothing reaches any more: their pages count until then
+            for ref, other_entry in sorted(self.entries.values(), key=lambda item: -item[1].birth):
+                if need <= len(self.free_pages):
+                    break
+                other = ref()
+                if other is not None and other is not conv:
+                    self.evict(other)
+        if need > len(self.free_pages):  # not even alone: its next turn encodes it again
+            conv.kv = Entry(weakref.ref(self), [], None, birth, dropped=len(ids))
+            self.pool.dropped += 1
+            return
+        pages = [self.free_pages.pop() for _ in range(need)]
+        self.arena.copy_out(self.place, slot, len(ids), pages)
+        entry = Entry(weakref.ref(self), list(ids), pages, birth)
+        conv.kv = entry
+        key = id(conv)
+        self.entries[key] = (weakref.ref(conv, functools.partial(self._gone, key)), entry)
+        self.pool.note_held()
+
+    def release(self, conv: Any) -> None:
+        """Give the conversation's pages back (it holds no cache from now on, until it stores one)."""
+        entry = self.entries.pop(id(conv), (None, None))[1]
+        if entry is not None and entry.pages is not None:
+            self.free_pages.extend(entry.pages)
+            entry.pages, entry.ids = None, []
+
+    def evict(self, conv: Any) -> None:
+        """Drop a waiting conversation's cache to make room; its next turn encodes it again."""
+        entry = conv.kv
+        tokens = len(entry.ids)
+        self.release(conv)
+        entry.dropped += tokens
+        self.pool.dropped += 1
+
+    def _gone(self, key: int, _ref: Any) -> None:
+        entry = self.entries.pop(key, (None, None))[1]
+        if entry is not None and entry.pages is not None:
+            self.free_pages.extend(entry.pages)
+
+    def held(self) -> int:
+        """Bytes of the arena's pages in use."""
+        return (self.arena.pages - len(self.free_pages)) * kv_store.PAGE * self.token_bytes
+
+    def free_bytes(self) -> int:
+        return len(self.free_pages) * kv_store.PAGE * self.token_bytes
+
+    def held_by(self, convs: Iterable[Any]) -> int:
+        return sum(len(e.pages) * kv_store.PAGE * self.token_bytes
+                   for c in convs if isinstance(e := getattr(c, "kv", None), Entry) and e.pages is not None
+                   and e.memory() is self)
+
+    def nbytes(self) -> int:
+        return self.place.nbytes() + self.arena.nbytes()
+
+
 class Pool:
-    """The caches of every conversation on one device, their bytes, and what was dropped to stay in budget."""
+    """A device's budget, its models' Memories, and what the run held, dropped and re-encoded there."""
 
     def __init__(self, budget: Optional[int], source: str) -> None:
         self.budget, self.source = budget, source
-        self.held = 0  # bytes of every stored cache now
-        self._entries: Dict[int, Tuple[Any, int, int]] = {}  # id(conv) -> (weak reference, bytes, birth)
+        self.memories: "weakref.WeakKeyDictionary[torch.nn.Module, Memory]" = weakref.WeakKeyDictionary()
+        self.models = 1  # the models the budget is shared by (start_run)
+        self.rows = 0  # the run's rows at once (--batch-size; 0: as a model's first turn asks)
         self.reset_stats()
 
     def reset_stats(self) -> None:
-        self.peak_held = self.held  # the most bytes the caches held at once
-        self.peak_counted = self.held  # the most bytes caches and one model call's need came to, at a call
+        self.peak_held = sum(m.held() for m in self.memories.values())  # the most bytes the pages held at once
         self.dropped = 0  # caches dropped to make room
         self.reencoded = 0  # tokens encoded again for them
-        self.calls = 0
+        self.reshapes = 0  # times a place was seen as other slots
 
-    def bytes_of(self, conv: Any) -> int:
-        entry = self._entries.get(id(conv))
-        return entry[1] if entry is not None and entry[0]() is conv else 0
+    def note_memory(self, mem: Memory) -> None:
+        log.debug("memory of a model: %s of place, %s of arena, %s reserved", size(mem.place.nbytes()),
+                  size(mem.arena.nbytes()), size(mem.plan["reserve"]))
 
-    def store(self, conv: Any, kv: Optional[KV], cached_ids: List[int]) -> None:
-        """`conv`'s cache from now on: `kv` (its own tensors), the keys and values of `cached_ids`; None: none."""
-        self.release(conv)
-        conv.kv, conv.cached_ids, conv.pool = kv, (cached_ids if kv is not None else []), self
-        if kv is None:
-            return
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        key = id(conv)
-        if conv.birth is None:
-            conv.birth = next(_births)
-        birth = conv.birth
-        # The entry goes when the conversation is freed (a claim that ends without dropping its caches).
-        self._entries[key] = (weakref.ref(conv, functools.partial(self._gone, key)), size, birth)
-        self.held += size
-        self.peak_held = max(self.peak_held, self.held)
+    def note_held(self) -> None:
+        self.peak_held = max(self.peak_held, sum(m.held() for m in self.memories.values()))
 
-    def release(self, conv: Any) -> None:
-        """Forget `conv`'s cache (the conversation keeps it only if someone else stored it)."""
-        entry = self._entries.get(id(conv))
-        if entry is not None and entry[0]() is conv:
-            self._forget(id(conv))
-        conv.kv, conv.cached_ids = None, []
+    def share(self) -> Optional[int]:
+        return None if self.budget is None else self.budget // max(1, self.models)
 
-    def _gone(self, key: int, _ref: Any) -> None:
-        self._forget(key)
+    def memory_of(self, model: torch.nn.Module, rows: int, widest: int, new_tokens: int, trie: int) -> Memory:
+        """The model's Memory, made on first use for `rows` rows at once (the run's, where it said) of at most
+        `widest` columns."""
+        mem = self.memories.get(model)
+        if mem is None:
+            mem = Memory(self, model, self.share(), max(rows, self.rows), widest, new_tokens, trie)
+            self.memories[model] = mem
+        return mem
 
-    def _forget(self, key: int) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.held -= entry[1]
-
-    def fits(self, need: int) -> bool:
-        return self.budget is None or self.held + need <= self.budget
-
-    def make_room(self, need: int, keep: Iterable[Any] = ()) -> bool:
-        """Drop caches of conversations not in `keep`, newest first, until the caches held and `need` more bytes
-        fit the budget; whether they do."""
-        if self.fits(need):
-            return True
-        gc.collect()  # conversations in reference cycles that nothing reaches any more: their caches count until then
-        if self.fits(need):
-            return True
-        kept = {id(c) for c in keep}
-        for key, (ref, _, _) in sorted(self._entries.items(), key=lambda item: -item[1][2]):
-            if self.fits(need):
-                break
-            conv = ref()
-            if conv is not None and key not in kept:
-                self.evict(conv)
-        return self.fits(need)
-
-    def evict(self, conv: Any) -> None:
-        """Drop `conv`'s cache to make room; its next turn encodes it again (note_reencoded counts that)."""
-        conv.evicted_tokens += len(conv.cached_ids)
-        self.release(conv)
-        self.dropped += 1
-
-    def note_call(self, need: int) -> None:
-        """A model call of `need` bytes starts now, over the caches held."""
-        self.calls += 1
-        self.peak_counted = max(self.peak_counted, self.held + need)
-
-    def note_reencoded(self, conv: Any, tokens: int) -> None:
-        """`conv`, dropped earlier, encodes `tokens` of what it had cached again."""
-        if conv.evicted_tokens:
-            self.reencoded += min(conv.evicted_tokens, tokens)
-            conv.evicted_tokens = 0
+    def release(self) -> None:
+        """Let every Memory go (its tensors with it): a new budget, or the run's end."""
+        self.memories = weakref.WeakKeyDictionary()
 
 
 _pools: Dict[str, Pool] = {}
@@ -171,22 +320,29 @@ def pool_for(device: Any) -> Pool:
     return _pools[key]
 
 
-def configure(device: Any, budget: Optional[int], source: str) -> Pool:
-    """Set `device`'s budget for a run and start its counts afresh; the pool."""
+def configure(device: Any, budget: Optional[int], source: str, models: int = 1, rows: int = 0) -> Pool:
+    """Set `device`'s budget for a run (shared by `models` models, `rows` rows at once), its Memories made afresh
+    on their next use, and start its counts afresh; the pool."""
     pool = pool_for(device)
-    pool.budget, pool.source = budget, source
+    pool.budget, pool.source, pool.models, pool.rows = budget, source, max(1, models), rows
+    pool.release()
     pool.reset_stats()
     return pool
 
 
 def has_room(extra: int) -> bool:
-    """Whether every pool with a budget has room for `extra` more bytes of caches."""
-    return all(p.fits(extra) for p in _pools.values())
+    """Whether every Memory has `extra` more bytes of free pages (or none is made yet)."""
+    return all(m.free_bytes() >= extra for p in _pools.values() for m in p.memories.values())
 
 
 def held_by(convs: Iterable[Any]) -> int:
-    """The bytes `convs`' caches hold, in whichever pools."""
-    return sum(c.pool.bytes_of(c) for c in convs if getattr(c, "pool", None) is not None)
+    """The bytes `convs`' caches hold, in whichever Memories."""
+    total = 0
+    for conv in convs:
+        entry = getattr(conv, "kv", None)
+        if isinstance(entry, Entry) and entry.pages is not None and (mem := entry.memory()) is not None:
+            total += len(entry.pages) * kv_store.PAGE * mem.token_bytes
+    return total
 
 
 def size(nbytes: float) -> str:
@@ -199,31 +355,35 @@ def describe(pool: Pool) -> str:
 
 
 def start_run(models: Iterable[torch.nn.Module], fraction: float = DEFAULT_FRACTION,
-              memory_gb: Optional[float] = None) -> List[Pool]:
-    """Decide the budget of every device `models` run on (call it once they are all loaded), say it, and start the
-    pools' counts afresh; the pools."""
+              memory_gb: Optional[float] = None, rows: int = 0) -> List[Pool]:
+    """Decide the budget of every device `models` run on (call it once they are all loaded), shared by the models
+    there, `rows` rows at once (the run's --batch-size); say it, and start the pools afresh; the pools."""
+    models = list(models)
     pools = []
     for device in _devices(models):
         name = str(device)
+        here = [m for m in models if str(next(m.parameters()).device) == name]
         budget, source = decide(device, fraction, memory_gb)
         if budget is not None and budget <= 0:
-            log.warning("memory budget on %s: nothing left for caches and model calls (%s); every turn runs alone "
-                        "and may end its claim; lower the weights' precision or set --memory-gb", name, source)
-        pools.append(configure(device, budget, source))
+            log.warning("memory budget on %s: nothing left for caches and model calls (%s); a turn may not run and "
+                        "end its claim; lower the weights' precision or set --memory-gb", name, source)
+        pools.append(configure(device, budget, source, len(here), rows))
         log.info(f"memory budget on {name}: {describe(pools[-1])} ({source})")
     return pools
 
 
 def summary(pools: Iterable[Pool], in_flight: Optional[int] = None) -> str:
-    """The run's memory in one line: the caches' peak, the peak counted with a model call, claims in flight at most,
+    """The run's memory in one line: what its places and arenas took, the caches' peak, claims in flight at most,
     caches dropped and the tokens re-encoded for them."""
     pools = list(pools)
+    mems = [m for p in pools for m in p.memories.values()]
     peak = max((p.peak_held for p in pools), default=0)
-    counted = max((p.peak_counted for p in pools), default=0)
     budgets = [p.budget for p in pools if p.budget is not None]
+    taken = sum(m.nbytes() + m.plan["reserve"] for m in mems)
+    rows = ", ".join(f"{m.place.rows} slots of {m.place.columns} columns" for m in mems) or "no model call"
     dropped, reencoded = sum(p.dropped for p in pools), sum(p.reencoded for p in pools)
-    return (f"memory: caches held {size(peak)} at most, {size(counted)} with a model call's needs, "
-            f"of {'a ' + size(max(budgets)) if budgets else 'an unlimited'} budget"
+    return (f"memory: decode place {rows}; place, arena and reserve {size(taken)} of "
+            f"{'a ' + size(max(budgets)) if budgets else 'an unlimited'} budget; caches held {size(peak)} at most"
             + (f"; {in_flight} claims in flight at most" if in_flight is not None else "")
             + (f"; {dropped} caches dropped to stay within it, {reencoded} tokens re-encoded for them" if dropped
                else "; no cache dropped"))
@@ -241,14 +401,17 @@ def pools_of(models: Iterable[torch.nn.Module]) -> List[Pool]:
 
 @contextlib.contextmanager
 def kept_budgets() -> Iterator[None]:
-    """Every pool's budget as it was on entry, again on exit: a run's budget (start_run) is its own, not the next
-    caller's in the same process."""
-    before = {key: (p.budget, p.source) for key, p in _pools.items()}
+    """Every pool's budget as it was on entry, again on exit, and the Memories made within let go: a run's budget
+    (start_run) and its memory are its own, not the next caller's in the same process (training after synthesis)."""
+    before = {key: (p.budget, p.source, p.models, p.rows) for key, p in _pools.items()}
     try:
         yield
     finally:
         for key, pool in list(_pools.items()):
+            pool.release()
             if key in before:
-                pool.budget, pool.source = before[key]
+                pool.budget, pool.source, pool.models, pool.rows = before[key]
             else:
                 pool.budget, pool.source = decide(key)
+                pool.models, pool.rows = 1, 0
+

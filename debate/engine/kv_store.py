@@ -1,174 +1,222 @@
-"""A turn's KV buffer, and each conversation's cache moved in and out of it.
+"""A model's KV memory as tensors: the decode place, where turns decode, and the page arena, where conversations'
+caches wait between their turns. Both are allocated once (debate.engine.kv_pool decides their sizes, from the run's
+budget) and keep their addresses for the run; this module only moves keys and values between them.
 
-Layout. A batch is a block of rows, each left-padded and contiguous: `[pad][cached][new][generated]`.
-When rows have new chunks of different lengths, a row re-encodes a few of its last cached tokens instead
-of leaving a gap in the middle; gaps would change what a sliding-window layer sees, since its window is
-counted in columns.
+The place: per layer one tensor of keys and one of values, a flat storage viewed as `rows` slots of `columns`
+columns each, (rows, kv_heads, columns, head_dim). A turn's row owns one slot: its context from column 0 (left
+aligned, so a token's column is its position), its new tokens after it. Every decode step writes each row's token at
+that row's own length (`DecodeLayer`) and attends to the first columns of the first rows, masked per row
+(debate.engine.decode_step). The storage can be viewed again with other rows and columns (`Place.view`) once no row
+is in it: a row wider than a slot then fits, the same bytes holding fewer, wider slots.
 
-Storage. A turn's batch gets one buffer per layer, allocated once for the whole turn (cached + new +
---max-new-tokens columns) and written in place by the prefill and by every decode step, as gpt-fast does:
-no per-step concatenation over the whole cache. When the turn ends each row's own columns are copied out
-(`copy_out`) into tensors of the conversation's own, and the buffer is freed with the turn: a conversation
-holds its tokens' keys and values and nothing of its batch's padding or of other rows. The next turn gathers
-the rows it reuses into its own buffer (`batch_cache`). debate.engine.kv_pool counts those tensors against the
-memory budget and may drop them.
+The arena: per layer keys and values of `pages` pages of PAGE tokens, (kv_heads, pages * PAGE, head_dim). A
+conversation that waits for its next turn holds the pages its tokens were copied to when its turn ended
+(`Arena.copy_out`); its next turn copies them back into its slot (`Arena.copy_in`) and gives them back. One copy
+each way a turn, never one a step; a page is freed or taken by a number in a list, nothing is allocated.
+
+Why both: decoding from pages would gather every row's keys and values into one tensor at every step (PyTorch has
+no paged attention kernel for the CPU and sdpa), three times the attention's memory traffic; a slot per waiting
+conversation would hold each one at the widest row's columns. The place is dense where the steps read, the arena
+tight where caches wait.
+
+Nothing read may be NaN: a decode step attends to every column of its bucket, the unwritten ones masked, and a NaN
+there would still poison the softmax's weighted sum. The storage is made with `torch.empty` (on a CPU the pages of
+memory are only touched when written) and zeroed column by column as the steps' buckets first reach them
+(`Place.ready`).
 """
-from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-# A layer that runs out of room (it never should: a turn knows its length) grows by at least this much.
-GROW_COLUMNS = 256
+PAGE = 64  # tokens a page of the arena holds: a waiting conversation wastes half of one on average
 
 
 class BufferLayer(DynamicLayer):
-    """One layer's keys/values of a batch in a preallocated buffer, written in place.
-
-    While the prefill runs, `keys`/`values` are views of the filled columns of the rows fed, so the model and the
-    structured decoder's side pass see an ordinary cache layer. For the decode steps (`decode(column)`) each
-    update writes its one token a row at the column a device tensor holds and the whole buffer is attended, masked
-    (debate.engine.decode_step): the same shapes every step, no Python number read. Every layer keeps all its
-    columns (no sliding-window eviction): a row's columns can then be copied out to its conversation after the
-    turn. The buffer may have more rows than the prefill feeds (a compiled turn's bucket): those stay zeros.
-    """
+    """One layer's keys/values of some rows in a preallocated buffer (views of the place), written in place from
+    column `filled` on: what a prefill piece and a choice's tree pass give the model as its cache layer. `keys` and
+    `values` are views of the filled columns, so the model sees an ordinary cache layer."""
 
     is_compileable = True
 
-    def __init__(self, capacity, keys=None, values=None, filled=0, rows=None):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int = 0) -> None:
         super().__init__()
-        self.capacity, self.filled, self.rows = capacity, filled, rows
-        self.buffer_keys, self.buffer_values = keys, values
-        self.column = None  # decode mode: the device tensor of the column each update writes
-        if keys is not None:
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self._expose(keys.shape[0])
+        self.buffer_keys, self.buffer_values, self.filled = keys, values, filled
+        self.capacity = keys.shape[2]
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._expose()
 
-    def _expose(self, rows):
-        self.keys = self.buffer_keys[:rows, :, :self.filled]
-        self.values = self.buffer_values[:rows, :, :self.filled]
+    def _expose(self) -> None:
+        self.keys = self.buffer_keys[:, :, :self.filled]
+        self.values = self.buffer_values[:, :, :self.filled]
 
-    def lazy_initialization(self, key_states, value_states):
-        rows, heads, _, dim = key_states.shape
-        rows = max(rows, self.rows or 0)
-        # Zeros: a decode step attends to every column, the unwritten ones masked, and a NaN there would still
-        # poison the softmax's weighted sum.
-        self.buffer_keys = key_states.new_zeros((rows, heads, self.capacity, dim))
-        self.buffer_values = value_states.new_zeros((rows, value_states.shape[1], self.capacity,
-                                                     value_states.shape[3]))
-        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
-
-    def _grow(self, needed):
-        extra = max(needed - self.capacity, GROW_COLUMNS)
-        pad = lambda t: torch.cat([t, t.new_zeros(t.shape[:2] + (extra,) + t.shape[3:])], dim=2)  # noqa: E731
-        self.buffer_keys, self.buffer_values = pad(self.buffer_keys), pad(self.buffer_values)
-        self.capacity += extra
-
-    def decode(self, column):
-        """From now on each update writes at `column` (a (1,) device tensor the steps advance)."""
-        self.column = column
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if self.column is not None:
-            self.buffer_keys.index_copy_(2, self.column, key_states)
-            self.buffer_values.index_copy_(2, self.column, value_states)
-            return self.buffer_keys, self.buffer_values
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
         end = self.filled + key_states.shape[-2]
-        if end > self.capacity:
-            self._grow(end)
-        rows = key_states.shape[0]
-        self.buffer_keys[:rows, :, self.filled:end].copy_(key_states)
-        self.buffer_values[:rows, :, self.filled:end].copy_(value_states)
+        if end > self.capacity:  # the place's geometry (kv_pool) gives every row its columns: a bug if it happens
+            raise RuntimeError(f"a slot of {self.capacity} columns cannot take tokens up to column {end}")
+        self.buffer_keys[:, :, self.filled:end].copy_(key_states)
+        self.buffer_values[:, :, self.filled:end].copy_(value_states)
         self.filled = end
-        self._expose(rows)
+        self._expose()
         return self.keys, self.values
 
-    def get_seq_length(self):
+    def get_seq_length(self) -> int:
         return self.filled
 
 
-class BatchCache(DynamicCache):
-    """A transformers cache made of BufferLayers (created on first use when nothing is reused), of `rows` rows at
-    least."""
+class DecodeLayer(DynamicLayer):
+    """One layer of a decode step over the first rows and columns of the place: each update writes one token a row
+    at that row's own column (`columns`, a device tensor of the rows' lengths) and hands the whole view to the
+    attention, masked by the step. The same shapes and addresses at every step of a bucket: what a CUDA graph
+    replays."""
 
-    def __init__(self, capacity, layers=None, rows=None):
-        if layers:
-            Cache.__init__(self, layers=layers)
-        else:
-            Cache.__init__(self, layer_class_to_replicate=lambda: BufferLayer(capacity, rows=rows))
+    is_compileable = True
 
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.columns = keys, values, columns
+        self.rows = torch.arange(keys.shape[0], device=keys.device)
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
-@dataclass
-class Layout:
-    """Where each row's tokens go in the batch: `reuse[row]` cached tokens kept, `chunk` columns fed now
-    (left-padded), the cached part right-aligned to column `width`."""
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self.keys[self.rows, :, self.columns] = key_states[:, :, 0]
+        self.values[self.rows, :, self.columns] = value_states[:, :, 0]
+        return self.keys, self.values
 
-    reuse: list
-    width: int
-    chunk: int
-
-    def start(self, row, target_len):
-        """The row's first column in the batch (its cached and new tokens run from there to width + chunk)."""
-        return self.width + self.chunk - target_len
-
-
-def common_prefix(a, b):
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
 
 
-def usable(conv, target, reuse_cache):
-    """How many of `target`'s first tokens `conv`'s cache still holds (at least one token must be fed)."""
-    if not reuse_cache or conv.kv is None:
-        return 0
-    return min(common_prefix(conv.cached_ids, target), len(target) - 1)
+def cache_of(layers: Sequence[DynamicLayer]) -> DynamicCache:
+    """A transformers cache made of these layers."""
+    cache = DynamicCache.__new__(DynamicCache)
+    Cache.__init__(cache, layers=list(layers))
+    return cache
 
 
-def layout(targets, usables):
-    """The batch layout for rows whose contexts are `targets`, `usables[row]` of them cached."""
-    chunk = max(len(t) - u for t, u in zip(targets, usables))
-    reuse = [max(0, len(t) - chunk) for t in targets]  # <= usable: rows with short deltas re-encode a bit
-    return Layout(reuse, max(reuse), chunk)
+class Place:
+    """The decode place of one model: per layer a flat storage of keys and one of values, viewed as slots."""
+
+    def __init__(self, shapes: Sequence[Tuple[int, int, torch.dtype, torch.device]], tokens: int, rows: int) -> None:
+        """`shapes`: per layer (kv_heads, head_dim, dtype, device); `tokens`: the slots' columns in all."""
+        self.shapes, self.tokens = list(shapes), tokens
+        self.flat = [tuple(torch.empty(tokens * h * d, dtype=t, device=dev) for _ in range(2))
+                     for h, d, t, dev in self.shapes]
+        self.rows = self.columns = 0
+        self.layers: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self.zeroed = 0  # columns [0, zeroed) of every slot hold finite values
+        self._decode: Dict[Tuple[int, int], Any] = {}
+        self.view(rows, tokens // rows)
+
+    def view(self, rows: int, columns: int) -> None:
+        """See the storage as `rows` slots of `columns` columns (rows x columns <= tokens); only with no row in it."""
+        if rows * columns > self.tokens or rows < 1:
+            raise ValueError(f"{rows} slots of {columns} columns do not fit {self.tokens} columns")
+        self.rows, self.columns = rows, columns
+        self.layers = [(k[:rows * h * columns * d].view(rows, h, columns, d),
+                        v[:rows * h * columns * d].view(rows, h, columns, d))
+                       for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
+        self.zeroed = 0
+        self._decode.clear()
+
+    def ready(self, columns: int) -> None:
+        """Columns [0, columns) of every slot finite from now on: those not yet zeroed are, once."""
+        if columns > self.zeroed:
+            for keys, values in self.layers:
+                keys[:, :, self.zeroed:columns].zero_()
+                values[:, :, self.zeroed:columns].zero_()
+            self.zeroed = columns
+
+    def slot_cache(self, slot: int, filled: int) -> DynamicCache:
+        """A cache over one slot, its first `filled` columns already holding its context: a prefill writes after
+        them, a choice's tree pass past the row's end."""
+        return cache_of([BufferLayer(k[slot:slot + 1], v[slot:slot + 1], filled) for k, v in self.layers])
+
+    def decode_cache(self, rows: int, columns: int, lengths: torch.Tensor, keep: bool) -> DynamicCache:
+        """The cache of a decode step over slots [0, rows) and columns [0, columns), each row writing at its length;
+        with `keep`, one object a bucket, kept (a compiled step's buckets are few, and a captured graph reads and
+        writes its views' addresses); else made for the step (an eager step's shapes change at every step)."""
+        key = (rows, columns)
+        cache = self._decode.get(key)
+        if cache is None:
+            cache = cache_of([DecodeLayer(k[:rows, :, :columns], v[:rows, :, :columns], lengths[:rows])
+                              for k, v in self.layers])
+            if keep:
+                self._decode[key] = cache
+        return cache
+
+    def forget_views(self) -> None:
+        self._decode.clear()
+
+    def move(self, source: int, target: int, columns: int) -> None:
+        """Slot `source`'s first `columns` columns to slot `target` (the rows are packed to the front: fewer rows a
+        step)."""
+        for keys, values in self.layers:
+            keys[target, :, :columns].copy_(keys[source, :, :columns])
+            values[target, :, :columns].copy_(values[source, :, :columns])
+
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.flat)
 
 
-def batch_cache(convs, plan, capacity, device, rows=None):
-    """A BatchCache of `capacity` columns and `rows` rows (at least one a conversation) holding each row's reused
-    keys/values right-aligned to `plan.width`: one copy per reused row and layer; empty (filled by the prefill)
-    when nothing is reused."""
-    if plan.width == 0:
-        return BatchCache(capacity, rows=rows)
-    template = next(c.kv for c, r in zip(convs, plan.reuse) if r)
-    rows = max(len(convs), rows or 0)
-    layers = []
-    for layer, (k0, v0) in enumerate(template):
-        # Zeros, not empty: pad columns are read (masked out, but a NaN would still poison the softmax). Each layer
-        # on its own device (a model spread over GPUs keeps each layer's keys and values beside it).
-        keys = torch.zeros((rows, k0.shape[0], capacity, k0.shape[2]), dtype=k0.dtype, device=k0.device)
-        values = torch.zeros((rows, v0.shape[0], capacity, v0.shape[2]), dtype=v0.dtype, device=v0.device)
-        for row, (conv, r) in enumerate(zip(convs, plan.reuse)):
-            if r:
-                src_k, src_v = conv.kv[layer]
-                keys[row, :, plan.width - r:plan.width] = src_k[:, :r]
-                values[row, :, plan.width - r:plan.width] = src_v[:, :r]
-        layers.append(BufferLayer(capacity, keys, values, filled=plan.width))
-        layers[-1]._expose(len(convs))
-    return BatchCache(capacity, layers)
+class Arena:
+    """The pages of one model's waiting caches: per layer keys and values of `pages` x PAGE tokens."""
+
+    def __init__(self, shapes: Sequence[Tuple[int, int, torch.dtype, torch.device]], pages: int) -> None:
+        self.pages = pages
+        self.layers = [(torch.empty((h, pages * PAGE, d), dtype=t, device=dev),
+                        torch.empty((h, pages * PAGE, d), dtype=t, device=dev)) for h, d, t, dev in shapes]
+        self._index: Dict[Tuple[int, str], torch.Tensor] = {}
+
+    def _columns(self, pages: Sequence[int], tokens: int, device: torch.device) -> torch.Tensor:
+        """The arena columns of `tokens` tokens laid over `pages` in order (one small index, made on the host)."""
+        index = (torch.tensor(pages)[:, None] * PAGE + torch.arange(PAGE)[None]).flatten()[:tokens]
+        return index.to(device, non_blocking=True)
+
+    def copy_out(self, place: Place, slot: int, tokens: int, pages: Sequence[int]) -> None:
+        """Slot `slot`'s first `tokens` columns into `pages` (enough of them for the tokens)."""
+        index: Optional[torch.Tensor] = None
+        for (keys, values), (place_k, place_v) in zip(self.layers, place.layers):
+            if index is None or index.device != keys.device:
+                index = self._columns(pages, tokens, keys.device)
+            keys.index_copy_(1, index, place_k[slot, :, :tokens])
+            values.index_copy_(1, index, place_v[slot, :, :tokens])
+
+    def copy_in(self, place: Place, slot: int, tokens: int, pages: Sequence[int]) -> None:
+        """The first `tokens` tokens held in `pages` into slot `slot`'s first columns."""
+        index: Optional[torch.Tensor] = None
+        for (keys, values), (place_k, place_v) in zip(self.layers, place.layers):
+            if index is None or index.device != keys.device:
+                index = self._columns(pages, tokens, keys.device)
+            place_k[slot, :, :tokens].copy_(keys.index_select(1, index))
+            place_v[slot, :, :tokens].copy_(values.index_select(1, index))
+
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
 
 
-def copy_out(cache, plan, targets, lengths):
-    """Each row's own cache after the turn: per layer (keys, values) of its `lengths[row]` fed tokens, from its
-    start column on, in tensors of its own (kv_heads, length, head_dim), so the turn's buffer can go."""
-    out = []
-    for row, (t, n) in enumerate(zip(targets, lengths)):
-        start = plan.start(row, len(t))
-        # clone in contiguous format: a view (or a copy keeping the buffer's strides) would keep the buffer alive.
-        out.append([(layer.buffer_keys[row, :, start:start + n].clone(memory_format=torch.contiguous_format),
-                     layer.buffer_values[row, :, start:start + n].clone(memory_format=torch.contiguous_format))
-                    for layer in cache.layers])
-    return out
+def layer_shapes(model: torch.nn.Module, dtype: torch.dtype) -> List[Tuple[int, int, torch.dtype, torch.device]]:
+    """Per decoder layer (kv_heads, head_dim, dtype, device): each layer's keys and values beside its weights (a
+    model spread over GPUs keeps each layer's cache on its own device)."""
+    config: Any = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    devices = _layer_devices(model, config.num_hidden_layers)
+    return [(kv_heads, head_dim, dtype, device) for device in devices]
+
+
+def _layer_devices(model: torch.nn.Module, layers: int) -> List[torch.device]:
+    first = next(model.parameters()).device
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    stack = getattr(getattr(base, "model", None), "layers", None)
+    if stack is None:
+        stack = getattr(getattr(getattr(base, "model", None), "language_model", None), "layers", None)
+    if stack is None or len(stack) != layers:
+        return [first] * layers
+    return [next(layer.parameters()).device for layer in stack]

@@ -173,21 +173,50 @@ def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie
     return kv + prefill_bytes(s, rows, chunk, width, size, fused) + decode + kept_tokens * kv_bytes_per_token(s, size)
 
 
-def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=PREFILL_CHUNK, trie=0, fused=True):
-    """How many claims fit `budget` bytes with every cache kept: n claims hold n x `conversations` caches of `context`
-    tokens, and the largest model call is one turn of all n (each row at `context` tokens, `chunk` of them new,
-    `new_tokens` generated, structured with a `trie`-token choice), its buffer and its copied-out caches included:
-    what the engine admits a call with (engine.batch_bytes), summed. 0: not even one claim."""
-    def need(n):
-        held = n * conversations * context * kv_bytes_per_token(s, size)
-        turn = batch_bytes(s, size, n, context - chunk, chunk, new_tokens, n if trie else 0, trie, fused,
-                           kept_tokens=n * (chunk + new_tokens))
-        return held + turn
+# The share of a model's KV bytes (its budget less the reserve) that goes to the decode place, the rest to the page
+# arena (debate.engine.kv_store). A debate keeps two or three conversations a claim, one decoding at a time, but a
+# slot is as wide as the widest row while a page holds only what a conversation has: half and half, measured in
+# docs/BENCHMARKS.md against the re-encoding a smaller arena costs.
+PLACE_SHARE = 0.5
+PAGE_TOKENS = 64  # debate.engine.kv_store.PAGE
 
-    n = 0
-    while n < 100_000 and need(n + 1) <= budget:
-        n += 1
-    return n
+
+def reserve_bytes(s, size, rows, columns, new_tokens, fused=False, trie=0):
+    """What a model's persistent decode batch needs besides its KV memory, at most: a prefill piece of one row
+    (PREFILL_CHUNK tokens attending to `columns`), the decode step of `rows` rows over `columns` columns with its
+    masks, structured decoding's extras for every row and one choice's tree pass, the rows' pick history. On CUDA the
+    step's transients stay in the captured graphs' pool, so the prefill's and the step's are added, not maxed."""
+    prefill = prefill_bytes(s, 1, min(columns, PREFILL_CHUNK), max(0, columns - PREFILL_CHUNK), size, fused)
+    step = (decode_step_bytes(s, rows, columns, size, fused) + decode_masks_bytes(s, rows, columns, size, new_tokens)
+            + structured_step_bytes(s, rows, size) + choice_pass_bytes(s, trie, columns, size, fused))
+    return prefill + step
+
+
+def kv_plan(s, size, budget, rows, widest, new_tokens, fused=False, trie=0):
+    """How a model's `budget` bytes split (debate.engine.kv_pool): {"reserve", "place_tokens", "pages"}: the reserve
+    for `rows` rows of at most `widest` columns, then PLACE_SHARE of what is left as the place's columns in all (at most
+    `rows` x `widest`), the rest as arena pages."""
+    per_token = kv_bytes_per_token(s, size)
+    columns = max(1, min(widest, budget // max(per_token, 1)))
+    reserve = reserve_bytes(s, size, rows, columns, new_tokens, fused, trie)
+    kv = max(0, budget - reserve)
+    place = min(int(kv * PLACE_SHARE) // per_token, rows * widest)
+    pages = max(0, (kv - place * per_token) // (PAGE_TOKENS * per_token))
+    return {"reserve": reserve, "place_tokens": place, "pages": pages}
+
+
+def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=PREFILL_CHUNK, trie=0, fused=True,
+                     rows=32):
+    """How many claims fit `budget` bytes with every cache kept, as the engine's memory authority splits it (kv_plan
+    for a place of `rows` rows): each claim decodes one row of `context` + `new_tokens` columns in the place and keeps
+    its other `conversations` - 1 caches of `context` tokens in the arena's pages. `chunk` is unused (every prefill
+    piece is PREFILL_CHUNK tokens). 0: not even one claim."""
+    del chunk
+    plan = kv_plan(s, size, budget, rows, context + new_tokens + trie, new_tokens, fused, trie)
+    in_place = plan["place_tokens"] // max(1, context + new_tokens + trie)
+    waiting = -(-context // PAGE_TOKENS) * max(0, conversations - 1)
+    in_arena = plan["pages"] // waiting if waiting else in_place
+    return max(0, min(in_place, in_arena))
 
 
 def attention_is_fused(implementation):

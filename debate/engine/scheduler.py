@@ -1,26 +1,25 @@
-"""Continuous batching at the turn level: many claims run their protocol side by side, and every turn any
-of them asks for joins the next batched model call of its model.
+"""Continuous batching: many claims run their protocol side by side, and every turn any of them asks for joins its
+model's decode batch at the next step (debate.engine.decode_batch: rows join and leave at any step).
 
 Each claim runs the method's ordinary function on a batch of one claim, in a thread of its own used as a
 coroutine: `turns.speak` hands the turn to the scheduler (`submit`) and waits for the reply. Exactly one
 thread runs at a time, the scheduler passing control back and forth, so the protocols need no locks and a
 run is deterministic (the same claims, settings and seed give the same calls in the same order).
 
-The loop: admit claims while fewer than `running` are in progress and the memory pools have room for one more
-(each runs until its first turn); take the turn
-that has waited longest and every other waiting turn on the same model, adapter, settings and random
-stream; run them as one `engine.generate` call (rows of different claims, roles and prompts, each under
-its own schema or none); resume each of those claims with its reply, which runs it to its next turn or
-to its end. A claim that ends frees its place at once for the next one: no claim waits for the slowest
-claim of a batch, and no model call waits for a whole batch of claims to reach the same turn.
+The loop, one decode step at a time: admit claims while fewer than `running` are in progress and the memory
+authority has room for one more (each runs until its first turn, which is queued at once: engine.begin); step every
+model's batch once (engine.advance: waiting rows join, oldest first, every row in use feeds a token, rows that
+stopped leave); resume each claim whose turn is done, oldest turn first, with its replies (engine.end), which runs it
+to its next turn (queued at once, so it joins at the next step) or to its end. Rows of different claims, roles (each
+with its own adapter or none), settings, random streams and schemas share every step: no claim waits for the slowest
+row of a batch, and a claim that ends frees its place at once for the next one.
 
-Room for a claim (`_reserve`): a claim's caches twice for it, once for its caches and once for the turn buffer and
-copies a model call makes of them, and once more for every live claim that holds none yet (admitted since the last
-model call, or all its caches dropped), which the pools' count cannot see. A claim's caches: the most bytes any
-claim's caches have held so far (debate.engine.kv_pool); before any claim has held one, the largest first turn
-among the claims admitted, estimated from its prompts (engine.turn_cache_bytes), so the first wave too is
-admitted by what fits. A turn whose row cannot run (engine.generate's ContextOverflow) ends that claim alone: the
-error is raised in its thread, and its run writes the claim with a note.
+Room for a claim (`_reserve`): a claim's caches in the arena's free pages, for it and for every live claim that
+holds none yet (admitted since its first turn began, or all its caches dropped), which the pages cannot show yet. A
+claim's caches: the most bytes any claim's caches have held so far (debate.engine.kv_pool); before any claim has
+held one, the largest first turn among the claims admitted, estimated from its prompts (engine.turn_cache_bytes), so
+the first wave too is admitted by what fits. A turn whose row cannot run (engine.end's ContextOverflow) ends that
+claim alone: the error is raised in its thread, and its run writes the claim with a note.
 
 Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
 runs them a batch at a time (`--no-continuous`), which is the reference this is tested against.
@@ -29,12 +28,12 @@ import contextvars
 import itertools
 import threading
 import weakref
-from dataclasses import astuple, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence
 
 from debate.engine import engine, kv_pool
 from debate.engine.errors import ContextOverflow
-from debate.engine.models import RoleModel, adapter_scope
+from debate.engine.models import RoleModel
 
 if TYPE_CHECKING:
     import torch
@@ -59,14 +58,9 @@ class Turn:
     generator: Optional["torch.Generator"]
     schema: Any  # a schema_program.Compiled for every row, or None
     order: int  # when it was asked for: the oldest turn goes first
-    key: Optional[Tuple[Any, ...]] = None  # turns with equal keys can share a model call (see `_key`)
+    call: Optional[engine.Call] = None  # its rows in the model's batch, once begun
     replies: Optional[List[str]] = None
     error: Optional[BaseException] = None  # raised in the claim instead of replying (a row that could not run)
-
-
-def _key(agent: RoleModel, settings: engine.Settings, generator: Optional["torch.Generator"]) -> Tuple[Any, ...]:
-    """What a shared model call needs in common: the same weights and adapter, settings and random stream."""
-    return (id(agent.model), agent.adapter, astuple(settings), id(generator))
 
 
 class _Task:
@@ -126,8 +120,7 @@ def submit(agent: RoleModel, convs: Iterable[engine.Conversation], prompts: Iter
     task = getattr(_local, "task", None)
     if task is None:
         return None
-    task.turn = Turn(agent, list(convs), list(prompts), settings, generator, schema, next(_orders),
-                     _key(agent, settings, generator))
+    task.turn = Turn(agent, list(convs), list(prompts), settings, generator, schema, next(_orders))
     task.baton.release()
     task.go.acquire()
     if task.cancelled:
@@ -138,32 +131,25 @@ def submit(agent: RoleModel, convs: Iterable[engine.Conversation], prompts: Iter
     return turn.replies
 
 
-def _run_turns(group: Sequence[_Task]) -> None:
-    """One engine.generate call over the rows of every turn in `group` (equal keys); fills their replies."""
-    first = group[0].turn
-    convs = [c for t in group for c in t.turn.convs]
-    prompts = [p for t in group for p in t.turn.prompts]
-    schemas = [t.turn.schema for t in group for _ in t.turn.convs]
-    failed: dict = {}
-    with adapter_scope(first.agent):
-        try:
-            replies = engine.generate(first.agent.model, first.agent.tokenizer, convs, prompts, first.settings,
-                                      generator=first.generator, schemas=schemas if any(schemas) else None)
-        except ContextOverflow as err:  # the other rows ran; only the claims of the failed rows end
-            replies, failed = err.replies, err.failed
-    start = 0
-    for task in group:
-        n = len(task.turn.convs)
-        for conv in task.turn.convs:
-            if isinstance(conv, engine.Conversation):
-                task.convs[id(conv)] = conv
-        mine = {row - start: reason for row, reason in failed.items() if start <= row < start + n}
-        if mine:
-            task.turn.error = ContextOverflow(mine, replies[start:start + n])
-            task.turn.error.conversations = list(task.convs.values())
-        else:
-            task.turn.replies = replies[start:start + n]
-        start += n
+def _begin(task: _Task) -> None:
+    """Queue the rows of the turn the claim waits on in its model's batch (engine.begin), with its role's adapter."""
+    turn = task.turn
+    turn.call = engine.begin(turn.agent.model, turn.agent.tokenizer, turn.convs, turn.prompts, turn.settings,
+                             generator=turn.generator, schemas=[turn.schema] * len(turn.convs) if turn.schema else None,
+                             adapter=turn.agent.adapter)
+    for conv in turn.convs:
+        if isinstance(conv, engine.Conversation):
+            task.convs[id(conv)] = conv
+
+
+def _end(task: _Task) -> None:
+    """The replies of the claim's finished turn (engine.end), or the error of its rows that could not run."""
+    turn = task.turn
+    try:
+        turn.replies = engine.end(turn.call)
+    except ContextOverflow as err:  # the other rows ran; only this claim ends
+        err.conversations = list(task.convs.values())
+        turn.error = err
 
 
 def _first_turn_bytes(task: _Task) -> int:
@@ -182,12 +168,12 @@ def _first_turn_bytes(task: _Task) -> int:
 
 
 def _reserve(live: Sequence[_Task], claim_peak: int) -> int:
-    """The bytes the pools must have free to admit one more claim: twice a claim's caches for it, and a claim's
-    caches for each live claim that holds none yet; a claim's caches: `claim_peak`, the most any claim has held,
-    or before any has held one, the largest first turn among the live claims."""
+    """The bytes the arenas must have free to admit one more claim: a claim's caches for it and for each live claim
+    that holds none yet; a claim's caches: `claim_peak`, the most any claim has held, or before any has held one,
+    the largest first turn among the live claims."""
     fresh = [t for t in live if not t.finished and kv_pool.held_by(t.convs.values()) == 0]
     per_claim = claim_peak or max((_first_turn_bytes(t) for t in fresh), default=0)
-    return (len(fresh) + 2) * per_claim
+    return (len(fresh) + 1) * per_claim
 
 
 def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> int:
@@ -208,19 +194,25 @@ def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -
                 live.append(task)
                 most = max(most, len(live))
                 task.resume()
+                if not task.finished:
+                    _begin(task)
             live = [t for t in live if not t.finished]
             if not live:
                 continue
-            oldest = min(live, key=lambda t: t.turn.order)
-            group = sorted((t for t in live if t.turn.key == oldest.turn.key), key=lambda t: t.turn.order)
-            _run_turns(group)
-            claim_peak = max([claim_peak] + [kv_pool.held_by(task.convs.values()) for task in group])
-            for task in group:
+            engine.advance()
+            done = sorted((t for t in live if t.turn.call.done), key=lambda t: t.turn.order)
+            for task in done:
+                _end(task)
+                claim_peak = max(claim_peak, kv_pool.held_by(task.convs.values()))
                 task.resume()
+                if not task.finished:
+                    _begin(task)
             live = [t for t in live if not t.finished]
         return most
     finally:
         for task in live:  # an error or an interrupt: unwind the claims still waiting, keep nothing of them
+            if not task.finished and task.turn is not None and task.turn.call is not None:
+                engine.cancel(task.turn.call)
             if not task.finished:
                 task.cancelled = True
                 task.go.release()  # a thread whose start a signal cut finds itself cancelled and ends

@@ -228,7 +228,8 @@ def _verify(config, claims, inputs, prompt_info, agents):
             agents.update(load_agents(config, roles))
         distinct = models.base_models(agents)
         if loaded:  # once every weight is loaded: the budget every cache and model call of the run stays within
-            kv_pool.start_run(distinct, config.generation.gpu_memory_fraction, config.generation.memory_gb)
+            kv_pool.start_run(distinct, config.generation.gpu_memory_fraction, config.generation.memory_gb,
+                              rows=config.generation.batch_size)
         pools = kv_pool.pools_of(distinct)
         for pool in pools:
             pool.reset_stats()  # each trial says its own

@@ -175,7 +175,8 @@ def _retrieve(config, settings, todo, path, done):
     r, g = config.retrieval, config.generation
     agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
                               device_map=config.models.device_map)["retriever"]
-    kv_pool.start_run([agent.model], config.generation.gpu_memory_fraction, config.generation.memory_gb)
+    kv_pool.start_run([agent.model], config.generation.gpu_memory_fraction, config.generation.memory_gb,
+                      rows=g.batch_size)
     embedder = retrieval.load_embedder(config.courtroom.embedder)
     instruction = hero_retrieval.query_instruction(embedder.path, r.query_instruction)
     pool = knowledge_store.qa_examples(few_shot_claims(config), settings["few_shot_split"]) if r.few_shot else []
