@@ -89,22 +89,22 @@ def test_the_ram_available_is_the_least_of_the_kernels_estimate_and_every_cgroup
     assert ram.available() is None or ram.available() > 0  # this machine's own answer
 
 
-def test_an_out_of_memory_error_splits_the_batch_and_retries_it_with_the_same_tokens(tiny, monkeypatch, caplog):
+def test_an_out_of_memory_error_is_retried_once_with_the_same_tokens(tiny, monkeypatch, caplog):
     model, tok = tiny
     kwargs = dict(turns=2, max_new_tokens=6, systems=SYSTEMS[:4])
     whole = debate_like(model, tok, True, 4, **kwargs)
     forward, calls = model.forward, []
 
-    def flaky(*args, **kw):  # the third model call (a decode step of the first batch) runs out of memory, once
+    def flaky(*args, **kw):  # the sixth model call (four prefills, then the second step) runs out of memory, once
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 6:
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
 
     monkeypatch.setattr(model, "forward", flaky)
-    with caplog.at_level("WARNING", logger="debate.engine.engine"):
+    with caplog.at_level("WARNING", logger="debate.engine.decode_batch"):
         retried = debate_like(model, tok, True, 4, **kwargs)
-    assert "out of memory in a batch of 4 conversations; retrying it as batches of 2 and 2" in caplog.text
+    assert "out of memory in a model call; retrying it once" in caplog.text
     assert [c.generated for c in retried] == [c.generated for c in whole]
     assert [c.messages for c in retried] == [c.messages for c in whole]
     assert [c.completion_tokens for c in retried] == [c.completion_tokens for c in whole]
@@ -169,7 +169,7 @@ def test_context_ids_keep_generated_tokens_verbatim(tiny):
     assert any(ids[i:i + len(gen)] == gen for i in range(len(ids)))
     # The cache covers a prefix of the new context: nothing already encoded is invalidated.
     assert ids[: len(conv.cached_ids)] == conv.cached_ids
-    assert conv.cache[0][0].shape[2] == len(conv.cached_ids)
+    assert len(conv.kv.pages) == -(-len(conv.cached_ids) // kv_store.PAGE)  # its pages hold those tokens, no more
 
 
 def test_generation_stops_at_end_of_turn_and_counts_tokens(tiny):
@@ -202,16 +202,3 @@ def test_sampling_is_reproducible_with_a_seed_and_differs_from_greedy(tiny):
         return conv.generated[0]
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)
-
-
-def test_rows_starting_a_conversation_do_not_make_continuing_rows_re_encode_their_cache():
-    # Contexts of 6,000 tokens: two rows start (nothing cached), three go on by 150, 300 and 60 tokens.
-    targets = [[0] * 6000] * 5
-    usables = [0, 5850, 0, 5700, 5940]
-    assert engine.chunk_groups(targets, usables) == [[0, 2], [1, 3, 4]]
-    # Alone, the continuing rows feed 300 tokens each at most instead of 6,000.
-    assert kv_store.layout([targets[i] for i in (1, 3, 4)], [usables[i] for i in (1, 3, 4)]).chunk == 300
-    # A row re-encodes at most max(its own chunk, SHARED_CHUNK) tokens to share a batch: 600/500/350 go
-    # together, 600/20 do not.
-    assert engine.chunk_groups([[0] * 900] * 3, [400, 300, 550]) == [[0, 1, 2]]
-    assert engine.chunk_groups([[0] * 900] * 2, [300, 880]) == [[0], [1]]

@@ -45,7 +45,7 @@ def scores_schema(tmp_path, monkeypatch, scored=False, name="scores"):
 # ---------------------------------------------------------------- today's scorer, kept here as the oracle
 
 
-def copied_cache_logprobs(model, cache, row, start, candidates, first_logits, pad_id, chunk_size=16):
+def copied_cache_logprobs(model, cache, candidates, first_logits, pad_id, chunk_size=16):
     """The scorer before issue 37, verbatim in substance: every candidate in side passes of 16 over copies
     of the row's keys/values (`expand(...).contiguous()`), right-padded, 2-D mask."""
     logp = torch.log_softmax(first_logits.float(), dim=-1)
@@ -55,8 +55,7 @@ def copied_cache_logprobs(model, cache, row, start, candidates, first_logits, pa
     for at in range(0, len(longer), chunk_size):
         chunk = [candidates[j] for j in longer[at:at + chunk_size]]
         k, width = len(chunk), max(len(c) for c in chunk) - 1
-        layers = [(layer.keys[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous(),
-                   layer.values[row:row + 1, :, start:].expand(k, -1, -1, -1).contiguous())
+        layers = [(layer.keys.expand(k, -1, -1, -1).contiguous(), layer.values.expand(k, -1, -1, -1).contiguous())
                   for layer in cache.layers]
         past = layers[0][0].shape[2]
         ids = torch.full((k, width), pad_id, dtype=torch.long)
@@ -75,23 +74,26 @@ def copied_cache_logprobs(model, cache, row, start, candidates, first_logits, pa
     return totals
 
 
-def prefilled_batch(model, tok, systems, extra_columns):
-    """A left-padded batch prefilled as generator.run does: (cache, plan, targets, last logits per row)."""
-    targets = [chat.context_ids(tok, engine.Conversation(system=s, messages=[{"role": "user", "content": "Judge."}]))
-               for s in systems]
-    plan = kv_store.layout(targets, [0] * len(targets))
-    capacity = plan.width + plan.chunk + extra_columns
-    ids = torch.full((len(targets), plan.chunk), 0, dtype=torch.long)
-    mask = torch.zeros((len(targets), plan.chunk), dtype=torch.long)
-    positions = torch.zeros((len(targets), plan.chunk), dtype=torch.long)
-    for row, t in enumerate(targets):
-        ids[row, plan.chunk - len(t):] = torch.tensor(t)
-        mask[row, plan.chunk - len(t):] = 1
-        positions[row, plan.chunk - len(t):] = torch.arange(len(t))
-    cache = kv_store.batch_cache(None, plan, capacity, "cpu")
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **generator.cache_kwarg(model, cache))
-    return cache, plan, targets, out.logits[:, -1]
+class Slots:
+    """Rows prefilled into slots of a decode place as the engine's batch does (generator.prefill): each row's context
+    from column 0 of its own slot, `extra_columns` free past the longest; `layers` the slots' keys/values."""
+
+    def __init__(self, model, tok, systems, extra_columns):
+        self.targets = [chat.context_ids(tok, engine.Conversation(system=s, messages=[{"role": "user",
+                                                                                         "content": "Judge."}]))
+                        for s in systems]
+        columns = max(len(t) for t in self.targets) + extra_columns
+        dtype = next(model.parameters()).dtype
+        self.place = kv_store.Place(kv_store.layer_shapes(model, dtype), len(systems) * columns, len(systems))
+        self.place.ready(columns)
+        self.last = [generator.prefill(model, self.place.slot_cache(row, 0), t, 0)
+                     for row, t in enumerate(self.targets)]
+
+    def cache(self, row):
+        return self.place.slot_cache(row, len(self.targets[row]))
+
+    def layers(self):
+        return [(k.clone(), v.clone()) for k, v in self.place.layers]
 
 
 @torch.inference_mode()
@@ -105,19 +107,18 @@ def test_tree_scoring_gives_the_copied_cache_scorers_probabilities_without_touch
     hundred = reflection.candidates[0]  # 0.00 .. 1.00 with its closing token: 101 candidates
     go_on_close = [reflection.list_go_on, reflection.list_close]
     assert len(hundred) == 101 and max(len(c) for c in verdict) > 2
-    cache, plan, targets, last = prefilled_batch(model, tok, systems, 400)
-    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    slots = Slots(model, tok, systems, 400)
+    before = slots.layers()
     rows_seen = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
                                            with_kwargs=True)
     try:
         for row in range(3):
-            start = plan.start(row, len(targets[row]))
             for candidates in (verdict, hundred, go_on_close):
                 rows_seen.clear()
-                got = generator.tree_logprobs(model, cache, row, start, candidates, last[row])
+                got = generator.tree_logprobs(model, slots.cache(row), candidates, slots.last[row])
                 assert rows_seen == [1]  # one pass, of this row alone
-                want = copied_cache_logprobs(model, cache, row, start, candidates, last[row], 0)
+                want = copied_cache_logprobs(model, slots.cache(row), candidates, slots.last[row], 0)
                 assert got == pytest.approx(want, abs=1e-4)
                 assert torch.softmax(torch.tensor(got), 0).tolist() == pytest.approx(
                     torch.softmax(torch.tensor(want), 0).tolist(), abs=1e-4)
@@ -125,12 +126,12 @@ def test_tree_scoring_gives_the_copied_cache_scorers_probabilities_without_touch
         hook.remove()
     # Spread out (a wrong score would show; labels of different lengths are not, under a random model) and no
     # cache written where the turn reads: every row's columns so far are as they were, the turn's length too.
-    probs = torch.softmax(torch.tensor(generator.tree_logprobs(model, cache, 1, plan.start(1, len(targets[1])),
-                                                               hundred, last[1])), 0)
+    probs = torch.softmax(torch.tensor(generator.tree_logprobs(model, slots.cache(1), hundred, slots.last[1])), 0)
     assert float(probs.max()) < 0.5
-    for layer, (k, v) in zip(cache.layers, before):
-        assert layer.filled == k.shape[2]
-        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    for (keys, values), (k, v) in zip(slots.place.layers, before):
+        for row, t in enumerate(slots.targets):
+            assert torch.equal(keys[row, :, :len(t)], k[row, :, :len(t)])
+            assert torch.equal(values[row, :, :len(t)], v[row, :, :len(t)])
 
 
 # ---------------------------------------------------------------- generated numbers
@@ -239,11 +240,13 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
         hook.remove()
     assert all(rows <= 2 for rows, _ in calls)
     steps = max(c.completion_tokens for c in convs)
-    side = [shape for shape in calls if shape[0] == 1]  # list go-on/close choices: one row, a few tokens each
-    assert all(width <= compiled.scratch_columns for _, width in side)
-    # The prefill, one call per generated token after the first, and a pass per list decision (at most 2 per
+    prefills, rest = calls[:2], calls[2:]  # each row's prefill into its slot, as the two join together
+    assert [rows for rows, _ in prefills] == [1, 1] and all(width > compiled.scratch_columns for _, width in prefills)
+    side = [shape for shape in rest if shape[1] > 1]  # list go-on/close choices: one row, a few tokens each
+    assert all(rows == 1 and width <= compiled.scratch_columns for rows, width in side)
+    # The prefills, one step per generated token after the first, and a pass per list decision (at most 2 per
     # row): the three 0.00-1.00 scores add their few digits, not 101 candidates each.
-    assert len(calls) <= 1 + (steps - 1) + 2 * 2
+    assert len(calls) <= 2 + (steps - 1) + 2 * 2
     for conv in convs:
         for key in ("Logic", "Novelty", "Rebuttal"):
             assert 0 <= conv.structured["fields"][key] <= 1 and key not in conv.structured["probs"]

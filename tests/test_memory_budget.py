@@ -1,18 +1,18 @@
-"""One memory budget for a run (debate/engine/kv_pool.py): conversations keep only their own tokens' caches, counted
-in one pool; a model call is admitted only with room for it, made by dropping other caches (re-encoded later, the
-same tokens) and running fewer rows; claims are admitted while the pool has room; a row that cannot run ends its
-claim alone, with a note; out of memory is retried once the failed attempt is released."""
+"""One memory budget for a run (debate/engine/kv_pool.py): each model's KV memory allocated once within it (a decode
+place of slots and an arena of pages, debate/engine/kv_store.py); a conversation keeps only its own tokens' keys and
+values, in pages the memory authority counts; with too few pages the newest waiting caches are dropped and re-encoded
+at their next turn (the same tokens); claims are admitted while the arena has room; a row that cannot run ends its
+claim alone, with a note; out of memory is retried once."""
 import gc
 import json
 import re
-import weakref
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.engine import chat, engine, errors, generator, kv_pool, kv_store, ram
+from debate.engine import chat, engine, errors, kv_pool, kv_store, ram
 from tests.tiny_models import averitec_dir, build_wide_llama, cpu_budget, missing
 
 
@@ -29,71 +29,52 @@ def wide(wide_path):
 SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (3 + i * 7 % 13) for i in range(6)]
 
 
-def debate(model, tok, budget, turns=3, max_new_tokens=8, batch_size=6):
-    """Six conversations, `turns` turns each, in calls of `batch_size` rows, under `budget` bytes (None: none); the
-    conversations, the pool's counts and each call's rows."""
-    calls, run = [], generator.run
-
-    def counting(model, tok, convs, *args):
-        calls.append(len(convs))
-        return run(model, tok, convs, *args)
-
-    generator.run = counting
-    try:
-        with cpu_budget(budget) as pool:
-            gc.collect()
-            assert pool.held == 0  # every earlier test's conversations are gone, and their caches with them
-            convs = [engine.Conversation(system=s) for s in SYSTEMS]
-            settings = engine.Settings(max_new_tokens=max_new_tokens)
-            for turn in range(turns):
-                for start in range(0, len(convs), batch_size):
-                    rows = range(start, min(len(convs), start + batch_size))
-                    engine.generate(model, tok, [convs[i] for i in rows],
-                                    [f"Round {turn}: answer claim {i}." + " Really?" * (i % 3) for i in rows], settings)
-                    assert pool.held == sum(pool.bytes_of(c) for c in convs)  # what it counts is what they hold
-            stats = dict(peak_counted=pool.peak_counted, dropped=pool.dropped, reencoded=pool.reencoded,
-                         held=pool.held)
-            for conv in convs:
-                conv.drop_cache()  # the next run starts with an empty pool
-    finally:
-        generator.run = run
-    return convs, stats, calls
+def debate(model, tok, budget=None, turns=3, max_new_tokens=8, batch_size=6, plan=None, monkeypatch=None):
+    """Six conversations, `turns` turns each, in calls of `batch_size` rows, under `budget` bytes (None: none) or a
+    given split of the model's memory (`plan`, kv_pool's); the conversations and the pool's counts."""
+    if plan is not None:
+        monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: dict(plan))
+    with cpu_budget(budget) as pool:
+        gc.collect()
+        convs = [engine.Conversation(system=s) for s in SYSTEMS]
+        settings = engine.Settings(max_new_tokens=max_new_tokens)
+        for turn in range(turns):
+            for start in range(0, len(convs), batch_size):
+                rows = range(start, min(len(convs), start + batch_size))
+                engine.generate(model, tok, [convs[i] for i in rows],
+                                [f"Round {turn}: answer claim {i}." + " Really?" * (i % 3) for i in rows], settings)
+                mem = pool.memories[model]
+                assert mem.held() == kv_pool.held_by(convs)  # what it counts is what they hold
+        stats = dict(dropped=pool.dropped, reencoded=pool.reencoded, held=mem.held())
+        for conv in convs:
+            conv.drop_cache()  # the next run starts with an empty arena
+    if plan is not None:
+        monkeypatch.undo()
+    return convs, stats
 
 
-def test_a_conversation_keeps_only_its_own_tokens_and_the_turns_buffer_goes_with_the_turn(wide, monkeypatch):
+def test_a_conversation_keeps_only_its_own_tokens_in_pages_and_gives_them_back(wide):
     model, tok = wide
-    buffers, make = [], kv_store.batch_cache
-
-    def watched(*args):
-        cache = make(*args)
-        buffers.append(cache)  # the BatchCache; its layers' buffers are made by the prefill when nothing is reused
-        return cache
-
-    monkeypatch.setattr(kv_store, "batch_cache", watched)
     with cpu_budget(None) as pool:
         convs = [engine.Conversation(system=s) for s in SYSTEMS[:3]]
         settings = engine.Settings(max_new_tokens=6)
         for turn in range(2):
             engine.generate(model, tok, convs, [f"Turn {turn}." + " More." * (5 * i) for i in range(3)], settings)
-        dead = [weakref.ref(layer.buffer_keys) for cache in buffers for layer in cache.layers]
-        buffers.clear()
-        gc.collect()
-        assert dead and all(ref() is None for ref in dead)  # no conversation pins a turn's padded buffer
-        heads, dim = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
+        mem = pool.memories[model]
         for conv in convs:
-            assert [tuple(k.shape) for k, _ in conv.kv] == [(heads, len(conv.cached_ids), dim)] * 2
             assert conv.cached_ids == chat.context_ids(tok, conv)[:len(conv.cached_ids)]
-        assert pool.held == sum(2 * k.numel() * k.element_size() for c in convs for k, _ in c.kv)
+            assert len(conv.kv.pages) == -(-len(conv.cached_ids) // kv_store.PAGE)  # its own tokens' pages, no more
+        assert mem.held() == sum(len(c.kv.pages) for c in convs) * kv_store.PAGE * mem.token_bytes
         convs[0].drop_cache()
-        assert pool.held == sum(2 * k.numel() * k.element_size() for c in convs[1:] for k, _ in c.kv)
+        assert mem.held() == kv_pool.held_by(convs[1:]) > 0
         del convs, conv  # the loop variable held the last one too
         gc.collect()
-        assert pool.held == 0  # a conversation freed without dropping its cache is forgotten with it
+        assert mem.held() == 0  # a conversation freed without dropping its cache gives its pages back with it
 
 
 def test_a_first_turns_estimated_caches_are_close_to_what_the_turn_leaves(wide):
     """The scheduler admits the first claims by engine.turn_cache_bytes, counted before the turn runs: within a
-    tenth of the bytes the pool then holds (the chat template's few tokens are all it leaves out)."""
+    tenth of the bytes of the tokens the turn leaves cached (the chat template's few tokens are all it leaves out)."""
     model, tok = wide
     with cpu_budget(None) as pool:
         convs = [engine.Conversation(system=s) for s in SYSTEMS]
@@ -101,41 +82,38 @@ def test_a_first_turns_estimated_caches_are_close_to_what_the_turn_leaves(wide):
         settings = engine.Settings(max_new_tokens=8)
         estimate = engine.turn_cache_bytes(model, tok, convs, prompts, settings)
         engine.generate(model, tok, convs, prompts, settings)
-        held = kv_pool.held_by(convs)
-        assert held == pool.held and 0.9 * held <= estimate <= 1.1 * held, (estimate, held)
+        held = sum(len(c.cached_ids) for c in convs) * pool.memories[model].token_bytes
+        assert 0.9 * held <= estimate <= 1.1 * held, (estimate, held)
         for conv in convs:
             conv.drop_cache()
 
 
-def test_a_budget_half_what_the_calls_need_runs_fewer_rows_and_changes_no_token(wide):
+def test_an_arena_too_small_for_every_cache_drops_the_newest_and_changes_no_token(wide, monkeypatch):
+    """Pages for about two of the six conversations: at each turn's end the newest waiting caches give way, and are
+    encoded again at their next turn, the same tokens."""
     model, tok = wide
-    whole, free, free_calls = debate(model, tok, None)
-    assert free_calls == [6, 6, 6] and free["dropped"] == 0
-    budget = free["peak_counted"] // 2
-    split, stats, calls = debate(model, tok, budget)
-    assert [c.generated for c in split] == [c.generated for c in whole]
-    assert [c.prompt_tokens for c in split] == [c.prompt_tokens for c in whole]
-    assert max(calls) < 6 and sum(calls) >= 18  # fewer rows a call, every row run once a turn
-    assert stats["peak_counted"] <= budget  # caches held and the call's need, at every call
-
-
-def test_a_budget_for_one_conversation_alone_drops_the_others_caches_and_changes_no_token(wide):
-    """Each call may hold one conversation's turn and nothing else: every other cache is dropped before it and
-    encoded again at its next turn."""
-    model, tok = wide
-    whole, free, _ = debate(model, tok, None, batch_size=1)
-    settings = engine.Settings(max_new_tokens=8)
-    # The largest single row's call, its context not cached: the next turn of the longest conversation.
-    longest = max(whole, key=lambda c: c.prompt_tokens)
-    longest.messages.append({"role": "user", "content": "Round 2: answer claim 5. Really? Really?"})
-    target = chat.context_ids(tok, longest)
-    budget = engine.batch_bytes(model, [target], [0], settings)
-    tight, stats, calls = debate(model, tok, budget, batch_size=1)
+    whole, free = debate(model, tok)
+    assert free["dropped"] == 0
+    tight, stats = debate(model, tok, plan={"reserve": 0, "place_tokens": 6 * 1024, "pages": 12},
+                          monkeypatch=monkeypatch)
     assert [c.generated for c in tight] == [c.generated for c in whole]
-    assert stats["peak_counted"] <= budget
+    assert [c.prompt_tokens for c in tight] == [c.prompt_tokens for c in whole]
     assert stats["dropped"] >= len(SYSTEMS) and stats["reencoded"] > 0
     encoded = sum(c.encoded_tokens for c in tight) - sum(c.encoded_tokens for c in whole)
     assert 0 < encoded <= stats["reencoded"] + len(SYSTEMS) * 3
+
+
+def test_a_models_memory_is_planned_within_its_budget(wide):
+    """Place, arena and reserve of the model's Memory come to its budget at most, and use most of it."""
+    model, tok = wide
+    for budget in (64 * 2 ** 20, 256 * 2 ** 20, 2 * 2 ** 30):
+        with cpu_budget(budget) as pool:
+            engine.generate(model, tok, [engine.Conversation(system=SYSTEMS[0])], ["Go."],
+                            engine.Settings(max_new_tokens=8))
+            mem = pool.memories[model]
+            taken = mem.place.nbytes() + mem.arena.nbytes() + mem.plan["reserve"]
+            assert 0.9 * budget <= taken <= budget, (budget, taken)
+            assert mem.arena.pages > 0 and mem.place.rows >= 1
 
 
 def test_a_context_past_the_window_fails_its_row_alone_and_leaves_its_conversation_as_it_was(wide):
@@ -161,36 +139,6 @@ def test_the_budget_is_decided_once_from_the_device_and_memory_gb_overrides_it(m
     assert kv_pool.decide("cpu", 0.8)[0] is None
 
 
-def test_out_of_memory_drops_the_other_caches_and_retries_once_the_attempt_is_released(wide, monkeypatch, caplog):
-    model, tok = wide
-    whole, _, _ = debate(model, tok, None, turns=2)
-    forward, calls, attempts = model.forward, [], []
-    make = kv_store.batch_cache
-
-    def watched(*args):
-        cache = make(*args)
-        attempts.append(cache)
-        return cache
-
-    def flaky(*args, **kw):  # a decode step of the second turn's batch runs out of memory, once
-        calls.append(1)
-        if len(calls) == 12:
-            raise torch.OutOfMemoryError("simulated")
-        if len(calls) == 13:  # the retry's first call: the failed attempt's buffers are gone by now
-            failed = weakref.ref(attempts[-2].layers[0].buffer_keys)
-            attempts[-2] = None
-            gc.collect()
-            assert failed() is None
-        return forward(*args, **kw)
-
-    monkeypatch.setattr(kv_store, "batch_cache", watched)
-    monkeypatch.setattr(model, "forward", flaky)
-    with caplog.at_level("WARNING", logger="debate.engine.engine"):
-        retried, stats, calls_rows = debate(model, tok, None, turns=2)
-    assert "out of memory in a batch of 6 conversations; retrying it as batches of 3 and 3" in caplog.text
-    assert [c.generated for c in retried] == [c.generated for c in whole]
-
-
 def read(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -208,24 +156,24 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
             run_debate.main(["--split", "dev", "--data-dir", str(data), "--evidence", "golden", "--model", wide_path,
                              "--limit", "32", "--batch-size", "32", "--max-new-tokens", "6", "--max-rounds", "1",
                              "--no-structured", "--temperature", "0", "--output-dir", str(out), *extra])
-        pool = kv_pool.pool_for("cpu")
+        line = [r.message for r in caplog.records if r.message.startswith("memory: ")][-1]
+        taken = re.search(r"place, arena and reserve ([\d.]+) (MiB|GiB)", line)
         runs[name] = dict(preds=sorted(read(out / "predictions.jsonl"), key=lambda p: str(p["claim_id"])),
-                          counted=pool.peak_counted, dropped=pool.dropped, budget=0.25 * kv_pool.GIB,
-                          line=[r.message for r in caplog.records if r.message.startswith("memory: ")][-1])
+                          taken=float(taken.group(1)) * (2 ** 20 if taken.group(2) == "MiB" else kv_pool.GIB),
+                          budget=0.25 * kv_pool.GIB, line=line)
         caplog.clear()
     free, small = runs["free"], runs["small"]
     assert len(free["preds"]) == len(small["preds"]) == 32
     keys = ("claim_id", "label", "justification", "prompt_tokens", "completion_tokens")
     assert [{k: p[k] for k in keys} for p in small["preds"]] == [{k: p[k] for k in keys} for p in free["preds"]]
-    # The unlimited run's calls came to many times the small budget; the small one stayed inside it at every call.
-    assert free["counted"] > 8 * small["budget"] and small["counted"] <= small["budget"]
-    assert small["dropped"] > 0 and "tokens re-encoded for them" in small["line"]
-    assert "no cache dropped" in free["line"]
+    # The unlimited run's memory is sized from the free RAM; the small one's place, arena and reserve within 0.25 GiB.
+    assert free["taken"] > 8 * small["budget"] and small["taken"] <= small["budget"]
+    assert "tokens re-encoded for them" in small["line"] and "no cache dropped" in free["line"]
     in_flight = {name: int(re.search(r"(\d+) claims in flight at most", run["line"]).group(1))
                  for name, run in runs.items()}
     # Every claim at once with no limit; under the budget the first wave too is admitted by its first turns'
-    # estimated caches (scheduler._reserve): before that estimate all 32 started together at any budget.
-    assert in_flight["free"] == 32 and 1 <= in_flight["small"] < 32, in_flight  # 25 measured
+    # estimated caches (scheduler._reserve).
+    assert in_flight["free"] == 32 and 1 <= in_flight["small"] < 32, in_flight
 
 
 def test_a_claim_whose_context_passes_the_cap_is_written_with_a_note_and_the_others_are_verified(wide_path, tmp_path):
@@ -246,32 +194,36 @@ def test_a_claim_whose_context_passes_the_cap_is_written_with_a_note_and_the_oth
         assert len(conversations) == 3 and all(c["messages"] for c in conversations)
 
 
-def test_a_lone_row_out_of_memory_runs_again_without_any_cache_and_then_fails_alone(wide, monkeypatch, caplog):
-    """One row that runs out of memory once is run again with every cache dropped, its own too: the same tokens.
-    One that runs out every time fails alone (ContextOverflow names it), its conversation as it was."""
+def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conversation_as_it_was(wide, monkeypatch,
+                                                                                                     caplog):
+    """Out of memory once is retried with the same tokens; twice in a row's prefill, that row fails alone
+    (ContextOverflow names it) and the other rows of the call run."""
     model, tok = wide
-    whole, _, _ = debate(model, tok, None, turns=2, batch_size=1)
+    whole, _ = debate(model, tok, turns=2, batch_size=1)
     forward, calls = model.forward, []
 
-    def once(*args, **kw):  # the second turn's first call of the first conversation runs out of memory
-        calls.append(1)
+    def once(*args, **kw):  # the second turn's prefill of the first conversation runs out of memory, once
+        calls.append(kw["input_ids"].shape[1])
         if len(calls) == 6 * 8 + 1:
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
 
     monkeypatch.setattr(model, "forward", once)
-    with caplog.at_level("WARNING", logger="debate.engine.engine"):
-        retried, stats, _ = debate(model, tok, None, turns=2, batch_size=1)
-    assert "out of memory in a batch of 1 conversation; retrying it with every cache dropped" in caplog.text
+    with caplog.at_level("WARNING", logger="debate.engine.decode_batch"):
+        retried, _ = debate(model, tok, turns=2, batch_size=1)
+    assert calls[6 * 8] > 1 and "out of memory in a model call; retrying it once" in caplog.text
     assert [c.generated for c in retried] == [c.generated for c in whole]
-    assert stats["dropped"] >= 1 and stats["reencoded"] > 0
 
-    def always(*args, **kw):
-        raise torch.OutOfMemoryError("simulated")
+    convs = [engine.Conversation(system="s"), engine.Conversation(system=SYSTEMS[5])]
+    doomed = len(chat.context_ids(tok, engine.Conversation(SYSTEMS[5], [{"role": "user", "content": "go"}])))
 
-    monkeypatch.setattr(model, "forward", always)
-    convs = [engine.Conversation(system="s")]
+    def prefill_fails(*args, **kw):  # the second row's prefill, every time
+        if kw["input_ids"].shape[1] == doomed:
+            raise torch.OutOfMemoryError("simulated")
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", prefill_fails)
     with cpu_budget(None), pytest.raises(errors.ContextOverflow) as err:
-        engine.generate(model, tok, convs, ["go"], engine.Settings(max_new_tokens=4))
-    assert "ran out of memory with every other cache dropped" in err.value.failed[0]
-    assert convs[0].messages == [] and convs[0].kv is None
+        engine.generate(model, tok, convs, ["go", "go"], engine.Settings(max_new_tokens=4))
+    assert list(err.value.failed) == [1] and "ran out of memory in its prefill twice" in err.value.failed[1]
+    assert isinstance(err.value.replies[0], str) and convs[1].messages == [] and convs[1].kv is None

@@ -45,31 +45,31 @@ def reset_peak():
 """
 
 ENGINE_STEP = PRELUDE + """
-from debate.engine import engine, kv_pool, models, schema_program
+from debate.engine import chat, engine, kv_pool, memory, models, schema_program
 model_dir, schema_name, context, rows, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
     int(sys.argv[5])
 loaded = models.load_model(model_dir, use_4bit=False)
 model, tok = loaded.model, loaded.tokenizer
 compiled = schema_program.compile_for(schema_name, tok)
 settings = engine.Settings(max_new_tokens=new_tokens, temperature=0.0)
-kv_pool.configure("cpu", None, "none: the whole call as one batch")
-planned = []
-plain = kv_pool.Pool.note_call
-
-def planning(pool, need):  # each model call's need, as the engine admits it (engine.batch_bytes)
-    planned.append(need)
-    return plain(pool, need)
-
-kv_pool.Pool.note_call = planning
+kv_pool.configure("cpu", None, "none: sized from the free RAM, touched only where written")
 text = lambda n, i: " ".join(f"w{{(i * 7 + j) % 50}}" for j in range(n))
 convs = [engine.Conversation(system="s") for _ in range(rows)]
 # First turn: the long context (its prefill is the warm-up); the measured turn adds a short message over it.
 engine.generate(model, tok, convs, [text(context, i) for i in range(rows)], settings, schemas=[compiled] * rows)
-planned.clear()
 reset_peak()
 before = resident()
 engine.generate(model, tok, convs, [text(8, i) for i in range(rows)], settings, schemas=[compiled] * rows)
-print(json.dumps({{"measured": peak() - before, "planned": max(planned), "reused": convs[0].encoded_tokens
+measured = peak() - before
+mem = kv_pool.pool_for("cpu").memories[model]
+# The plan for this turn's shape: the batch's transients (memory.reserve_bytes, what a model's Memory reserves) at
+# its widest row, and the keys and values it writes: every slot's columns up to that row's (zeroed once), and the
+# rows' caches copied out to pages at the end.
+width = max(len(chat.context_ids(tok, c)) for c in convs) + new_tokens + compiled.scratch_columns
+fused = memory.attention_is_fused(model.config._attn_implementation)
+planned = (memory.reserve_bytes(mem.shape, mem.size, rows, width, new_tokens, fused, compiled.scratch_columns)
+           + (mem.place.rows * width + sum(len(c.cached_ids) for c in convs)) * mem.token_bytes)
+print(json.dumps({{"measured": measured, "planned": planned, "reused": convs[0].encoded_tokens
                   < convs[0].prompt_tokens}}))
 """
 
@@ -82,16 +82,16 @@ s = memory.shape(model.config)
 piece = memory.PREFILL_CHUNK
 width = columns - piece
 with torch.inference_mode():
-    cache = kv_store.BatchCache(columns)
-    # The cached context: zeros in a full buffer, as the engine's gather leaves it.
+    # The cached context: zeros in a slot of the place, as a copy from the arena leaves it.
     heads, dim = s["kv_heads"], s["head_dim"]
-    cache = kv_store.BatchCache(columns, [kv_store.BufferLayer(columns, torch.zeros(1, heads, columns, dim),
-                                                               torch.zeros(1, heads, columns, dim), filled=width)
-                                          for _ in range(s["layers"])])
+    slot = lambda n, filled: kv_store.cache_of([kv_store.BufferLayer(torch.zeros(1, heads, n, dim),
+                                                                     torch.zeros(1, heads, n, dim), filled)
+                                                for _ in range(s["layers"])])
+    cache = slot(columns, width)
     ids = torch.randint(0, s["vocab"], (1, piece))
     mask = torch.ones(1, columns, dtype=torch.long)
     positions = torch.arange(width, columns)[None]
-    warm = kv_store.BatchCache(64)  # a short call first: the libraries' one-time buffers are not the piece's
+    warm = slot(64, 0)  # a short call first: the libraries' one-time buffers are not the piece's
     model(input_ids=ids[:, :32], attention_mask=mask[:, :32], use_cache=True, logits_to_keep=1,
           **generator.cache_kwarg(model, warm))
     reset_peak()

@@ -1,5 +1,6 @@
-"""Continuous batching (debate/engine/scheduler.py): claims share model calls turn by turn, a finished claim's place
-is taken at once, errors stop the run cleanly, and greedy records equal the fixed-batch run's."""
+"""Continuous batching (debate/engine/scheduler.py): claims share every decode step, a claim's next turn joins at the
+step after its last one ended, a finished claim's place is taken at once, errors stop the run cleanly, and greedy
+records equal the fixed-batch run's."""
 import json
 import threading
 from pathlib import Path
@@ -16,52 +17,75 @@ SETTINGS = engine.Settings(max_new_tokens=4, temperature=0.0)
 
 
 class FakeModel:
-    active = None
-
-    def set_adapter(self, name, inference_mode=True):
-        self.active = name
+    def __init__(self):
+        self.adapters = []  # the adapter each begun turn's rows were given
 
 
 def fake_agent(adapter=None, model=None):
     return SimpleNamespace(model=model or FakeModel(), tokenizer=None, adapter=adapter)
 
 
+class FakeCall:
+    """A turn's rows in a fake batch: each prompt "claim-turn/steps" takes that many decode steps."""
+
+    def __init__(self, prompts, adapter):
+        self.prompts, self.adapter = list(prompts), adapter
+        self.left = max(int(p.split("/")[1]) if "/" in p else 1 for p in prompts)
+
+    @property
+    def done(self):
+        return self.left <= 0
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """engine.generate replaced by a recorder: each call's prompts; each reply is its prompt, upper-cased."""
-    seen = []
+    """engine.begin/advance/end replaced by a fake batch; each advance appends the prompts it stepped (sorted), each
+    reply is its prompt, upper-cased."""
+    steps, running = [], []
 
-    def generate(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
-        if isinstance(model, FakeModel) and model.active is not None:
-            assert all(p.endswith(model.active) for p in prompts)  # the adapter of these rows' role is active
-        seen.append(list(prompts))
-        return [p.upper() for p in prompts]
+    def begin(model, tokenizer, convs, prompts, settings, generator=None, schemas=None, adapter="current"):
+        if isinstance(model, FakeModel):
+            model.adapters.append(adapter)
+        call = FakeCall(prompts, adapter)
+        running.append(call)
+        return call
 
-    monkeypatch.setattr(scheduler.engine, "generate", generate)
-    return seen
+    def advance():
+        live = [c for c in running if not c.done]
+        steps.append(sorted(p for c in live for p in c.prompts))
+        for call in live:
+            call.left -= 1
+
+    monkeypatch.setattr(scheduler.engine, "begin", begin)
+    monkeypatch.setattr(scheduler.engine, "advance", advance)
+    monkeypatch.setattr(scheduler.engine, "end", lambda call: [p.upper() for p in call.prompts])
+    monkeypatch.setattr(scheduler.engine, "cancel", lambda call: None)
+    return steps
 
 
 def talker(agent, turns_of, done):
-    """A protocol over a one-claim batch: claim c speaks turns_of[c] turns, then writes its record."""
+    """A protocol over a one-claim batch: claim c speaks one turn of n steps for each n in turns_of[c], then writes
+    its record."""
     def verify(claim):
-        replies = [turns.speak(agent, [None], [f"{claim}-{i}"], SETTINGS)[0] for i in range(turns_of[claim])]
+        replies = [turns.speak(agent, [None], [f"{claim}{i}/{n}"], SETTINGS)[0] for i, n in enumerate(turns_of[claim])]
         done.append((claim, replies))
     return verify
 
 
-def test_turns_of_different_claims_share_calls_and_a_finished_claim_is_replaced_at_once(calls):
+def test_a_claims_next_turn_joins_at_the_next_step_and_a_finished_claim_is_replaced_at_once(calls):
     done = []
-    # Claim a needs one turn, b three, c and d two; two claims in progress at a time.
-    turns_of = {"a": 1, "b": 3, "c": 2, "d": 2}
+    # Two claims in progress at a time; each number is a turn's decode steps.
+    turns_of = {"a": [1], "b": [2, 2, 1], "c": [1, 2], "d": [1]}
     scheduler.run(list(turns_of), talker(fake_agent(), turns_of, done), running=2)
-    # c joins as soon as a ends: b's second turn and c's first share a call, as do b's third and c's second;
-    # d joins when b and c end together.
-    assert calls == [["a-0", "b-0"], ["b-1", "c-0"], ["b-2", "c-1"], ["d-0"], ["d-1"]]
-    assert [claim for claim, _ in done] == ["a", "b", "c", "d"]
-    assert dict(done)["b"] == ["B-0", "B-1", "B-2"]
+    # a ends after step 1 and c starts at step 2; c's second turn joins at step 3 while b is mid-turn; d takes c's
+    # place at step 5, the step after c ends, b still in its third turn. By the turn, every step would wait for the
+    # slowest turn of its call.
+    assert calls == [["a0/1", "b0/2"], ["b0/2", "c0/1"], ["b1/2", "c1/2"], ["b1/2", "c1/2"], ["b2/1", "d0/1"]]
+    assert [claim for claim, _ in done] == ["a", "c", "b", "d"]
+    assert dict(done)["b"] == ["B0/2", "B1/2", "B2/1"]
 
 
-def test_turns_on_different_models_or_adapters_never_share_a_call(calls):
+def test_turns_on_different_adapters_share_steps_each_row_with_its_own_adapter(calls):
     base = fake_agent()
     tuned = fake_agent(adapter="moderator", model=base.model)  # one base, two roles: the adapter tells them apart
     done = []
@@ -73,6 +97,7 @@ def test_turns_on_different_models_or_adapters_never_share_a_call(calls):
 
     scheduler.run(["x", "y"], verify, running=2)
     assert calls == [["x-debater", "y-debater"], ["x-moderator", "y-moderator"]]
+    assert base.model.adapters == [None, None, "moderator", "moderator"]  # each turn's rows carry their role's adapter
     assert done == [("x", "X-DEBATER", "X-MODERATOR"), ("y", "Y-DEBATER", "Y-MODERATOR")]
 
 
@@ -93,13 +118,13 @@ def test_an_error_in_one_claim_stops_the_run_and_leaves_no_thread_behind(calls):
     assert threading.active_count() == threads
 
 
-def test_an_error_in_the_model_call_cancels_every_waiting_claim(monkeypatch):
+def test_an_error_in_the_model_call_cancels_every_waiting_claim(calls, monkeypatch):
     threads = threading.active_count()
 
-    def generate(*args, **kwargs):
+    def advance():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(scheduler.engine, "generate", generate)
+    monkeypatch.setattr(scheduler.engine, "advance", advance)
     unwound = []
 
     def verify(claim):
@@ -140,9 +165,16 @@ def test_a_stop_raised_while_a_claim_thread_starts_unwinds_with_that_stop(calls,
     assert ran == ["a"] and threading.active_count() == threads
 
 
-def test_speak_outside_the_scheduler_calls_the_engine_itself(calls):
+def test_speak_outside_the_scheduler_calls_the_engine_itself(monkeypatch):
+    seen = []
+
+    def generate(model, tokenizer, convs, prompts, settings, generator=None, schemas=None):
+        seen.append(list(prompts))
+        return [p.upper() for p in prompts]
+
+    monkeypatch.setattr(turns.engine, "generate", generate)
     assert turns.speak(fake_agent(), [None, None], ["p", "q"], SETTINGS) == ["P", "Q"]
-    assert calls == [["p", "q"]]
+    assert seen == [["p", "q"]]
 
 
 def read(out, name):

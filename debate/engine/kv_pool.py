@@ -128,7 +128,7 @@ class Memory:
         fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
         self.plan = memory.kv_plan(self.shape, self.size, self.budget, rows, widest, new_tokens, fused, trie)
         shapes = kv_store.layer_shapes(model, dtype)
-        tokens = max(COLUMN_BUCKET, self.plan["place_tokens"])
+        tokens = self.plan["place_tokens"]  # none left by the reserve: every row fails, naming the budget
         self.place = kv_store.Place(shapes, tokens, rows=max(1, min(rows, tokens // COLUMN_BUCKET)))
         self.arena = kv_store.Arena(shapes, int(self.plan["pages"]))
         self.free_pages = list(range(self.arena.pages))[::-1]  # popped from the end: low pages first

@@ -1,0 +1,186 @@
+"""The persistent decode batch (debate/engine/decode_batch.py): rows join at the step after a slot frees and leave at
+the step they stop; a step runs only the rows in use; schema rows, sampled rows, greedy rows and rows of a LoRA role
+share a step, each getting the tokens it gets alone; the place and the arena keep their memory for the run; a row
+wider than a slot waits for the place to empty and the place is seen as wider slots."""
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from debate.engine import (
+    chat,
+    constrained_row,
+    decode_batch,
+    decode_step,
+    engine,
+    kv_pool,
+    models,
+    reference,
+    schema_program,
+)
+from tests.tiny_models import build_random_lora, build_tiny_llama, cpu_budget
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(path):
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (1 + i * 3 % 7) for i in range(4)]
+
+
+def alone(model, tok, system, prompt, tokens, generate=reference.generate, **settings):
+    conv = engine.Conversation(system=system)
+    generate(model, tok, [conv], [prompt], engine.Settings(max_new_tokens=tokens, **settings))
+    return conv.generated[0]
+
+
+def decode_rows(model, run):
+    """run() with a hook counting the rows of every one-token forward (the decode steps)."""
+    rows = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] == 1 else None,
+        with_kwargs=True)
+    try:
+        out = run()
+    finally:
+        hook.remove()
+    return out, rows
+
+
+@pytest.fixture
+def caps(monkeypatch):
+    """Each reply's length set by its context (decode_batch.reply_cap, what bench_gpu.py --turn-lengths sets)."""
+    lengths = {}
+    monkeypatch.setattr(decode_batch, "reply_cap", lambda ids: lengths.get(len(ids), 100))
+    return lengths
+
+
+def test_a_row_joins_at_the_step_after_a_slot_frees_and_a_step_runs_only_the_rows_in_use(tiny, caps, monkeypatch):
+    model, tok = tiny
+    convs = [engine.Conversation(system=s) for s in SYSTEMS[:3]]
+    prompt = "Open the debate."
+    lengths = [3, 8, 5]  # ids of each reply: a stops first, c takes its slot, b ends last
+    for conv, n in zip(convs, lengths):
+        caps[len(chat.context_ids(tok, engine.Conversation(conv.system, [{"role": "user", "content": prompt}])))] = n
+    assert len(caps) == 3
+    want = [alone(model, tok, s, prompt, 12)[:n] for s, n in zip(SYSTEMS, lengths)]
+    # A place of 512 columns: two slots of 256, so the third row waits for one.
+    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "place_tokens": 512, "pages": 64})
+    with cpu_budget(None):
+        before = decode_step.stats_for(model).tokens, decode_step.stats_for(model).row_steps
+        _, rows = decode_rows(model, lambda: engine.generate(model, tok, convs, [prompt] * 3,
+                                                             engine.Settings(max_new_tokens=12)))
+    assert [c.generated[0] for c in convs] == want
+    # a: its first id from the prefill, two steps; c joins at step 3 in a's slot, b goes on to step 7 alone (c left
+    # its slot 0 after step 6 and b was moved down into it): by the turn, c would have started after step 7.
+    assert rows == [2, 2, 2, 2, 2, 2, 1]
+    stats = decode_step.stats_for(model)
+    assert (stats.tokens - before[0], stats.row_steps - before[1]) == (sum(lengths) - 3, 13)  # occupancy 1.0
+
+
+def test_schema_rows_sampled_rows_and_greedy_rows_share_a_step_each_with_its_own_tokens(tiny, monkeypatch):
+    """A Moderator's JSON row is picked by the host (its program), the others on the device: a sampled row by its own
+    random stream, so beside other rows it draws what it draws alone."""
+    model, tok = tiny
+    compiled = schema_program.compile_for("moderator_round", tok)
+    tokens = compiled.fixed_cost + 12
+    conv = engine.Conversation(system=SYSTEMS[0])
+    reference.generate(model, tok, [conv], ["Judge the round."], engine.Settings(max_new_tokens=tokens),
+                       schemas=[compiled])
+    want_schema = conv.generated[0]
+    want_greedy = alone(model, tok, SYSTEMS[1], "Argue.", tokens)
+    sampled = dict(temperature=1.0, top_p=0.9)
+    want_sampled = alone(model, tok, SYSTEMS[2], "Argue.", tokens, engine.generate, seed=7, **sampled)
+
+    picked = []
+    real = constrained_row.SchemaRow.next_token
+    monkeypatch.setattr(constrained_row.SchemaRow, "next_token",
+                        lambda self, logits: picked.append(1) or real(self, logits))
+    convs = [engine.Conversation(system=s) for s in SYSTEMS[:3]]
+
+    def together():
+        calls = [engine.begin(model, tok, convs[:1], ["Judge the round."], engine.Settings(max_new_tokens=tokens),
+                              schemas=[compiled]),
+                 engine.begin(model, tok, convs[1:2], ["Argue."], engine.Settings(max_new_tokens=tokens)),
+                 engine.begin(model, tok, convs[2:], ["Argue."], engine.Settings(max_new_tokens=tokens, seed=7,
+                                                                                  **sampled))]
+        while not all(c.done for c in calls):
+            engine.advance()
+        return [engine.end(c) for c in calls]
+
+    with cpu_budget(None):
+        _, rows = decode_rows(model, together)
+    assert [c.generated[0] for c in convs] == [want_schema, want_greedy, want_sampled]
+    assert convs[0].structured is not None and convs[0].structured["fields"]
+    assert rows[0] == 3  # one step for all three kinds
+    assert len(picked) == len(want_schema) + 1  # the host picked the schema row's ids (its stop too), only those
+
+
+def test_rows_of_a_lora_role_and_of_the_base_share_a_step_with_each_roles_tokens(path, tmp_path):
+    adapter = build_random_lora(path, tmp_path / "adapter")
+    roles = models.load_roles({"debater": path, "moderator": path}, {"moderator": str(adapter)}, use_4bit=False)
+    debater, moderator = roles["debater"], roles["moderator"]
+    assert debater.model is moderator.model  # one base, two roles
+    want = {}
+    for role in (debater, moderator):
+        with models.adapter_scope(role):
+            want[role.adapter] = alone(role.model, role.tokenizer, SYSTEMS[0], "Speak.", 10)
+    assert want[None] != want[moderator.adapter]  # the adapter changes the tokens: the comparison means something
+    convs = [engine.Conversation(system=SYSTEMS[0]) for _ in range(4)]
+
+    def together():
+        calls = [engine.begin(role.model, role.tokenizer, [conv], ["Speak."], engine.Settings(max_new_tokens=10),
+                              adapter=role.adapter) for role, conv in zip((debater, moderator) * 2, convs)]
+        while not all(c.done for c in calls):
+            engine.advance()
+        return [engine.end(c) for c in calls]
+
+    with cpu_budget(None):
+        _, rows = decode_rows(debater.model, together)
+    assert [c.generated[0] for c in convs] == [want[None], want[moderator.adapter]] * 2
+    assert rows[0] == 4
+    scalings = [layer.scaling for layer in decode_batch.row_adapters.lora_layers(debater.model)]
+    assert all(isinstance(v, float) for s in scalings for v in s.values())  # the model as the roles left it
+
+
+def test_the_place_and_the_arena_keep_their_memory_and_caches_wait_in_pages(tiny):
+    model, tok = tiny
+    with cpu_budget(None) as pool:
+        convs = [engine.Conversation(system=s) for s in SYSTEMS]
+        engine.generate(model, tok, convs, ["Turn 0."] * 4, engine.Settings(max_new_tokens=6))
+        mem = pool.memories[model]
+        addresses = [t.data_ptr() for pair in mem.place.flat + mem.arena.layers for t in pair]
+        for turn in range(1, 4):
+            engine.generate(model, tok, convs, [f"Turn {turn}."] * 4, engine.Settings(max_new_tokens=6))
+            assert pool.memories[model] is mem
+            assert [t.data_ptr() for pair in mem.place.flat + mem.arena.layers for t in pair] == addresses
+        pages = sum(len(c.kv.pages) for c in convs)
+        assert mem.held() == pages * 64 * mem.token_bytes == kv_pool.held_by(convs)
+        assert all(len(c.kv.pages) == -(-len(c.cached_ids) // 64) for c in convs)
+        convs[0].drop_cache()
+        assert mem.held() == kv_pool.held_by(convs[1:])
+
+
+def test_a_row_wider_than_a_slot_waits_for_the_place_to_empty_and_the_slots_are_widened(tiny, monkeypatch):
+    model, tok = tiny
+    short = [engine.Conversation(system=s) for s in SYSTEMS[:3]]
+    long = engine.Conversation(system="A long record. " * 40)
+    prompts = ["Go."] * 4
+    width = len(chat.context_ids(tok, engine.Conversation(long.system, [{"role": "user", "content": "Go."}]))) + 6
+    assert 256 < width <= 768
+    want = [alone(model, tok, c.system, "Go.", 6) for c in short + [long]]
+    # A place of 1,024 columns seen as 4 slots of 256: the long row fits a slot only when the place is seen as fewer,
+    # wider ones.
+    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "place_tokens": 1024, "pages": 64})
+    with cpu_budget(None) as pool:
+        pool.rows = 4
+        _, rows = decode_rows(model, lambda: engine.generate(model, tok, short + [long], prompts,
+                                                             engine.Settings(max_new_tokens=6)))
+        place = pool.memories[model].place
+        assert pool.reshapes == 1 and place.columns >= width and place.rows == 1024 // (-(-width // 256) * 256)
+    assert [c.generated[0] for c in short + [long]] == want
+    assert rows == [3] * 5 + [1] * 5  # the short rows first, together, then the long one alone
