@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama  # noqa: E402
 
-CHILD = "import sys; sys.path.insert(0, sys.argv[1]); import run_debate; sys.exit(run_debate.main(sys.argv[2:]))"
+# run_debate.main returns the run's metrics (a dict) or an exit status.
+CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); import run_debate; code = run_debate.main(sys.argv[2:]); "
+         "sys.exit(code if isinstance(code, int) else 0)")
 COMMON = ["--split", "demo", "--temperature", "0", "--batch-size", "4", "--max-rounds", "2", "--max-new-tokens", "110"]
 
 

@@ -11,7 +11,8 @@ of turns, and a forward hook on its model counts the calls and the positions fed
 padded position costs what a real one does). A turn is one row of a batch; a reflection is a row whose
 answer schema is the counsels' self-reflection. `--tree DIR` imports the code from DIR instead (a commit
 unpacked with `git archive COMMIT | tar -x -C DIR`), so two commits run the same measurement one after the
-other. The timing wraps a function both commits have, so the script itself never changes what it times.
+other. The timing wraps a function both commits have, so the script itself never changes what it times. Trees
+that batch by the step (issue 48 on) have no such function: a turn shares its steps with others; the script says so.
 
 `--reflection-tokens N` times one counsel's self-reflection alone instead (the issue's 140 s case): the embedded
 model, the reflection prompt file filled with Check-COVID corpus sentences up to about N tokens, its schema,
@@ -34,6 +35,10 @@ DEFAULT_DATA = "--dataset check-covid --split test-binary --data-dir ../shared/d
 
 def instrument(generator_module, calls):
     """Wrap generator.run so each batch appends {seconds, rows, schemas, forwards, fed, max_rows} to `calls`."""
+    if not hasattr(generator_module, "run"):
+        raise SystemExit("this tree batches by the step (issue 48): a turn has no batch of its own to time, its steps "
+                         "shared with other turns; run this benchmark on a tree from before (--tree), and "
+                         "bench/bench_gpu.py --turn-lengths for this one")
     original = generator_module.run
 
     def timed(model, tokenizer, convs, targets, settings, stop_ids, generator, schemas, pad_id):

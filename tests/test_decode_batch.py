@@ -184,3 +184,29 @@ def test_a_row_wider_than_a_slot_waits_for_the_place_to_empty_and_the_slots_are_
         assert pool.reshapes == 1 and place.columns >= width and place.rows == 1024 // (-(-width // 256) * 256)
     assert [c.generated[0] for c in short + [long]] == want
     assert rows == [3] * 5 + [1] * 5  # the short rows first, together, then the long one alone
+
+
+def test_with_lookahead_rows_leave_a_step_later_with_the_same_tokens(tiny, caps, monkeypatch):
+    """On CUDA the host launches a step before it reads which rows the step before stopped (decode_batch.LOOKAHEAD):
+    a stopped row runs one more step, masked, and leaves then; its tokens, its cache and every other row's are as
+    without it."""
+    model, tok = tiny
+    prompts = [f"Round {i}." for i in range(4)]
+    for i, system in enumerate(SYSTEMS):
+        caps[len(chat.context_ids(tok, engine.Conversation(system, [{"role": "user", "content": prompts[i]}])))] = \
+            2 + 3 * i
+
+    def debate(lookahead):
+        monkeypatch.setattr(decode_batch, "LOOKAHEAD", lookahead)
+        convs = [engine.Conversation(system=s) for s in SYSTEMS]
+        with cpu_budget(None):
+            _, rows = decode_rows(model, lambda: [engine.generate(model, tok, convs, prompts,
+                                                                  engine.Settings(max_new_tokens=12))
+                                                  for _ in range(2)])
+        return convs, rows
+
+    plain, plain_rows = debate(False)
+    ahead, ahead_rows = debate(True)
+    assert [c.generated for c in ahead] == [c.generated for c in plain]
+    assert [c.cached_ids for c in ahead] == [c.cached_ids for c in plain]
+    assert len(ahead_rows) > len(plain_rows) and sum(ahead_rows) > sum(plain_rows)

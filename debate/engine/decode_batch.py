@@ -26,7 +26,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -35,6 +35,11 @@ from debate.engine.constrained_row import SchemaRow
 from debate.engine.sampling import next_tokens
 
 log = logging.getLogger(__name__)
+
+# Whether the host launches a step before it reads which rows the step before stopped (None: on CUDA, where the
+# device then never waits for the host between steps; the tests set it on a CPU, where it changes nothing but when
+# rows leave, one step later, masked in the meantime).
+LOOKAHEAD: Optional[bool] = None
 
 # bench/bench_gpu.py --turn-lengths: a callable(context ids) -> the most tokens a free reply after that context may
 # take (its drawn length), so a random model's replies end at realistic, varied lengths; None: --max-new-tokens.
@@ -96,6 +101,10 @@ class Batch:
         self.queue: Deque[Row] = collections.deque()
         self.active: Dict[int, Row] = {}
         self._groups: Optional[List[Tuple[Any, torch.Tensor]]] = None  # sampled rows by random stream and settings
+        # With lookahead: the step before's live flags on their way to the host (an event, the flags in pinned memory,
+        # the rows they are of); they are read once the next step is launched.
+        self.lookahead = LOOKAHEAD if LOOKAHEAD is not None else self.device.type == "cuda"
+        self._pending: Optional[Tuple[Any, torch.Tensor, List[Optional[Row]]]] = None
         self._state()
 
     def _state(self) -> None:
@@ -111,6 +120,9 @@ class Batch:
         self.history = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.pads = torch.zeros(rows, dtype=torch.long, device=device)
         self.columns = torch.arange(self.memory.place.columns, device=device)
+        # Two flag buffers in turn for lookahead: one written by this step while the host reads the other.
+        self._flags = [torch.zeros(rows, dtype=torch.bool, pin_memory=device.type == "cuda") for _ in range(2)]
+        self._pending = None
         self.adapters = row_adapters.RowAdapters(self.model, rows)
         self.memory.place.forget_views()  # views and graphs of the state before read tensors that are gone
         self.step.close()
@@ -221,15 +233,17 @@ class Batch:
         self._groups = None
 
     def _feed(self, row: Row) -> torch.Tensor:
-        cache = self.memory.place.slot_cache(row.slot, row.reused)
-        with self.adapters.over(row.slot, row.slot + 1):
+        slot = cast(int, row.slot)
+        cache = self.memory.place.slot_cache(slot, row.reused)
+        with self.adapters.over(slot, slot + 1):
             return gen.prefill(self.model, cache, row.target[row.reused:], row.reused)
 
     def _scorer(self, row: Row) -> Callable[[Any, torch.Tensor], List[float]]:
         """A choice's scoring for a schema row: its tree fed over its slot past the row's end, wherever the row is."""
         def score(candidates: Any, logits: torch.Tensor) -> List[float]:
-            cache = self.memory.place.slot_cache(row.slot, row.length)
-            with self.adapters.over(row.slot, row.slot + 1):
+            slot = cast(int, row.slot)  # where the row is now: packing may have moved it
+            cache = self.memory.place.slot_cache(slot, row.length)
+            with self.adapters.over(slot, slot + 1):
                 return gen.tree_logprobs(self.model, cache, candidates, logits)
         return score
 
@@ -251,7 +265,7 @@ class Batch:
     def _step(self) -> None:
         place = self.memory.place
         in_use = max(self.active) + 1
-        columns = max(row.length for row in self.active.values()) + 1
+        columns = min(max(row.length for row in self.active.values()) + 1, place.columns)
         compiled = decode_step.compiling(self.model, next(iter(self.active.values())).settings)
         if compiled:
             in_use = decode_step.bucket_rows(in_use, place.rows)
@@ -287,7 +301,7 @@ class Batch:
             chosen = []
             for slot, row in sorted(hosted):
                 row.length += 1  # the token fed now is in its slot: a choice's tree goes after it
-                token = row.driven.next_token(logits[slot])
+                token = cast(SchemaRow, row.driven).next_token(logits[slot])
                 row.length -= 1
                 chosen.append(row.stop_ids[0] if token is None else token)
             picks[torch.tensor([s for s, _ in sorted(hosted)], device=self.device)] = torch.tensor(
@@ -309,9 +323,28 @@ class Batch:
         self.tokens[:in_use, 0] = torch.where(live, picks, self.pads[:in_use])
 
     def _leave(self) -> List[Row]:
-        """The rows that stopped: their ids read back, their caches stored, their slots freed."""
-        flags = self.live[:max(self.active) + 1].tolist()
-        gone = [slot for slot in self.active if not flags[slot]]
+        """The rows that stopped: their ids read back, their caches stored, their slots freed. With lookahead (and no
+        schema row, whose picks the host has just made), those of the step before: this step's flags go to the host
+        while the next step runs."""
+        in_use = max(self.active) + 1
+        rows: List[Optional[Row]] = [self.active.get(slot) for slot in range(in_use)]
+        pending, self._pending = self._pending, None
+        stopped: List[Row] = []
+        if pending is not None:
+            event, flags, of = pending
+            event.synchronize()
+            stopped = [row for row, on in zip(of, flags[:len(of)].tolist()) if row is not None and not on]
+        if self.lookahead and not any(row.driven is not None for row in self.active.values()):
+            index = 0 if pending is None or pending[1] is not self._flags[0] else 1
+            flags = self._flags[index]
+            flags[:in_use].copy_(self.live[:in_use], non_blocking=True)
+            event = torch.cuda.Event() if self.device.type == "cuda" else _Done()
+            event.record()
+            self._pending = (event, flags, rows)
+        else:
+            now = self.live[:in_use].tolist()
+            stopped += [row for row, on in zip(rows, now) if row is not None and not on]
+        gone = sorted({row.slot for row in stopped if row.slot is not None and not row.done})
         if not gone:
             return []
         counts = self.picked[gone].tolist()
@@ -363,6 +396,16 @@ class Batch:
             self.lengths[top] = 0
             self.memory.give_slot(top)
             self._groups = None
+
+
+class _Done:
+    """A CPU's stand-in for a CUDA event: its work is done when the call that queued it returns."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
 
 
 _batches: "weakref.WeakKeyDictionary[torch.nn.Module, Batch]" = weakref.WeakKeyDictionary()

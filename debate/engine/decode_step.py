@@ -72,7 +72,7 @@ AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # were a 2-D mask 
 
 
 def _configs(model: torch.nn.Module) -> List[Any]:
-    config = model.config
+    config: Any = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     return [config] if text is config else [config, text]
 
@@ -176,7 +176,7 @@ def compiled(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     if fn is None:
         stats = stats_for(model)
         inductor = torch._dynamo.lookup_backend("inductor")
-        seen = set()
+        seen: set = set()
 
         def counting(graph: torch.fx.GraphModule, example_inputs: List[torch.Tensor]) -> Callable[..., Any]:
             # One graph per compile of the frame: dynamo may restart a compile's analysis and call back again.

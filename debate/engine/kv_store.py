@@ -52,7 +52,7 @@ class BufferLayer(DynamicLayer):
         self.values = self.buffer_values[:, :, :self.filled]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+               ) -> Tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         end = self.filled + key_states.shape[-2]
         if end > self.capacity:  # the place's geometry (kv_pool) gives every row its columns: a bug if it happens
             raise RuntimeError(f"a slot of {self.capacity} columns cannot take tokens up to column {end}")
@@ -60,7 +60,7 @@ class BufferLayer(DynamicLayer):
         self.buffer_values[:, :, self.filled:end].copy_(value_states)
         self.filled = end
         self._expose()
-        return self.keys, self.values
+        return self.buffer_keys[:, :, :end], self.buffer_values[:, :, :end]
 
     def get_seq_length(self) -> int:
         return self.filled
@@ -77,17 +77,18 @@ class DecodeLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
         super().__init__()
         self.keys, self.values, self.columns = keys, values, columns
+        self.view_keys, self.view_values = keys, values
         self.rows = torch.arange(keys.shape[0], device=keys.device)
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        self.keys[self.rows, :, self.columns] = key_states[:, :, 0]
-        self.values[self.rows, :, self.columns] = value_states[:, :, 0]
-        return self.keys, self.values
+        self.view_keys[self.rows, :, self.columns] = key_states[:, :, 0]
+        self.view_values[self.rows, :, self.columns] = value_states[:, :, 0]
+        return self.view_keys, self.view_values
 
     def get_seq_length(self) -> int:
-        return self.keys.shape[2]
+        return self.view_keys.shape[2]
 
 
 def cache_of(layers: Sequence[DynamicLayer]) -> DynamicCache:
@@ -211,7 +212,7 @@ def layer_shapes(model: torch.nn.Module, dtype: torch.dtype) -> List[Tuple[int, 
     return [(kv_heads, head_dim, dtype, device) for device in devices]
 
 
-def _layer_devices(model: torch.nn.Module, layers: int) -> List[torch.device]:
+def _layer_devices(model: Any, layers: int) -> List[torch.device]:
     first = next(model.parameters()).device
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     stack = getattr(getattr(base, "model", None), "layers", None)
