@@ -5,7 +5,7 @@
     python bench/memory_plan.py --check-cpu                       # the formula against a measured NF4 step here
     python bench/memory_plan.py --turn-tokens 192 --rounds 3      # claims in flight on 40 and 80 GB at 192-token turns
 
-The arithmetic is debate/engine/memory.py's, the same the engine admits its batches with; its docstring
+The arithmetic is debate/engine/memory.py's, the same the engine's memory authority plans with; its docstring
 says what each term counts. Weights: NF4 keeps every decoder projection in 4 bits, one 8-bit block scale
 per 64 weights and one float32 second-level scale per 256 blocks (0.5 + 1/64 + 4/16384 bytes a weight);
 embeddings, LM head and norms stay bf16. KV cache: one cache per conversation (DebateCV: the two Debaters
@@ -19,8 +19,9 @@ kernel (sdpa's; no scores kept), as it is on a CPU.
 
 Claims in flight (in_flight_table): the run's budget on a card as the engine decides it (debate/engine/kv_pool.py:
 --gpu-memory-fraction 0.9 of the capacity less the weights and the CUDA context), and the most claims whose
-caches it holds all at once while one turn of all of them runs (debate.engine.memory.claims_in_flight, the sum
-the engine admits a call with). A DebateCV claim's longest conversation, from its turn length and rounds: the
+caches it holds all at once (debate.engine.memory.claims_in_flight: the budget split as the memory authority splits
+it, memory.kv_plan, into a reserve, a decode place of 32 slots and a page arena; each claim decodes one conversation
+in a slot and keeps its others in pages). A DebateCV claim's longest conversation, from its turn length and rounds: the
 evidence and the meta prompt, then each round both arguments and the Moderator's reply (3 turns and the round's
 prompt), then the final prompt's two arguments and the verdict (debatecv_context). More claims than fit still run:
 the scheduler admits fewer at once and the engine drops the newest caches and re-encodes them later.

@@ -16,7 +16,7 @@ from debate.engine import decode_step, engine, models, schema_program
 from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama
 
 SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(5)]
-ROWS = (5, 4, 3, 1)  # a turn's rows shrink as claims end: row buckets 8, 4, 4, 2
+ROWS = (5, 4, 3, 1)  # a turn's rows shrink as claims end, and rows leave the batch as they stop: buckets 2 to 5
 
 
 def debate(model, tok, compile_steps, schema=None, scope=None):
@@ -112,8 +112,8 @@ def test_a_step_that_cannot_compile_says_so_once_and_runs_eagerly(llama, monkeyp
     def broken(*args, **kwargs):
         raise torch._dynamo.exc.Unsupported("simulated graph break")
 
-    entry = decode_step.compiled(fresh)
-    monkeypatch.setattr(entry, "fn", broken)
+    decode_step.compiled(fresh)
+    monkeypatch.setitem(decode_step._compiled, fresh, broken)
     with caplog.at_level("WARNING", logger="debate.engine.decode_step"):
         got = debate(fresh, tok, True)
     assert got == want

@@ -24,7 +24,6 @@ result; its turn ends its claim, the others go on.
 import collections
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, cast
 
@@ -111,6 +110,10 @@ class Batch:
         """The device state, one entry a slot of the place as it is seen now (made again when it is seen anew)."""
         rows, device = self.memory.place.rows, self.device
         self.rows = rows
+        # One entry more than the slots, never used: a step's views ([:rows in use]) are then always part of a larger
+        # tensor, so a compiled step sees the same kind of input at every bucket (a view as long as its base
+        # recompiled the graph once a run).
+        rows += 1
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         self.live = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -119,7 +122,7 @@ class Batch:
         self.stops = torch.full((rows, 1), -1, dtype=torch.long, device=device)
         self.history = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.pads = torch.zeros(rows, dtype=torch.long, device=device)
-        self.columns = torch.arange(self.memory.place.columns, device=device)
+        self.columns = torch.arange(self.memory.place.columns + 1, device=device)
         # Two flag buffers in turn for lookahead: one written by this step while the host reads the other.
         self._flags = [torch.zeros(rows, dtype=torch.bool, pin_memory=device.type == "cuda") for _ in range(2)]
         self._pending = None
@@ -212,15 +215,15 @@ class Batch:
         else:
             first = logits.argmax()
         stops = list(row.stop_ids)
-        if len(stops) > self.stops.shape[1]:
-            self.stops = torch.cat([self.stops, self.stops.new_full((self.rows, len(stops) - self.stops.shape[1]),
-                                                                     -1)], dim=1)
+        if len(stops) > self.stops.shape[1]:  # the state grows for the most stop ids and ids a row has had, rarely
+            more = self.stops.new_full((self.stops.shape[0], len(stops) - self.stops.shape[1]), -1)
+            self.stops = torch.cat([self.stops, more], dim=1)
         self.stops[slot] = -1
         self.stops[slot, :len(stops)] = torch.tensor(stops)
         limit = row.limit
         if limit > self.history.shape[1]:
-            self.history = torch.cat([self.history, self.history.new_zeros((self.rows, limit - self.history.shape[1]))],
-                                     dim=1)
+            more = self.history.new_zeros((self.history.shape[0], limit - self.history.shape[1]))
+            self.history = torch.cat([self.history, more], dim=1)
         self.limits[slot] = limit
         self.pads[slot] = row.pad_id
         self.lengths[slot] = row.length
@@ -408,26 +411,26 @@ class _Done:
         pass
 
 
-_batches: "weakref.WeakKeyDictionary[torch.nn.Module, Batch]" = weakref.WeakKeyDictionary()
-
-
 def batch_for(model: torch.nn.Module, rows: Sequence[Row]) -> Batch:
-    """The model's batch, made on first use (its Memory too, sized for `rows`, or the run's rows where it said),
-    and made anew when its device's pool was given a new budget."""
+    """The model's batch, kept by its Memory (debate.engine.kv_pool): made on first use, sized for `rows` or the
+    run's rows where it said, and made anew with the Memory when its device's pool is given a new budget."""
     pool = kv_pool.pool_for(gen.model_device(model))
-    batch = _batches.get(model)
-    if batch is not None and pool.memories.get(model) is batch.memory:
-        return batch
     widest = max((r.width for r in rows), default=1)
     new_tokens = max((r.settings.max_new_tokens for r in rows), default=1)
     trie = max((r.schema.scratch_columns for r in rows if r.schema is not None), default=0)
     memory = pool.memory_of(model, len(rows), widest, new_tokens, trie)
-    batch = Batch(model, memory)
-    _batches[model] = batch
-    return batch
+    if memory.batch is None:
+        memory.batch = Batch(model, memory)
+    return memory.batch
+
+
+def existing(model: torch.nn.Module) -> Optional[Batch]:
+    """The model's batch if it has one now (none is made)."""
+    memory = kv_pool.pool_for(gen.model_device(model)).memories.get(model)
+    return memory.batch if memory is not None else None
 
 
 def busy_batches() -> List[Batch]:
     """Every batch with rows waiting or running."""
-    return [b for b in list(_batches.values()) if b.busy()]
+    return [m.batch for m in kv_pool.memories() if m.batch is not None and m.batch.busy()]
 

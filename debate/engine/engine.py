@@ -180,8 +180,9 @@ def advance() -> None:
 def cancel(call: Call) -> None:
     """Give a call up before it ends: its rows out of the batch, its conversations as they were."""
     rows = [r for r in call.rows if r is not None]
-    if rows:
-        decode_batch.batch_for(call.model, rows).cancel(rows)
+    batch = decode_batch.existing(call.model)
+    if rows and batch is not None:
+        batch.cancel(rows)
     for conv in call.convs:
         conv.messages.pop()
 

@@ -136,6 +136,7 @@ class Memory:
         self.entries: Dict[int, Tuple[Any, Entry]] = {}  # id(conv) -> (weak reference to it, its entry)
         self.wanted_rows = rows
         self.peak_rows = 0
+        self.batch: Any = None  # the model's decode batch over this memory (debate.engine.decode_batch)
         pool.note_memory(self)
 
     # -- the place -------------------------------------------------------------------------------------------------
@@ -305,8 +306,13 @@ class Pool:
         return mem
 
     def release(self) -> None:
-        """Let every Memory go (its tensors with it): a new budget, or the run's end."""
+        """Let every Memory go, its tensors and its batch with it: a new budget, or the run's end (a GPU's memory
+        back for what follows: training after synthesis)."""
+        for mem in self.memories.values():
+            mem.batch = None  # the batch holds its memory: without this they would wait for the cycle collector
         self.memories = weakref.WeakKeyDictionary()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 _pools: Dict[str, Pool] = {}
@@ -328,6 +334,11 @@ def configure(device: Any, budget: Optional[int], source: str, models: int = 1, 
     pool.release()
     pool.reset_stats()
     return pool
+
+
+def memories() -> List[Memory]:
+    """Every Memory of every device, as made so far."""
+    return [m for p in _pools.values() for m in p.memories.values()]
 
 
 def has_room(extra: int) -> bool:

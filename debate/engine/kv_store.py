@@ -78,13 +78,16 @@ class DecodeLayer(DynamicLayer):
         super().__init__()
         self.keys, self.values, self.columns = keys, values, columns
         self.view_keys, self.view_values = keys, values
+        # Written as (rows, columns, heads, dim): the row and column indices side by side take index_put's direct
+        # path; (rows, heads, columns) indexed [rows, :, columns] copied the whole view first (7 ms a layer, 32 rows).
+        self.write_keys, self.write_values = keys.permute(0, 2, 1, 3), values.permute(0, 2, 1, 3)
         self.rows = torch.arange(keys.shape[0], device=keys.device)
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        self.view_keys[self.rows, :, self.columns] = key_states[:, :, 0]
-        self.view_values[self.rows, :, self.columns] = value_states[:, :, 0]
+        self.write_keys[self.rows, self.columns] = key_states[:, :, 0]
+        self.write_values[self.rows, self.columns] = value_states[:, :, 0]
         return self.view_keys, self.view_values
 
     def get_seq_length(self) -> int:
