@@ -172,7 +172,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
     in_flight = {name: int(re.search(r"(\d+) claims in flight at most", run["line"]).group(1))
                  for name, run in runs.items()}
     # Every claim at once with no limit; under the budget the first wave too is admitted by its first turns'
-    # estimated caches (scheduler._reserve).
+    # estimated caches (scheduler._admits, kv_pool.admits_claim).
     assert in_flight["free"] == 32 and 1 <= in_flight["small"] < 32, in_flight
 
 

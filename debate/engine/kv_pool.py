@@ -20,7 +20,7 @@ where turns decode) and the page arena (where conversations' caches wait), both 
   conversation first, and re-encoded at their next turn: slower, never different. Newest first is vLLM's order for
   preempting requests: the claims that started last give way to those about to finish, and a debate's turns come
   round in a cycle, where dropping the least recently used cache would drop the one needed next;
-- claims: `has_room` tells the scheduler whether the arenas have room for one more claim's caches.
+- claims: `admits_claim` tells the scheduler whether the arenas have room for one more claim's caches.
 
 A conversation's cache is one `Entry` (its pages and the ids they hold), which the conversation holds and the Memory
 lists weakly: a conversation freed without dropping its cache gives its pages back with it.
@@ -344,6 +344,13 @@ def memories() -> List[Memory]:
 def has_room(extra: int) -> bool:
     """Whether every Memory has `extra` more bytes of free pages (or none is made yet)."""
     return all(m.free_bytes() >= extra for p in _pools.values() for m in p.memories.values())
+
+
+def admits_claim(per_claim: int, fresh: int) -> bool:
+    """Whether one more claim may start: the arenas have room for a claim's caches (`per_claim` bytes) for it and for
+    each of the `fresh` claims in flight that hold none yet (started since their first turn began, or all their
+    caches dropped), which the pages cannot show yet."""
+    return has_room((fresh + 1) * per_claim)
 
 
 def held_by(convs: Iterable[Any]) -> int:

@@ -14,11 +14,11 @@ to its next turn (queued at once, so it joins at the next step) or to its end. R
 with its own adapter or none), settings, random streams and schemas share every step: no claim waits for the slowest
 row of a batch, and a claim that ends frees its place at once for the next one.
 
-Room for a claim (`_reserve`): a claim's caches in the arena's free pages, for it and for every live claim that
-holds none yet (admitted since its first turn began, or all its caches dropped), which the pages cannot show yet. A
-claim's caches: the most bytes any claim's caches have held so far (debate.engine.kv_pool); before any claim has
-held one, the largest first turn among the claims admitted, estimated from its prompts (engine.turn_cache_bytes), so
-the first wave too is admitted by what fits. A turn whose row cannot run (engine.end's ContextOverflow) ends that
+Room for a claim is the memory authority's to say (kv_pool.admits_claim): a claim's caches in the arenas' free
+pages, for it and for every live claim that holds none yet. A claim's caches: the most bytes any claim's caches have
+held so far (debate.engine.kv_pool); before any claim has held one, the largest first turn among the claims
+admitted, estimated from its prompts (engine.turn_cache_bytes), so the first wave too is admitted by what fits. A
+turn whose row cannot run (engine.end's ContextOverflow) ends that
 claim alone: the error is raised in its thread, and its run writes the claim with a note.
 
 Methods are written once, as functions over a list of claims; `verify_claims` in debate/pipeline/runner.py still
@@ -73,7 +73,7 @@ class _Task:
 
     def __init__(self, index: int, claim: Any, verify_one: Callable[[Any], Any], baton: threading.Semaphore) -> None:
         self.index, self.turn, self.error = index, None, None
-        self.first_turn: Optional[int] = None  # its first turn's caches in bytes, estimated once (`_reserve`)
+        self.first_turn: Optional[int] = None  # its first turn's caches in bytes, estimated once (`_admits`)
         self.started = self.finished = self.cancelled = False
         # The conversations its turns have used, weakly: what its caches hold is read off them (kv_pool.held_by).
         self.convs: "weakref.WeakValueDictionary[int, engine.Conversation]" = weakref.WeakValueDictionary()
@@ -167,13 +167,13 @@ def _first_turn_bytes(task: _Task) -> int:
     return task.first_turn
 
 
-def _reserve(live: Sequence[_Task], claim_peak: int) -> int:
-    """The bytes the arenas must have free to admit one more claim: a claim's caches for it and for each live claim
-    that holds none yet; a claim's caches: `claim_peak`, the most any claim has held, or before any has held one,
-    the largest first turn among the live claims."""
+def _admits(live: Sequence[_Task], claim_peak: int) -> bool:
+    """Whether the memory authority admits one more claim (kv_pool.admits_claim): a claim's caches are `claim_peak`,
+    the most any claim has held, or before any has held one, the largest first turn among the live claims that hold
+    none yet."""
     fresh = [t for t in live if not t.finished and kv_pool.held_by(t.convs.values()) == 0]
     per_claim = claim_peak or max((_first_turn_bytes(t) for t in fresh), default=0)
-    return (len(fresh) + 1) * per_claim
+    return kv_pool.admits_claim(per_claim, len(fresh))
 
 
 def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> int:
@@ -189,7 +189,7 @@ def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -
     most = 0
     try:
         while waiting or live:
-            while waiting and len(live) < running and (not live or kv_pool.has_room(_reserve(live, claim_peak))):
+            while waiting and len(live) < running and (not live or _admits(live, claim_peak)):
                 task = _Task(*waiting.pop(), verify_one, baton)
                 live.append(task)
                 most = max(most, len(live))
