@@ -19,10 +19,11 @@ What it runs, in this order (every timed pair interleaved, ours first, so both s
    tokens, tokens/s, rows whose token ids are identical, and where the others first differ.
 3. `fixed`: each row's reply length drawn from a seeded lognormal (--turn-mean, sigma 0.6, capped at --turn-cap),
    stop tokens off, as vLLM's serving benchmark fixes output lengths. HF stops each request at its own length
-   (add_request's max_new_tokens). Ours has no per-row length: a by-the-turn call feeds a row that stopped
-   masked pads until its slowest row ends (generator.run), so its cost is the cost of every row decoding to the
-   longest drawn length; it runs exactly that (stop tokens off, max_new_tokens = the longest), and only each
-   row's drawn length counts as useful tokens. Identity: each row's first N tokens, N its drawn length.
+   (add_request's max_new_tokens). Ours batched by the turn (before issue 48) has no per-row length: a call feeds a
+   row that stopped masked pads until its slowest row ends (generator.run), so its cost is the cost of every row
+   decoding to the longest drawn length; it runs exactly that (stop tokens off, max_new_tokens = the longest), and
+   only each row's drawn length counts as useful tokens. Ours batched by the step stops each row at its own length
+   (decode_batch.reply_cap) and leaves the batch then. Identity: each row's first N tokens, N its drawn length.
 4. `chain`: the same three turns as a claim's coroutine, each turn built from the reply before it. Ours: one
    batched call per role (Affirmative, then Negative, then Moderator), as debatecv.run_batch does. HF: one
    running manager; a claim's next request is added (add_request) the moment its previous reply comes back
@@ -74,7 +75,12 @@ from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E40
 from debate.data import averitec, claims as data  # noqa: E402
 from debate.data.labels import AVERITEC  # noqa: E402
 from debate.data.prompts import render  # noqa: E402
-from debate.engine import chat, engine, gguf, models  # noqa: E402
+from debate.engine import chat, engine, gguf, kv_pool, models  # noqa: E402
+
+try:  # the persistent decode batch (issue 48); a tree from before batches by the turn
+    from debate.engine import decode_batch  # noqa: E402
+except ImportError:
+    decode_batch = None
 from debate.methods import debatecv  # noqa: E402
 from tests.tiny_models import bench_claims, build_random_lora, build_tiny_llama  # noqa: E402
 
@@ -332,8 +338,11 @@ def free_run(lm, rows, args, stops, forwards, config_of):
     out["identity"] = compare(got_ours, got_hf, stops)
     out["reply_lengths"] = {"ours": [len(r) for r in got_ours], "hf": [len(content(r, stops)) for r in got_hf]}
     out["prompt_tokens"] = [len(i) for i in ids]
-    # Our plan of this one call (debate.engine.memory via engine.batch_bytes), beside HF's allocations above.
-    out["ours_planned_call_bytes"] = engine.batch_bytes(lm.model, ids, [0] * len(ids), settings)
+    if hasattr(engine, "batch_bytes"):  # by the turn: our plan of this one call (debate.engine.memory)
+        out["ours_planned_call_bytes"] = engine.batch_bytes(lm.model, ids, [0] * len(ids), settings)
+    else:  # by the step (issue 48): the model's memory, allocated once (decode place, page arena, reserve)
+        mem = kv_pool.pool_for(next(lm.model.parameters()).device).memories[lm.model]
+        out["ours_memory_bytes"] = mem.place.nbytes() + mem.arena.nbytes() + mem.plan["reserve"]
     return out
 
 
@@ -342,11 +351,20 @@ def fixed_run(lm, rows, args, stops, forwards, config_of):
     lengths = lognormal_lengths(len(rows), args.turn_mean, args.turn_cap, args.seed)
     longest, useful = max(lengths), sum(lengths)
     out = {"lengths": lengths, "useful_tokens": useful, "ours": [], "hf": []}
+    by_step = decode_batch is not None  # issue 48 on: each row stops at its own length (decode_batch.reply_cap)
+    drawn = {tuple(i): n for i, n in zip(ids, lengths)}
     for _ in range(args.repeats):
         settings = engine.Settings(max_new_tokens=longest, structured=False)
-        (got_ours, _), entry = timed(forwards, lambda: ours(lm.model, lm.tokenizer, rows, settings, stop_ids=[]))
+        if by_step:
+            decode_batch.reply_cap = lambda context: drawn[tuple(context)]
+        try:
+            (got_ours, _), entry = timed(forwards, lambda: ours(lm.model, lm.tokenizer, rows, settings, stop_ids=[]))
+        finally:
+            if by_step:
+                decode_batch.reply_cap = None
         entry = rates(entry, useful)
-        entry["decode_slots"] = len(rows) * longest  # every row runs to the longest: what a by-the-turn call costs
+        # By the turn every row runs to the longest; by the step, the rows the steps ran (counted by the hook).
+        entry["decode_slots"] = entry.get("decode_rows_fed") if by_step else len(rows) * longest
         out["ours"].append(entry)
 
         def hf_run():
