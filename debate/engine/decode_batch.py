@@ -276,7 +276,12 @@ class Batch:
         place.ready(columns)
         began = time.perf_counter()
         cache = place.decode_cache(in_use, columns, self.lengths, keep=compiled)
-        with self.adapters.over(0, in_use), decode_step.decoding(self.model):
+        # Eagerly on a CPU each row attends to its own columns (decode_step._rows_alone): the host knows them exactly
+        # here, every active row being live (no lookahead on a CPU) and a free slot reading nothing.
+        ends = None
+        if not compiled and not self.lookahead and self.device.type == "cpu":
+            ends = [self.active[slot].length + 1 if slot in self.active else 0 for slot in range(in_use)]
+        with self.adapters.over(0, in_use), decode_step.decoding(self.model, ends):
             logits = self._retried(lambda: self.step.run(
                 compiled, gen.cache_kwarg(self.model, cache), self.tokens[:in_use], self.lengths[:in_use],
                 self.live[:in_use], self.columns[:columns]))
