@@ -290,7 +290,8 @@ def run_parser(description=None):
                    "turn together (the same records under greedy decoding; sampled draws differ)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="run each decode step as one compiled graph (torch.compile, fullgraph), replayed as a CUDA "
-                   "graph on a GPU: the same tokens as eagerly, much less time per step; the first turns compile "
+                   "graph on a GPU: the same tokens as eagerly up to the order of summation (a near-tie can fall "
+                   "the other way), much less time per step; the first turns compile "
                    "(a minute or two for an 8B model); where compiling fails the run says why and goes on eagerly "
                    "(default: on with CUDA, off on a CPU, where compiling costs more than it saves in a short run; "
                    "ours)")
