@@ -104,3 +104,17 @@ def test_a_run_reports_its_turns_tokens_and_steps_to_the_bar(tiny, tmp_path, mon
               for t in json.loads(line)["turns"]]
     assert turns == len(spoken) >= 2 * 3  # two claims, one round: Affirmative, Negative, Moderator at least
     assert 0 < tokens <= turns * 4 and 0 < steps <= turns * 4
+
+
+def test_the_bar_moves_inside_a_turn_with_no_event_and_its_ticker_ends_with_it():
+    import threading
+    import time
+
+    clock = Clock()
+    with bar_for(clock, tick=0.02) as bar:
+        clock.now, clock.steps = 60.0, 12
+        deadline = time.monotonic() + 10
+        while "12 steps" not in (bar.bar.postfix or "") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "12 steps at 5.0 s" in bar.bar.postfix and "left ~" in bar.bar.postfix
+    assert not any(t.name == "progress" and t.is_alive() for t in threading.enumerate())

@@ -108,18 +108,23 @@ class ClaimBar:
         self._steps_before = self.steps_source() if self.steps_source else 0
         self.bar = tqdm(total=self.total, initial=self.done, unit="claim", desc=self.desc, dynamic_ncols=True,
                         bar_format="{desc}: {n_fmt}/{total_fmt} claims |{bar}| {elapsed}{postfix}")
-        self._previous, turns.on_turn = turns.on_turn, self.turn
-        self._show()
         self._ticker = None
         if self.tick:
-            self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)
-            self._ticker.start()
+            try:  # a signal may land in start(): nothing is left drawing, and no one hears turns for a dead bar
+                self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)
+                self._ticker.start()
+            except BaseException:
+                self._stop.set()
+                self.bar.close()
+                raise
+        self._previous, turns.on_turn = turns.on_turn, self.turn
+        self._show()
         return self
 
     def __exit__(self, *exc):
         turns.on_turn = self._previous
         self._stop.set()
-        if self._ticker is not None:
+        if self._ticker is not None and self._ticker.ident is not None:
             self._ticker.join()
         self.bar.close()
         return False
