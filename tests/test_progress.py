@@ -118,3 +118,14 @@ def test_the_bar_moves_inside_a_turn_with_no_event_and_its_ticker_ends_with_it()
             time.sleep(0.02)
         assert "12 steps at 5.0 s" in bar.bar.postfix and "left ~" in bar.bar.postfix
     assert not any(t.name == "progress" and t.is_alive() for t in threading.enumerate())
+
+
+def test_the_first_steps_alone_give_no_time_left():
+    """The first step carries the first prompts' encoding (28 s against 3 s a step in a demo on a busy machine): one
+    step alone put the time left at 2:29:37 where 15 minutes was right."""
+    clock = Clock()
+    with bar_for(clock, turns_hint=4, total=1, side_by_side=1, max_new_tokens=80) as bar:
+        clock.now, clock.steps = 28.0, 1
+        assert bar.eta() is None
+        clock.now, clock.steps = 58.0, 17
+        assert 10 * 60 < bar.eta() < 20 * 60

@@ -80,6 +80,11 @@ def _clock(seconds):
         else f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
+# Decode steps before the pace is trusted: the first includes the first prompts' encoding (28 s against 3 s a step on
+# a busy 2-core machine), so one step alone would put the time left at hours.
+MIN_STEPS = 8
+
+
 class ClaimBar:
     """A context manager: a tqdm bar over claims whose postfix shows the turns spoken, the tokens they generated, the
     decode steps and their pace, and the time left; it is drawn again every `tick` seconds (None: only on events).
@@ -190,7 +195,7 @@ class ClaimBar:
         if left is None or elapsed <= 0:
             return None
         steps, per_turn = self.steps(), self.steps_per_turn()
-        if steps and per_turn:
+        if steps >= MIN_STEPS and per_turn:
             to_come = left * per_turn - (steps - self.steps_at_turn)
             return max(0.0, to_come) * elapsed / steps
         if not self.turns:
