@@ -70,7 +70,9 @@ def build_parser():
                    help="the synthesis run's memory budget in GiB (run_debate.py --memory-gb; default: 0.9 of the "
                    "card's capacity less the weights, half of it of the RAM available on a CPU; ours)")
     m = p.add_argument_group("models")
-    m.add_argument("--model", help="the Moderator's base model, trained here (default: embedded Gemma 3 270M)")
+    m.add_argument("--model", help="the Moderator's base model, trained here; 'demo' (here or in the flags below): the "
+                   "embedded Gemma 3 270M, a base model for the demo (default: that model on --split demo; any other "
+                   "split stops and asks for a model)")
     m.add_argument("--debater-model", help="the Debaters during synthesis (default: --model)")
     m.add_argument("--corrector-model", help="the Corrector (default: --model)")
     # 4-bit QLoRA is ours, to fit one small GPU: the paper trained LoRA on a 40GB A100 and does not say it quantised.

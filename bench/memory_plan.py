@@ -4,6 +4,7 @@
     python bench/memory_plan.py --config MODEL_DIR/config.json --gpu-gb 40 --context 4096 --lora-r 128
     python bench/memory_plan.py --check-cpu                       # the formula against a measured NF4 step here
     python bench/memory_plan.py --turn-tokens 192 --rounds 3      # claims in flight on 40 and 80 GB at 192-token turns
+    python bench/memory_plan.py --docs                            # docs/gpus.md's table of claims in flight, as it is
 
 The arithmetic is debate/engine/memory.py's, the same the engine's memory authority plans with; its docstring
 says what each term counts. Weights: NF4 keeps every decoder projection in 4 bits, one 8-bit block scale
@@ -85,6 +86,25 @@ def in_flight_table(s, args):
             n = memory.claims_in_flight(s, 2, budget, args.conversations, context, args.turn_tokens,
                                         trie=args.trie_tokens)
             lines.append(f"| {gpu_gb} GB | {'NF4' if nf4 else 'bf16'} | {max(budget, 0) / GIB:.1f} GiB | {n} |")
+    return "\n".join(lines)
+
+
+DOCS_TURNS = (512, 192)  # docs/gpus.md's columns: the DebateCV paper's turn length, and a shorter one
+
+
+def docs_table(s, rounds=3, evidence=EVIDENCE_TOKENS, conversations=3, trie=TRIE_TOKENS, turns=DOCS_TURNS):
+    """docs/gpus.md's table of claims in flight, the docs' one source of the figure (tests/test_docs.py checks the page
+    against it): per card and precision the budget, and the claims whose caches it keeps at each turn length."""
+    head = "| card | weights | budget | " + " | ".join(
+        f"claims in flight, {t}-token turns" if i == 0 else f"{t}-token turns" for i, t in enumerate(turns)) + " |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(turns)]
+    for gpu_gb in CARD_GB:
+        for nf4 in (True, False):
+            budget = card_budget(gpu_gb, s, nf4)
+            counts = [memory.claims_in_flight(s, 2, budget, conversations, debatecv_context(t, rounds, evidence), t,
+                                              trie=trie) for t in turns]
+            lines.append(f"| {gpu_gb} GB | {'NF4' if nf4 else 'bf16'} | {max(budget, 0) / GIB:.1f} GiB | "
+                         + " | ".join(str(n) for n in counts) + " |")
     return "\n".join(lines)
 
 
@@ -254,6 +274,8 @@ def build_parser():
                    help="distinct tokens of the largest choice's candidates (its token trie)")
     p.add_argument("--no-gradient-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--check-cpu", action="store_true", help="also measure a small NF4 D-DPO step on this CPU")
+    p.add_argument("--docs", action="store_true", help="print docs/gpus.md's table of claims in flight (Llama-3.1-8B "
+                   "or --config, --rounds, --evidence-tokens; 512- and 192-token turns) and nothing else")
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"))
     return p
 
@@ -265,6 +287,8 @@ def main():
     args = p.parse_args()
     config = json.loads(Path(args.config).read_text()) if args.config else LLAMA_31_8B
     s = shape(config)
+    if args.docs:
+        return print(docs_table(s, args.rounds, args.evidence_tokens, args.conversations, args.trie_tokens))
     print(f"{args.config or 'Llama-3.1-8B'}: {s['layers']} layers, hidden {s['hidden']}, vocabulary {s['vocab']}; "
           f"KV cache {memory.kv_bytes_per_token(s) / 1024:.0f} KiB a token; LoRA r {args.lora_r}: "
           f"{memory.lora_params(s, args.lora_r) / 1e6:.0f}M parameters")

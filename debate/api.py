@@ -18,7 +18,7 @@ import signal
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from debate.data import datasets, prompts
-from debate.data.claims import item_shape
+from debate.data.claims import ITEM_SHAPES, item_problem, item_shape, kind_of
 from debate.data.inputs import DataError
 from debate.engine import kv_pool, models, offline
 from debate.methods import turns
@@ -137,9 +137,11 @@ def _claim(claim, index, labels):
         raise DataError(f"claim {index}: a string or a dict with a 'claim' string, not {claim!r:.80}")
     items = []
     for k, item in enumerate(claim.get("evidence") or []):
+        if not isinstance(item, dict):
+            raise DataError(f"claim {index}: evidence {k}: expected {ITEM_SHAPES} (url optional), got "
+                            f"{kind_of(item)}")
         if item_shape(item) is None:
-            raise DataError(f"claim {index}: evidence {k}: a dict with 'question' and 'answer' strings, "
-                            "or with a 'text' string")
+            raise DataError(f"claim {index}: {item_problem(item, f'evidence[{k}]', needed=('question', 'answer'))}")
         items.append(dict(item, url=item.get("url", "")))
     label = claim.get("label")
     if label is not None and labels.canonical(label) is None:

@@ -113,7 +113,7 @@ def test_4bit_where_bitsandbytes_cannot_quantise_is_one_clear_line(tiny, tmp_pat
 def test_the_flags_choose_and_the_default_follows_the_device():
     parse = lambda *flags: run_debate.cli.parse_run_args(["--split", "demo", *flags]).models.use_4bit  # noqa: E731
     assert (parse(), parse("--4bit"), parse("--no-4bit")) == (None, True, False)
-    train = lambda *flags: train_moderator.parse_args(list(flags)).use_4bit  # noqa: E731
+    train = lambda *flags: train_moderator.parse_args(["--model", "m", *flags]).use_4bit  # noqa: E731
     assert (train(), train("--4bit"), train("--no-4bit")) == (None, True, False)
 
 

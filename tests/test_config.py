@@ -118,3 +118,69 @@ def test_the_synthesis_stage_builds_its_run_from_the_same_type(tmp_path):
     assert synth.output.output_dir == str(Path(tmp_path) / "debates") and synth.output.overwrite
     assert (synth.generation.max_new_tokens, synth.generation.temperature, synth.generation.structured) == \
         (96, 0.7, False)
+
+
+# --- no model named on a real split (issue 49): the embedded 270M base model is the demo's, never a silent default ---
+
+@pytest.fixture
+def embedded(monkeypatch):
+    """The embedded model's path, without assembling its GGUF."""
+    from debate.engine import gguf
+
+    monkeypatch.setattr(gguf, "default_model_path", lambda: "/cache/gguf/gemma-3-270m.gguf")
+    return "/cache/gguf/gemma-3-270m.gguf"
+
+
+@pytest.mark.parametrize("settings, missing", [({}, "no --model given"),
+                                               ({"debater_model": "d"}, "no --moderator-model (nor --model) given"),
+                                               ({"moderator_model": "m"}, "no --debater-model (nor --model) given"),
+                                               ({"dataset": "jsonl"}, "no --model given")])
+def test_a_real_split_without_a_model_stops_and_says_how_to_choose_the_demo_model(settings, missing, embedded):
+    with pytest.raises(ConfigError) as refused:
+        config.build(split="dev", **settings)
+    line = str(refused.value)
+    assert "\n" not in line and missing in line
+    assert "270M" in line and "demo" in line and "--model demo" in line and "--model PATH" in line
+
+
+def test_the_demo_model_is_taken_unasked_on_the_demo_split_only_and_by_name_anywhere(embedded):
+    demo = config.build(split="demo")
+    assert (demo.models.debater_model, demo.models.moderator_model) == (embedded, embedded)
+    asked = config.build(split="dev", model="demo")
+    assert asked.models.moderator_model == embedded and asked.models.judge_models == (embedded,) * 3
+    # Any role's flag may name it; the others keep their own model.
+    mixed = config.build(split="dev", model="m", moderator_model="demo", judge_models=["demo", "j"])
+    assert (mixed.models.debater_model, mixed.models.moderator_model) == ("m", embedded)
+    assert mixed.models.judge_models == (embedded, "j")
+    both = config.build(split="dev", debater_model="d", moderator_model="m")  # every role named: nothing to guess
+    assert (both.models.debater_model, both.models.refine_model) == ("d", "m")
+    # A config.json of a run that took the default resumes: its roles hold the path itself.
+    assert config.build(**config.to_dict(asked)) == asked
+
+
+def test_the_cli_and_the_api_refuse_the_same_way(embedded, capsys):
+    import debate
+
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_run_args(["--split", "dev", "--data-dir", "d"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("error: --split dev: no --model given") and "Traceback" not in err
+    with pytest.raises(ConfigError, match="--model demo"):
+        debate.build(split="dev")
+    with pytest.raises(ConfigError, match="--model demo"):
+        debate.Verifier(debate.RunConfig())  # a Verifier's default split is dev: it would verify with the 270M
+
+
+def test_training_refuses_the_same_trap_and_takes_demo_by_name(embedded, capsys):
+    import train_moderator
+    from train import settings as train_settings
+
+    with pytest.raises(SystemExit) as stop:
+        train_moderator.parse_args(["--split", "train", "--data-dir", "d"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "no --model given" in err and "--model demo" in err
+    parsed = train_moderator.parse_args(["--split", "train", "--model", "demo", "--corrector-model", "c"])
+    filled = train_settings.with_models(parsed, embedded)
+    assert (filled.model, filled.debater_model, filled.corrector_model) == (embedded, embedded, "c")
+    demo = train_moderator.parse_args(["--split", "demo"])
+    assert train_settings.uses_demo_model(demo) and train_settings.with_models(demo, embedded).model == embedded

@@ -752,7 +752,7 @@ def test_bad_courtroom_flags_are_refused(flags, message, capsys):
     from debate.pipeline import cli
 
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_run_args(["--method", "courtroom", *flags])
+        cli.parse_run_args(["--method", "courtroom", "--model", "m", *flags])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 

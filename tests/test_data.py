@@ -199,7 +199,8 @@ def test_an_empty_split_is_one_line_before_anything_is_written(tmp_path, capsys)
 
     write_split(tmp_path, [])
     with pytest.raises(SystemExit) as stop:
-        run_debate.main(["--split", "dev", "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "run")])
+        run_debate.main(["--split", "dev", "--data-dir", str(tmp_path), "--model", "m", "--output-dir",
+                         str(tmp_path / "run")])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err == f"error: --split dev of averitec (in {tmp_path}): the split holds no claims; nothing to verify\n"
@@ -268,6 +269,49 @@ def test_bad_retrieved_file_names_file_line_and_field(tmp_path, lines, where, fi
 def test_missing_retrieved_file(tmp_path):
     with pytest.raises(DataError, match="no such retrieved-evidence file"):
         attach_evidence(two_claims(tmp_path), "retrieved", tmp_path / "absent.jsonl")
+
+
+def user_data(tmp_path, lines):
+    """--dataset jsonl's folder: dev.jsonl of `lines` (text) with a two-label card.json."""
+    (tmp_path / "dev.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    (tmp_path / "card.json").write_text(json.dumps({"labels": [{"label": "True", "definition": "d"},
+                                                               {"label": "False", "definition": "e"}]}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("item, says", [
+    ({"txt": "A passage.", "url": "u"}, "field 'evidence[0]': unknown field 'txt'; an evidence item is a "
+                                        "question-answer pair {question, answer, url} or a passage {text, url}"),
+    ({"question": "q", "answr": "a", "url": "u"}, "field 'evidence[0]': unknown field 'answr'; an evidence item is"),
+    ({"question": "q", "url": "u"}, "missing field 'evidence[0].answer' (an evidence item is"),
+    ({"text": 3}, "field 'evidence[0].text': expected a string, got a number"),
+])
+def test_an_evidence_item_of_neither_shape_names_its_unknown_field_and_the_expected_ones(tmp_path, item, says):
+    """A misspelled `text` is the item's fault, named as written, not a pair's missing 'question' (issue 49)."""
+    from debate.data import userdata
+
+    path = write_jsonl(tmp_path / "r.jsonl", [{"claim_id": 0, "evidence": [item]}])
+    with pytest.raises(DataError) as err:
+        load_retrieved(path)
+    assert str(err.value).startswith(f"{path}: line 1 (claim_id 0): {says}")
+    row = json.dumps({"claim_id": "c1", "claim": "c", "label": "True", "evidence": [item]})
+    with pytest.raises(DataError) as err:
+        userdata.load_split("dev", user_data(tmp_path, [row]))
+    assert str(err.value).startswith(f"{tmp_path / 'dev.jsonl'}: line 1 (claim_id c1): {says}")
+
+
+def test_a_line_cut_short_is_named_at_its_end_not_at_column_1_of_the_next(tmp_path):
+    from debate.data import userdata
+
+    good = json.dumps({"claim_id": 1, "claim": "c", "label": "True"})
+    cut = '{"claim_id": 2, "claim": "c", "label": "True"'  # no closing brace: the fault is just past the last quote
+    with pytest.raises(DataError) as err:
+        userdata.load_split("dev", user_data(tmp_path, [good, cut, good]))
+    assert f"line 2: not valid JSON (Expecting ',' delimiter at column {len(cut) + 1} (the end of the line: is it " \
+        "cut short?))" in str(err.value)
+    # A fault inside a line keeps its own column, with no word about the end.
+    with pytest.raises(DataError, match=r"line 1: not valid JSON \(Expecting ',' delimiter at column 16\)$"):
+        userdata.load_split("dev", user_data(tmp_path, ['{"claim_id": 1 "claim": "c"}']))
 
 
 # --- the embedded demo set ----------------------------------------------------------------------

@@ -166,10 +166,10 @@ def test_settings_that_make_no_run_are_refused_naming_the_flag(settings, message
 
 
 def test_a_store_searched_only_during_the_debate_is_allowed_with_golden_evidence():
-    built = config.build(split="dev", evidence="golden", knowledge_store="stores", debate_retrieval=True)
+    built = config.build(split="dev", evidence="golden", knowledge_store="stores", debate_retrieval=True, model="m")
     assert built.retrieval.knowledge_store == "stores" and built.debate.debate_retrieval
     with pytest.raises(config.ConfigError, match="--evidence retrieved"):
-        config.build(split="dev", evidence="golden", knowledge_store="stores")
+        config.build(split="dev", evidence="golden", knowledge_store="stores", model="m")
 
 
 def test_syndec_synthesis_passes_the_flag_and_its_source_on():
@@ -177,11 +177,12 @@ def test_syndec_synthesis_passes_the_flag_and_its_source_on():
     from train import stages
 
     args = train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--debate-retrieval",
-                                       "--knowledge-store", "stores", "--out", "runs/x"])
+                                       "--knowledge-store", "stores", "--out", "runs/x", "--model", "m"])
     built = stages.synth_config(args)
     assert built.debate.debate_retrieval and built.retrieval.knowledge_store == "stores"
     assert built.data.evidence == "golden"  # the store is searched during the debate only
-    plain = stages.synth_config(train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--out", "runs/x"]))
+    plain = stages.synth_config(train_moderator.parse_args(["--stage", "synth", "--split", "dev", "--out", "runs/x",
+                                                            "--model", "m"]))
     assert not plain.debate.debate_retrieval and plain.retrieval.knowledge_store is None
 
 

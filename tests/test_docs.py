@@ -328,3 +328,87 @@ def test_the_front_page_is_short_and_shows_the_demo_and_the_averitec_command():
     for page in ("averitec", "methods", "courtroom", "madr", "explain", "training", "datasets", "viewer", "api",
                  "gpus", "runs"):
         assert f"(docs/{page}.md)" in readme, f"the front page does not link docs/{page}.md"
+
+
+# --- one source for every figure the pages repeat (issue 49) ------------------------------------------------------
+
+TABLE_START, TABLE_END = "<!-- bench/memory_plan.py --docs -->", "<!-- end -->"
+# A claims-in-flight figure of the plan, in the words pages have used for it: "fits 15 claims at once", "keeps 6 to
+# 10 claims' caches at once", "batch <= 13 fits", "from 14 claims in flight to 13". A run's own log line ("2 claims in
+# flight at most", quoted from a measured run) is a measurement, not the plan's figure.
+PLAN_FIGURE = re.compile(r"(?:\b\d+(?: to \d+)? claims?(?:'s caches|' caches)?\s+(?:at once|in flight(?! at most)))"
+                         r"|(?:\bfits \d+ claims)|(?:\bbatch <= \d+)")
+
+
+def page_text(page):
+    return page.read_text(encoding="utf-8")
+
+
+def test_the_claims_in_flight_table_is_the_memory_plans_own():
+    """gpus.md's table is what `bench/memory_plan.py --docs` prints: the plan's arithmetic changes, the page fails here
+    until the table is printed again."""
+    spec = importlib.util.spec_from_file_location("_docs_memory_plan", ROOT / "bench" / "memory_plan.py")
+    plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    text = page_text(ROOT / "docs" / "gpus.md")
+    assert text.count(TABLE_START) == 1 and text.count(TABLE_END) >= 1
+    shown = text.split(TABLE_START)[1].split(TABLE_END)[0].strip()
+    assert shown == plan.docs_table(plan.shape(plan.LLAMA_31_8B))
+
+
+def test_no_page_quotes_the_plans_claims_in_flight_but_its_table():
+    """The figure lives in one table; every other page (and gpus.md's own prose) links to it instead of quoting it, so
+    two pages cannot give two numbers for it (4bit.md said 15 / 11, gpus.md 6 to 10, BENCHMARKS 13 / 9)."""
+    quoted = {}
+    for page in DOCS:
+        text = page_text(page)
+        if page.name == "gpus.md" and TABLE_START in text:
+            text = text.split(TABLE_START)[0] + text.split(TABLE_START)[1].split(TABLE_END, 1)[-1]
+        found = PLAN_FIGURE.findall(" ".join(text.split()))
+        if found:
+            quoted[page.name] = found
+    assert quoted == {}
+
+
+def test_the_claims_in_flight_check_finds_the_words_pages_used():
+    said = ["the debate in NF4 fits 15 claims at once (bf16: 11)", "an 8B model keeps 6 to 10 claims' caches at once",
+            "| yes, batch <= 13 fits |", "80 GB NF4 went from 14 claims in flight to 13"]
+    assert all(PLAN_FIGURE.search(s) for s in said)
+    assert not PLAN_FIGURE.search("of a 2.00 GiB budget; 2 claims in flight at most; no cache dropped")
+
+
+def sentences(page):
+    """A page's prose as sentences (code fences dropped, lines joined)."""
+    prose = re.sub(r"```.*?```", " ", page_text(page), flags=re.S)
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z`(*])", " ".join(prose.split()))
+
+
+def test_the_pages_say_one_thing_about_wordnet_compiled_tokens_and_precision():
+    for page in DOCS:
+        for s in sentences(page):
+            # WordNet is optional: whatever says a thing needs it says that only METEOR does.
+            if re.search(r"\bneeds? WordNet\b", s):
+                assert "METEOR" in s, f"{page.name}: {s}"
+    pages = {p.name if p.parent == ROOT / "docs" else "README": p for p in DOCS}
+    # Compiled decoding gives the eager tokens only up to the order of summation, and every page that says so says
+    # that a near-tie can fall the other way.
+    for name in ("README", "gpus.md"):
+        text = " ".join(page_text(pages[name]).split())
+        assert "the same tokens as eagerly" in text.lower() and "near-tie" in text, name
+    # NF4 is ours: the papers' precision is --no-4bit, and the front page, gpus.md and 4bit.md all say it.
+    for name in ("README", "gpus.md", "4bit.md"):
+        assert any("--no-4bit" in s and "papers' precision" in s for s in sentences(pages[name])), name
+
+
+def test_a_timing_outside_benchmarks_says_its_date_and_pages_agree_on_it():
+    dated = {}
+    for page in DOCS:
+        if page.name == "BENCHMARKS.md":
+            continue  # its sections carry their dates
+        text = " ".join(page_text(page).split())
+        for m in re.finditer(r"\b\d+ min \d+ s\b", text):
+            near = text[max(0, m.start() - 120):m.end() + 120]
+            dates = re.findall(r"20\d\d-\d\d-\d\d", near)
+            assert dates, f"{page.name}: '{m.group()}' has no date near it"
+            dated.setdefault(m.group(), set()).add(min(dates, key=lambda d: abs(near.index(d) - 120)))
+    assert all(len(days) == 1 for days in dated.values()), dated

@@ -150,7 +150,7 @@ def test_bad_data_file_stops_with_file_and_entry_and_keeps_earlier_results(tiny,
     demo[5]["label"] = "Supported"
     (data_dir / "dev.json").write_text(json.dumps(demo))
     with pytest.raises(SystemExit):
-        run_debate.main(common[:6] + ["--evidence", "retrieved", "--output-dir", str(tmp_path / "r")])
+        run_debate.main(common[:6] + ["--evidence", "retrieved", "--model", tiny, "--output-dir", str(tmp_path / "r")])
     assert "dev.retrieved.hero.jsonl" in capsys.readouterr().err
 
 

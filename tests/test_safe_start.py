@@ -349,3 +349,38 @@ def test_a_bad_courtroom_corpus_is_refused_before_any_model_loads(tiny, tmp_path
     corpus.write_text(json.dumps({"id": "p1"}) + "\n")
     err = refused(argv(tiny, tmp_path / "run", "--method", "courtroom", "--corpus", str(corpus)), capsys)
     assert f"{corpus}: line 1: missing field 'text'" in err and not (tmp_path / "run").exists()
+
+
+def test_a_missing_hero_file_says_where_to_get_it_and_what_runs_without_it(tmp_path, capsys, no_weights):
+    entry = {"claim": "The sky is green.", "label": "Refuted", "justification": "No.",
+             "questions": [{"question": "What colour is the sky?", "answers": [{"answer": "Blue.",
+                                                                                 "answer_type": "Abstractive"}]}]}
+    (tmp_path / "dev.json").write_text(json.dumps([entry]))
+    err = refused(["--split", "dev", "--data-dir", str(tmp_path), "--model", "m"], capsys)  # retrieved: the default
+    assert err.startswith(f"error: {tmp_path / 'dev.retrieved.hero.jsonl'}: no such retrieved-evidence file")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    for fix in ("get dev.retrieved.hero.jsonl", "ssu-humane/HerO", f"into {tmp_path}", "--evidence golden",
+                "--knowledge-store DIR"):
+        assert fix in err
+    given = tmp_path / "mine.jsonl"
+    err = refused(["--split", "dev", "--data-dir", str(tmp_path), "--model", "m", "--retrieved-file", str(given)],
+                  capsys)
+    assert f"{given}: no such retrieved-evidence file (--retrieved-file)" in err and "--evidence golden" in err
+
+
+def test_the_demo_says_it_has_no_retrieved_evidence_only_when_it_is_asked_for(capsys):
+    from debate.pipeline import cli
+
+    assert cli.parse_run_args(["--split", "demo", "--model", "m"]).data.evidence == "golden"
+    assert capsys.readouterr().out == ""
+    assert cli.parse_run_args(["--split", "demo", "--model", "m", "--evidence", "retrieved"]).data.evidence == "golden"
+    assert capsys.readouterr().out.startswith("the demo set has no retrieved evidence")
+
+
+def test_the_models_line_names_each_model_and_its_precision():
+    info = {"affirmative": {"path": "/m/Llama-3.1-8B-Instruct/", "precision": "nf4", "device": "cuda:0"},
+            "negative": {"path": "/m/Llama-3.1-8B-Instruct", "precision": "nf4", "device": "cuda:0"},
+            "moderator": {"path": "/m/Qwen2.5-7B", "adapter": "runs/syndec/dpo/adapter", "precision": "bfloat16",
+                          "device": "cuda:0"}}
+    assert models.precision_line(info) == ("Llama-3.1-8B-Instruct nf4 on cuda:0: affirmative, negative; "
+                                           "Qwen2.5-7B + adapter dpo/adapter bfloat16 on cuda:0: moderator")

@@ -394,13 +394,28 @@ def go(browser, script):
                      f"{script}; }})")
 
 
+# Every table shown whose right edge passes its container's (a cell cut off, or the page scrolled sideways): the
+# table, its container and the two right edges in CSS pixels.
+OVERFLOWING = """[...document.querySelectorAll('table')].filter((t) => t.offsetParent !== null).map((t) => {
+    const box = t.parentElement.getBoundingClientRect(), own = t.getBoundingClientRect();
+    return [t.className || t.parentElement.className, t.parentElement.tagName, Math.round(own.right),
+            Math.round(Math.min(box.right, document.documentElement.clientWidth))];
+}).filter(([, , right, room]) => right > room + 1)"""
+
+
 def test_the_report_in_headless_chromium(tmp_path):
     browser_path = chromium()
     golds = GOLDS * 5
     preds = PREDS * 5
     texts = {3: HOSTILE, 7: "The needle claim about lighthouses"}
     methods = ("debatecv", "courtroom", "madr", "majority", "cooperation", "explain")
-    runs = [make_run(tmp_path / m, m, golds, preds, texts=texts) for m in methods]
+    # metrics.json as a run writes it: per-class rows with the long label names, and an interval for each.
+    from debate.data import labels
+    from eval.metrics import scored
+    metrics = scored(golds, preds, [None] * len(golds), labels.AVERITEC)
+    # Run names as users' run directories are named: long, with no space to wrap at.
+    runs = [make_run(tmp_path / f"dev_retrieved_{m}_llama3.1_8b_instruct_seed0", m, golds, preds, texts=texts,
+                     metrics=metrics) for m in methods]
     differs = make_run(tmp_path / "other", "debatecv", golds, ["Refuted"] + preds[1:])  # claim 0 differs
     report = view.write(runs + [differs], tmp_path / "report.html", samples=500)
     url = report.resolve().as_uri()
@@ -411,6 +426,13 @@ def test_the_report_in_headless_chromium(tmp_path):
         browser.open(url + "#tab-r1")
         shot = browser.screenshot()
         assert png_size(shot) == (1280, 900) and len(shot) > 30_000  # a page, not a blank
+        # At 1280 px every table of every tab fits its container (issue 49: the metrics' interval column was cut off).
+        for tab in [f"tab-r{r}" for r in range(len(runs) + 1)] + ["tab-compare"]:
+            go(browser, f"location.hash = '{tab}'")
+            assert browser.evaluate(f"document.getElementById('{tab}').hidden") is False
+            assert browser.evaluate(OVERFLOWING) == [], tab
+        assert browser.evaluate("document.documentElement.scrollWidth") <= 1280
+        go(browser, "location.hash = 'tab-r1'")
         assert browser.evaluate(count) == f"Showing {len(golds)} of {len(golds)} claims"
         # wrong only
         browser.evaluate("const w = document.querySelector('.claims[data-run=\"1\"] .wrong'); w.click(); 1")
@@ -435,7 +457,7 @@ def test_the_report_in_headless_chromium(tmp_path):
         for r, run in enumerate(runs):
             for k in (3, 5):
                 go(browser, f"location.hash = 'r{r}-c{k}'")
-                turns = len(shape(run.name, k, golds[k], preds[k])[1])
+                turns = len(shape(methods[r], k, golds[k], preds[k])[1])
                 assert browser.evaluate("document.getElementById('debate').hidden") is False
                 assert browser.evaluate("document.querySelectorAll('#debate-body .turn').length") == turns
         body = "document.getElementById('debate-body').textContent"

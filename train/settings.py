@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
-from debate.pipeline.config import DEMO_SPLIT, DEMO_TURN, FULL_TURN, PAPER_TEMPERATURE
+from debate.pipeline.config import DEMO_MODEL, DEMO_SPLIT, DEMO_TURN, FULL_TURN, PAPER_TEMPERATURE, no_model
 
 STAGES = ("synth", "correct", "sft", "dpo")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -43,7 +43,8 @@ class TrainSettings:
     structured: bool = True
     memory_gb: Optional[float] = None  # the synthesis run's memory budget in GiB (run_debate.py's --memory-gb, ours)
     compile: Optional[bool] = None  # the synthesis run's decode step compiled (run_debate.py's --compile, ours)
-    # models (None: the embedded model; the Debaters and the Corrector default to --model)
+    # models (None: the embedded model on the demo split, a refusal on another; `demo`: the embedded model on any
+    # split; the Debaters and the Corrector default to --model)
     model: Optional[str] = None
     debater_model: Optional[str] = None
     corrector_model: Optional[str] = None
@@ -85,6 +86,8 @@ def problem(settings: TrainSettings) -> Optional[str]:
     if (settings.lr <= 0 or settings.beta <= 0 or not 0 <= settings.warmup_ratio < 1
             or not 0 <= settings.lora_dropout < 1):
         return "--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)"
+    if settings.model is None and settings.split != DEMO_SPLIT:
+        return no_model(settings.split, "--model") + " (the Moderator trained here)"
     return None
 
 
@@ -103,8 +106,17 @@ def from_args(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser
     return settings
 
 
-def with_models(settings: TrainSettings, default_model: str) -> TrainSettings:
-    """The settings with every model path filled: --model (else `default_model`), the others from it."""
-    model = settings.model or default_model
-    return replace(settings, model=model, debater_model=settings.debater_model or model,
-                   corrector_model=settings.corrector_model or model)
+def uses_demo_model(settings: TrainSettings) -> bool:
+    """Whether a model of the settings is the embedded one (no --model, or `demo` in a model flag)."""
+    return settings.model is None or DEMO_MODEL in (settings.model, settings.debater_model, settings.corrector_model)
+
+
+def with_models(settings: TrainSettings, default_model: Optional[str]) -> TrainSettings:
+    """The settings with every model path filled: --model (else `default_model`, the embedded model's path, which
+    `demo` names too), the others from it."""
+    def path(value: Optional[str]) -> Optional[str]:
+        return default_model if value == DEMO_MODEL else value
+
+    model = path(settings.model) or default_model
+    return replace(settings, model=model, debater_model=path(settings.debater_model) or model,
+                   corrector_model=path(settings.corrector_model) or model)

@@ -28,7 +28,7 @@ from debate.data import prompts
 from debate.engine import engine, errors, gguf, models, offline
 from debate.pipeline import config, config_file, lock, method_table, records, run_claims, runner, stops
 from train import corrector, examples, loop, lora, losses, syndec
-from train.settings import STAGES, TrainSettings, with_models
+from train.settings import STAGES, TrainSettings, uses_demo_model, with_models
 
 # What the stages say goes to this logger; train_moderator.py prints it as plain lines on stdout.
 log = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ def synth_config(settings: TrainSettings) -> config.RunConfig:
     retrieved = settings.retrieved_file
     return config.build(method="debatecv", dataset=settings.dataset, split=settings.split, data_dir=settings.data_dir,
                         evidence="retrieved" if retrieved else "golden", retrieved_file=retrieved,
-                        limit=settings.limit, debater_model=settings.debater_model, moderator_model=settings.model,
+                        limit=settings.limit, model=settings.model, debater_model=settings.debater_model,
+                        moderator_model=settings.model,
                         batch_size=settings.batch_size, temperature=settings.temperature, top_p=settings.top_p,
                         seed=settings.seed, max_new_tokens=settings.max_new_tokens, max_rounds=settings.max_rounds,
                         use_4bit=settings.use_4bit, memory_gb=settings.memory_gb, compile=settings.compile,
@@ -361,7 +362,7 @@ def run(settings: TrainSettings) -> None:
     aside until it has finished (see `replacing`).
     """
     offline.set_offline()
-    settings = with_models(settings, settings.model or gguf.default_model_path())
+    settings = with_models(settings, gguf.default_model_path() if uses_demo_model(settings) else None)
     wanted = STAGES if settings.stage == "all" else (settings.stage,)
     todo = [stage for stage in wanted if settings.overwrite or not done(stage, settings.out)]
     for stage in wanted:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Tuple, Union
 
 from debate.data import jsonl
-from debate.data.claims import item_shape, json_problem
+from debate.data.claims import ITEM_SHAPES, item_problem, item_shape, kind_of, line_problem
 from debate.data.inputs import read_text
 from debate.data.labels import AVERITEC, LabelSet
 from debate.pipeline import records as run_records
@@ -65,7 +65,7 @@ def load(path: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     try:
         rows = [_check(row, f"{path}:{n}") for n, row in jsonl.numbered(read_text(path))]
     except jsonl.BadLine as e:
-        raise SynDeCError(f"{path}:{e.lineno}: not valid JSON ({json_problem(e.error)})") from None
+        raise SynDeCError(f"{path}:{e.lineno}: not valid JSON ({line_problem(e.error)})") from None
     if not rows:
         raise SynDeCError(f"{path}: no SynDeC records (the file is empty); run --stage synth first")
     return rows
@@ -95,9 +95,10 @@ def _check(row: Any, where: str) -> Dict[str, Any]:
     if not any(t["role"] == "moderator" for t in debate):
         raise SynDeCError(f"{where}: field 'debate': no Moderator turn, so nothing to train on")
     for i, item in enumerate(row["evidence"]):
+        if not isinstance(item, dict):
+            raise SynDeCError(f"{where}: field 'evidence[{i}]': expected {ITEM_SHAPES}, got {kind_of(item)}")
         if item_shape(item) is None:
-            raise SynDeCError(f"{where}: field 'evidence[{i}]': expected an object with question and answer, "
-                              "or with text")
+            raise SynDeCError(f"{where}: {item_problem(item, f'evidence[{i}]', needed=('question', 'answer'))}")
     predicted = row.get("predicted_label")
     correct = predicted is not None and labels.canonical(predicted) == labels.canonical(row["gold_label"])
     corrected = row.get("corrected_justification")

@@ -38,6 +38,13 @@ def json_problem(error: json.JSONDecodeError) -> str:
     return f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} column {error.colno}"
 
 
+def line_problem(error: json.JSONDecodeError) -> str:
+    """json_problem of one line's error (the line without its break), saying so when the fault is at its end: a
+    bracket or string never closed, a line cut short."""
+    end = not error.doc[error.pos:].strip()
+    return json_problem(error) + (" (the end of the line: is it cut short?)" if end else "")
+
+
 def read_text(path: Union[str, Path]) -> str:
     """A text file's contents without a leading byte-order mark (debate.data.inputs); a file that is not UTF-8
     is one DataError naming it."""
@@ -60,7 +67,7 @@ def read_jsonl(path: Union[str, Path]) -> List[Tuple[str, dict]]:
     try:
         rows = [(f"line {n}", row) for n, row in jsonl.numbered(read_text(path))]
     except jsonl.BadLine as e:
-        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({json_problem(e.error)})") from None
+        raise DataError(f"{path}: line {e.lineno}: not valid JSON ({line_problem(e.error)})") from None
     for where, row in rows:
         if not isinstance(row, dict):
             raise DataError(f"{path}: {where}: expected a JSON object, got {kind_of(row)}")
@@ -207,12 +214,34 @@ def evidence_items(path: PathArg, where: str, items: Iterable[Any], field: str =
         expect(path, where, name, item, dict)
         if "question" in item or "text" not in item:
             for key in ("question", "answer", "url"):
+                if key not in item:
+                    raise DataError(f"{path}: {where}: {item_problem(item, name)}")
                 required(path, where, item, key, str, prefix=f"{name}.")
             out.append({"question": item["question"], "answer": item["answer"], "url": item["url"]})
         else:
             out.append({"text": required(path, where, item, "text", str, prefix=f"{name}."),
                         "url": expect(path, where, f"{name}.url", item.get("url") or "", str)})
     return out
+
+
+ITEM_FIELDS = ("question", "answer", "url", "text")  # a pair's three, a passage's text and optional url
+ITEM_SHAPES = "a question-answer pair {question, answer, url} or a passage {text, url}"
+
+
+def item_problem(item: Dict[str, Any], name: str, needed: Tuple[str, ...] = ("question", "answer", "url")) -> str:
+    """What is wrong with evidence item `name`, a dict of neither shape, in words: its unknown fields (a misspelled
+    `text` is named as written) with the fields each shape takes, else the field a pair lacks (`needed`: a pair's
+    fields that must be there), else the field whose value is not a string."""
+    unknown = [key for key in item if key not in ITEM_FIELDS]
+    if unknown:
+        return (f"field '{name}': unknown field{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(k) for k in unknown)}; an evidence item is {ITEM_SHAPES}")
+    shape = needed if "question" in item or "text" not in item else ("text",)
+    absent = next((key for key in shape if key not in item), None)
+    if absent:
+        return f"missing field '{name}.{absent}' (an evidence item is {ITEM_SHAPES})"
+    wrong = next(key for key in shape if not isinstance(item[key], str))
+    return f"field '{name}.{wrong}': expected a string, got {kind_of(item[wrong])}"
 
 
 def item_shape(item: Any) -> Optional[str]:

@@ -33,6 +33,7 @@ class Dataset:
     label_set: Callable[[str, Any], LabelSet]
     # (split, data_dir) -> its retrieved-evidence file, or None
     retrieved_file: Optional[Callable[[str, Path], Optional[Path]]] = None
+    retrieved_source: str = ""  # where to get that file (it is no part of the dataset's own release)
     # (data_dir) -> passages {id, text, url} of its retrieval corpus
     corpus: Optional[Callable[[Path], List[Dict[str, Any]]]] = None
     scorer: str = "labels"  # "averitec": also the AVeriTeC evidence score and submission.json
@@ -74,7 +75,8 @@ DATASETS = {d.name: d for d in (
         source="github MichSchli/AVeriTeC data/ (dev.json); HerO's retrieved evidence dev.retrieved.hero.jsonl from "
                "github ssu-humane/HerO (CC BY-NC 4.0); --split demo: the invented demo claims in the package",
         reader=averitec.load_split, label_set=lambda split, data_dir: AVERITEC,
-        retrieved_file=averitec.retrieved_path, scorer="averitec",
+        retrieved_file=averitec.retrieved_path, retrieved_source="HerO's release, github ssu-humane/HerO",
+        scorer="averitec",
         papers="DebateCV: accuracy and AVeriTeC score on dev, golden / retrieved / no evidence"),
     Dataset(
         name="check-covid", title="Check-COVID (Wang et al. 2023): news claims vs scientific abstracts",

@@ -36,7 +36,9 @@ def numbered(lines: Union[str, Iterable[str]]) -> Iterator[Tuple[int, Any]]:
     def counted():  # jsonlines' Reader keeps its line number to itself; the callers need it for every value
         nonlocal count
         for count, line in enumerate(lines, 1):
-            yield line
+            # Without its break, so that json's column of a fault at the end of the line is on the line itself
+            # (an unclosed brace), not column 1 of the next.
+            yield line.rstrip("\r\n")
 
     reader = jsonlines.Reader(counted(), loads=json.loads)
     while True:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
-from debate.data.claims import json_problem, kind_of
+from debate.data.claims import kind_of, line_problem
 from debate.data.inputs import DataError
 
 SUFFIX = ".json"
@@ -154,8 +154,7 @@ def _page(path: Union[str, os.PathLike], number: int, line: str) -> Tuple[str, L
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        end = " (the end of the line: is it cut short?)" if e.pos >= len(line) else ""
-        raise StoreError(f"{where}: not valid JSON ({json_problem(e)}{end})") from None
+        raise StoreError(f"{where}: not valid JSON ({line_problem(e)})") from None
     if not isinstance(row, dict):
         raise StoreError(f"{where}: expected a JSON object (a page with url and url2text), got {kind_of(row)}")
     if "url2text" not in row:

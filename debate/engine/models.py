@@ -557,11 +557,18 @@ def model_info(role_models: Mapping[str, RoleModel]) -> Dict[str, Dict[str, Any]
 
 
 def precision_line(info: Mapping[str, Mapping[str, Any]]) -> str:
-    """model_info's precisions in one line, roles grouped by how they were loaded: "nf4 on cpu: moderator, ..."."""
+    """model_info's models in one line, roles grouped by model (its path's last part), adapter and precision:
+    "Llama-3.1-8B-Instruct nf4 on cuda:0: affirmative, negative; ... + adapter dpo/adapter ...: moderator"."""
     groups: Dict[str, List[str]] = {}
     for role, m in info.items():
-        groups.setdefault(f"{m['precision']} on {m['device']}", []).append(role)
+        adapter = f" + adapter {_last_parts(m['adapter'], 2)}" if m.get("adapter") else ""
+        groups.setdefault(f"{_last_parts(m['path'])}{adapter} {m['precision']} on {m['device']}", []).append(role)
     return "; ".join(f"{how}: {', '.join(roles)}" for how, roles in groups.items())
+
+
+def _last_parts(path: Any, parts: int = 1) -> str:
+    """The last `parts` parts of a path, which name a model where its folders do not ("adapter" alone would not)."""
+    return "/".join(os.path.normpath(str(path)).split(os.sep)[-parts:])
 
 
 def base_models(role_models: Mapping[str, RoleModel]) -> List[Model]:

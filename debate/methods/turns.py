@@ -43,8 +43,8 @@ def stream(agents, streams, seed, settings):
     return (streams or Streams(device_of(agents)))(seed)
 
 
-# Called as on_turn(n) after every batched turn, n = the conversations that spoke; the run's progress
-# bar sets it (debate/pipeline/progress.py), so no protocol has to report its own turns.
+# Called as on_turn(n, tokens) after every batched turn, n = the conversations that spoke, tokens = what they generated;
+# the run's progress bar sets it (debate/pipeline/progress.py), so no protocol has to report its own turns.
 on_turn = None
 
 
@@ -60,6 +60,8 @@ def speak(agent, convs, prompts, settings, generator=None, schema_name=None, lab
     compiled = (schema_program.compile_for(schema_name, agent.tokenizer, labels.labels)
                 if schema_name and settings.structured else None)
     generator = generator if settings.temperature > 0 else None
+    listening = on_turn  # the bar that hears this turn: set when the run draws one
+    before = sum(c.completion_tokens for c in convs) if listening is not None else 0
     # A claim run by the scheduler (continuous batching) waits here while its turn joins a shared model call.
     replies = scheduler.submit(agent, convs, prompts, settings, generator, compiled)
     if replies is None:
@@ -70,8 +72,8 @@ def speak(agent, convs, prompts, settings, generator=None, schema_name=None, lab
             except ContextOverflow as err:
                 err.conversations = err.conversations or list(convs)  # what the claim's record can keep
                 raise
-    if on_turn is not None:
-        on_turn(len(replies))
+    if listening is not None:
+        listening(len(replies), sum(c.completion_tokens for c in convs) - before)
     return replies
 
 

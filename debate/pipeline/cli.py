@@ -233,8 +233,9 @@ def run_parser(description=None):
                    "own paper ran up to four)")
 
     o = p.add_argument_group("models")
-    o.add_argument("--model", help="HF directory or .gguf file for every agent not named below "
-                   "(default: embedded Gemma 3 270M)")
+    o.add_argument("--model", help="HF directory or .gguf file for every agent not named below; 'demo' (here or in "
+                   "any model flag): the embedded Gemma 3 270M, a base model for the demo (default: that model on "
+                   "--split demo; any other split stops and asks for a model)")
     o.add_argument("--debater-model", help="DebateCV Debaters, cooperation's user agent, courtroom's plaintiff counsel "
                    "(and, unless named, its defense counsel and witness) (default: --model)")
     o.add_argument("--moderator-model", help="DebateCV Moderator, RAG-CoT, majority and single-call verifiers, "
@@ -289,7 +290,8 @@ def run_parser(description=None):
                    "turn together (the same records under greedy decoding; sampled draws differ)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="run each decode step as one compiled graph (torch.compile, fullgraph), replayed as a CUDA "
-                   "graph on a GPU: the same tokens as eagerly, much less time per step; the first turns compile "
+                   "graph on a GPU: the same tokens as eagerly up to the order of summation (a near-tie can fall "
+                   "the other way), much less time per step; the first turns compile "
                    "(a minute or two for an 8B model); where compiling fails the run says why and goes on eagerly "
                    "(default: on with CUDA, off on a CPU, where compiling costs more than it saves in a short run; "
                    "ours)")
@@ -328,6 +330,6 @@ def parse_run_args(argv=None, description=None):
         built = config.build(**vars(args))
     except ConfigError as err:
         p.error(str(err))
-    if built.data.split == config.DEMO_SPLIT and args.evidence in (None, "retrieved"):
+    if built.data.split == config.DEMO_SPLIT and args.evidence == "retrieved":  # asked for, and not there
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built

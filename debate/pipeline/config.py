@@ -25,6 +25,9 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 FULL_TURN, DEMO_TURN = 512, 96  # default tokens per turn; the demo's shorter turns keep the CPU demo to minutes
 DEMO_SPLIT = "demo"
+# A model path's stand-in for the embedded Gemma 3 270M: a base model that shows the pipeline on the demo split. On
+# any other split it debates only when named (`--model demo`); by default it would write verdicts that mean little.
+DEMO_MODEL = "demo"
 METHOD_NAMES = ("debatecv", "rag-cot", "majority", "cooperation", "courtroom", "standard-mad", "single-call")
 # PROClaim's system and its Table 4 baselines: they retrieve with the Courtroom group's corpus and encoder.
 COURTROOM_METHODS = ("courtroom", "standard-mad", "single-call")
@@ -185,7 +188,8 @@ class Madr:
 
 @dataclass(frozen=True)
 class Models:
-    """Model paths (HF directory or .gguf file); None: --model, else the embedded Gemma 3 270M."""
+    """Model paths (HF directory or .gguf file, or DEMO_MODEL); None: --model, else on the demo split the embedded
+    Gemma 3 270M (another split refuses to guess: `_fill_models`)."""
     model: Optional[str] = None  # every agent not named below; what the roles really used is in their own fields
     debater_model: Optional[str] = identity()
     moderator_model: Optional[str] = identity()
@@ -370,16 +374,46 @@ def _fill_data(s: Dict[str, Any]) -> None:
                           f"not {s['evidence']!r}")
 
 
-def _fill_models(s: Dict[str, Any]) -> None:
-    """Every model setting the user left out: --model, else the embedded default (found only when needed)."""
-    base = s["model"]
-    if not base and not (s["debater_model"] and s["moderator_model"]):
-        from debate.engine import errors, gguf  # torch: only when the embedded default is really needed
+MODEL_FIELDS = ("model", "debater_model", "moderator_model", "defense_model", "court_model", "critic_model",
+                "witness_model", "refine_model")
 
-        try:
-            base = gguf.default_model_path()
-        except errors.ModelLoadError as err:
-            raise ConfigError(str(err)) from None
+
+def no_model(split: str, missing: str) -> str:
+    """The one line refusing a real split that no model was named for (the CLIs' and the API's)."""
+    return (f"--split {split}: no {missing} given, and the embedded model is Gemma 3 270M, a base model for the demo "
+            f"whose verdicts on real claims mean little; give --model PATH (a Hugging Face directory or a .gguf "
+            f"file), or --model {DEMO_MODEL} to run the embedded model on {split} anyway")
+
+
+def _fill_models(s: Dict[str, Any]) -> None:
+    """Every model setting the user left out: --model, else the embedded default, which only the demo split takes
+    unasked (a path of `demo` names it on any split); found only when needed."""
+    embedded = None
+
+    def demo_path() -> str:
+        nonlocal embedded
+        if embedded is None:
+            from debate.engine import errors, gguf  # torch: only when the embedded default is really needed
+
+            try:
+                embedded = gguf.default_model_path()
+            except errors.ModelLoadError as err:
+                raise ConfigError(str(err)) from None
+        return embedded
+
+    base = s["model"]
+    if not (s["debater_model"] and s["moderator_model"]):  # some role takes --model's path, or the default
+        if not base and s["split"] != DEMO_SPLIT:
+            missing = "--model" if not (s["debater_model"] or s["moderator_model"]) else \
+                "--moderator-model (nor --model)" if s["debater_model"] else "--debater-model (nor --model)"
+            raise ConfigError(no_model(s["split"], missing))
+        if base in (None, DEMO_MODEL):
+            base = demo_path()
+    for name in MODEL_FIELDS[1:]:
+        if s[name] == DEMO_MODEL:
+            s[name] = demo_path()
+    if s["judge_models"]:
+        s["judge_models"] = tuple(demo_path() if m == DEMO_MODEL else m for m in s["judge_models"])
     s["debater_model"] = s["debater_model"] or base
     s["moderator_model"] = s["moderator_model"] or base
     s["defense_model"] = s["defense_model"] or s["debater_model"]

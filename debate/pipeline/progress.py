@@ -6,14 +6,20 @@ what a run says, WARNING for a warning, DEBUG for detail nobody is shown. `lines
 block, to whatever prints them: run_debate.py's stdout (warnings on stderr), train_moderator.py's, a caller's
 `log` in debate.api. Nothing stays attached after the block, so two runs in one process never print a line twice.
 
-A claim takes minutes on a CPU, so a bar that counts claims only stands still, then jumps. Every agent turn is reported
-by `turns.speak` (through `turns.on_turn`), and
-the time left is estimated from turns: the claims still to do, times the turns a claim has taken so far
-(until one has finished: `turns_hint`, the most a claim can take), over the turn rate.
+A claim takes minutes on a CPU, and a short run's claims end together at its end, so a bar that counts claims only
+stands still for most of the run. Every agent turn is reported by `turns.speak` (through `turns.on_turn`) with the
+tokens it generated, and the run's decode steps (one a token, for every row of a model call together) are read as they
+happen, so the bar moves inside a turn too. The time left is the decode steps still to come at the seconds a step has
+taken so far: the claim-turns still to come (the claims not yet written, times the turns a claim takes: measured once
+one has finished, else `turns_hint`, the most it can take) at the steps a claim-turn takes (measured once a turn has
+ended, else a turn's most tokens shared by the claims that run side by side). A decode step costs about the same for
+one row as for several, and the prompts' encoding is small beside the steps, so this holds from the first minute;
+without steps to read, turns stand in for them.
 """
 import contextlib
 import logging
 import sys
+import threading
 import time
 
 from tqdm import tqdm
@@ -74,31 +80,76 @@ def _clock(seconds):
         else f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
-class ClaimBar:
-    """A context manager: a tqdm bar over claims whose postfix shows turns, the turn rate and the time left."""
+# Decode steps before the pace is trusted: the first includes the first prompts' encoding (28 s against 3 s a step on
+# a busy 2-core machine), so one step alone would put the time left at hours.
+MIN_STEPS = 8
 
-    def __init__(self, total, done=0, desc=None, turns_hint=None, clock=time.monotonic):
+
+class ClaimBar:
+    """A context manager: a tqdm bar over claims whose postfix shows the turns spoken, the tokens they generated, the
+    decode steps and their pace, and the time left; it is drawn again every `tick` seconds (None: only on events).
+
+    `steps`: a callable giving the run's decode steps so far (counted from the bar's start); `max_new_tokens`: the
+    most steps a turn takes; `side_by_side`: the claims that share a model call at most (the batch size)."""
+
+    def __init__(self, total, done=0, desc=None, turns_hint=None, clock=time.monotonic, steps=None,
+                 max_new_tokens=None, side_by_side=1, tick=2.0):
         self.total, self.done, self.desc, self.turns_hint, self.clock = total, done, desc, turns_hint, clock
+        self.steps_source, self.max_new_tokens, self.side_by_side, self.tick = steps, max_new_tokens, side_by_side, tick
         self.claims_finished = 0  # claims written by this process
         self.turns = 0  # claim-turns spoken by this process (a batched turn over n claims counts n)
+        self.tokens = 0  # tokens those turns generated
         self.finished_turns = 0  # of those, the turns of the claims already written
+        self.steps_at_turn = 0  # decode steps when the last turn ended
+        # Turns whose model call is known to be over (steps have been taken since), and the steps when it ended: the
+        # replies of one call come in one by one at the same step, and the first alone must not count as the call.
+        self.settled_turns, self.settled_steps = 0, 0
         self.bar = None
+        self._lock = threading.Lock()  # the ticker and the run's thread both draw the bar
+        self._stop = threading.Event()
 
     def __enter__(self):
         self.start = self.clock()
+        self._steps_before = self.steps_source() if self.steps_source else 0
         self.bar = tqdm(total=self.total, initial=self.done, unit="claim", desc=self.desc, dynamic_ncols=True,
                         bar_format="{desc}: {n_fmt}/{total_fmt} claims |{bar}| {elapsed}{postfix}")
+        self._ticker = None
+        if self.tick:
+            try:  # a signal may land in start(): nothing is left drawing, and no one hears turns for a dead bar
+                self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)
+                self._ticker.start()
+            except BaseException:
+                self._stop.set()
+                self.bar.close()
+                raise
         self._previous, turns.on_turn = turns.on_turn, self.turn
         self._show()
         return self
 
     def __exit__(self, *exc):
         turns.on_turn = self._previous
+        self._stop.set()
+        if self._ticker is not None and self._ticker.ident is not None:
+            self._ticker.join()
         self.bar.close()
         return False
 
-    def turn(self, n=1):
+    def _tick(self):
+        while not self._stop.wait(self.tick):
+            self._show()
+
+    def steps(self):
+        """Decode steps since the bar started (0 without a source)."""
+        return self.steps_source() - self._steps_before if self.steps_source else 0
+
+    def turn(self, n=1, tokens=0):
+        """`n` claim-turns ended, generating `tokens` tokens."""
+        steps = self.steps()
+        if steps > self.steps_at_turn:  # steps since the last reply: the turns before it had their whole call
+            self.settled_turns, self.settled_steps = self.turns, self.steps_at_turn
         self.turns += n
+        self.tokens += tokens
+        self.steps_at_turn = steps
         self._show()
 
     def claim_done(self, turns_taken):
@@ -114,24 +165,55 @@ class ClaimBar:
             return self.finished_turns / self.claims_finished
         return self.turns_hint
 
-    def eta(self):
-        """Seconds left, or None until a turn rate and the turns a claim takes are known: the turns the
-        claims not yet written still take (those in progress have spoken some) over the turn rate."""
-        elapsed = self.clock() - self.start
+    def turns_left(self):
+        """Claim-turns still to come, or None while the turns a claim takes are not known: those of the claims not yet
+        written, less what the claims in progress have spoken."""
         per_claim = self.turns_per_claim()
-        if not self.turns or elapsed <= 0 or not per_claim:
+        if not per_claim:
             return None
-        left = (self.total - self.done - self.claims_finished) * per_claim - (self.turns - self.finished_turns)
-        return max(0.0, left) / (self.turns / elapsed)
+        claims_left = self.total - self.done - self.claims_finished
+        return max(0.0, claims_left * per_claim - (self.turns - self.finished_turns))
+
+    def steps_per_turn(self):
+        """Decode steps a claim-turn takes: measured over the turns whose model call is over, else a turn's most tokens
+        over the claims that run side by side (None: not known)."""
+        if self.turns and self.steps() > self.steps_at_turn:
+            return self.steps_at_turn / self.turns
+        if self.settled_turns:
+            return self.settled_steps / self.settled_turns
+        if not self.max_new_tokens:
+            return None
+        side_by_side = max(1, min(self.side_by_side, self.total - self.done))
+        return self.max_new_tokens / side_by_side
+
+    def eta(self):
+        """Seconds left, or None until the pace is known: the decode steps to come (the turns left's, less the steps
+        already taken inside the turns in progress) at the seconds a step has taken; without steps, the turns left
+        at the turn rate."""
+        elapsed = self.clock() - self.start
+        left = self.turns_left()
+        if left is None or elapsed <= 0:
+            return None
+        steps, per_turn = self.steps(), self.steps_per_turn()
+        if steps >= MIN_STEPS and per_turn:
+            to_come = left * per_turn - (steps - self.steps_at_turn)
+            return max(0.0, to_come) * elapsed / steps
+        if not self.turns:
+            return None
+        return left / (self.turns / elapsed)
 
     def _show(self):
         if self.bar is None:
             return
-        elapsed = self.clock() - self.start
-        parts = [f"{self.turns} turn{'' if self.turns == 1 else 's'}"]
-        if self.turns and elapsed > 0:
-            rate = self.turns / elapsed
-            parts.append(f"{rate:.2f} turn/s" if rate >= 1 else f"{1 / rate:.1f} s/turn")
-        eta = self.eta()
-        parts.append("left ?" if eta is None else f"left ~{_clock(eta)}")
-        self.bar.set_postfix_str(", ".join(parts), refresh=True)
+        with self._lock:
+            elapsed, steps = self.clock() - self.start, self.steps()
+            parts = [f"{self.turns} turn{'' if self.turns == 1 else 's'}", f"{self.tokens:,} tokens"]
+            if steps and elapsed > 0:
+                pace = elapsed / steps
+                parts.append(f"{steps:,} steps at {pace:.1f} s" if pace >= 1 else f"{steps:,} steps, {1 / pace:.1f}/s")
+            elif self.turns and elapsed > 0:
+                rate = self.turns / elapsed
+                parts.append(f"{rate:.2f} turn/s" if rate >= 1 else f"{1 / rate:.1f} s/turn")
+            eta = self.eta()
+            parts.append("left ?" if eta is None else f"left ~{_clock(eta)}")
+            self.bar.set_postfix_str(", ".join(parts), refresh=True)

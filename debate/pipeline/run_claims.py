@@ -18,6 +18,7 @@ hidden evidence.
 import logging
 import random
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from debate.data import averitec, claims as records, datasets
 from debate.data.inputs import DataError
@@ -59,6 +60,8 @@ def read(config):
     path, corpus = None, None
     if d.evidence == "retrieved":
         path = d.retrieved_file or (dataset.retrieved_file(d.split, d.data_dir) if dataset.retrieved_file else None)
+        if path is not None and not Path(path).is_file():
+            raise DataError(missing_retrieved(Path(path), dataset, where, given=bool(d.retrieved_file)))
         if path is None and config.courtroom.corpus:
             corpus = retrieval.load_corpus(config.courtroom.corpus)
         elif path is None and dataset.corpus is not None:
@@ -77,6 +80,18 @@ def read(config):
         own = corpus if corpus is not None else own_corpus(dataset, d.data_dir)  # read once where retrieval used it
         inputs.passages = own if own is not None else pooled(records.attach_evidence(split, d.evidence, path))
     return inputs
+
+
+def missing_retrieved(path, dataset, where, given):
+    """The line refusing a retrieved-evidence file that is not there: where to get it (the dataset's default file)
+    and what else runs without it."""
+    if given or not dataset.retrieved_source:
+        fix = "give a file that exists"
+    else:
+        fix = f"the file is not shipped: get {path.name} for {where} from {dataset.retrieved_source} into {path.parent}"
+    return (f"{path}: no such retrieved-evidence file{' (--retrieved-file)' if given else ''}; {fix}, or run with "
+            "--evidence golden (the annotated evidence), or with --knowledge-store DIR to retrieve the evidence from "
+            "each claim's store (docs/retrieval.md)")
 
 
 def own_corpus(dataset, data_dir=None):

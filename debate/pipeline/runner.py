@@ -243,7 +243,9 @@ def _verify(config, claims, inputs, prompt_info, agents):
         hint = (EXPLAIN_TURNS_AT_MOST if config.method.task == "explain" else TURNS_AT_MOST).get(
             config.method.method) if config.method.refine == "none" else None
         bar = progress.ClaimBar(total=len(claims), done=len(claims) - len(todo), desc=config.method.method,
-                                turns_hint=hint and hint(config))
+                                turns_hint=hint and hint(config), steps=lambda: decode_steps(distinct),
+                                max_new_tokens=config.generation.max_new_tokens,
+                                side_by_side=config.generation.batch_size)
         start = time.time()
         # The earlier run (--overwrite) is moved aside here, and deleted once the first claim is written.
         with records.RunDir(out_dir, saved, overwrite=overwrite) as out, bar:
@@ -262,6 +264,11 @@ def _verify(config, claims, inputs, prompt_info, agents):
                 saved["models"][role]["decode"] = stats.as_record()
         records.write_json(Path(out_dir) / records.CONFIG, saved)
         log.info("decode: " + decode_step.summary(distinct))
+
+
+def decode_steps(models):
+    """The decode steps the models have taken in this process (debate.engine.decode_step's count), for the bar."""
+    return sum(s.steps + s.eager_steps for s in map(decode_step.stats_of, models) if s is not None)
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
