@@ -81,12 +81,17 @@ def first_difference(a, b, path=""):
     return None if a == b else path
 
 
-def main(argv=None):
+def build_parser():
+    """The flags (tests/test_docs.py checks the documented commands against them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", required=True, help="the other checkout (e.g. the commit before, with git archive)")
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench/same-records"))
     p.add_argument("--out", help="also write the JSON result here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="same-records-"))
     for name, (model, extra) in models(args.cache).items():

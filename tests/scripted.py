@@ -1,6 +1,7 @@
 """A scripted stand-in for the engine, so protocol tests control every reply and see every call.
 
-`install(monkeypatch, reply)` replaces `debate.engine.engine.generate`; `reply(model, conv, prompt)` gives each
+`install(monkeypatch, reply)` replaces `debate.engine.engine.generate` (and the scheduler's begin/advance/end, a
+turn answered when it is queued); `reply(model, conv, prompt)` gives each
 row's answer, where `model` is whatever the agent carries (tests use names). Every call is logged as
 `Call(model, prompts, systems, generator, schemas)` (schemas: the declared schema each row was asked
 under, or None; scripted replies are read by the tolerant parser, as free replies are). Each row also checks that the
@@ -63,7 +64,16 @@ def install(monkeypatch, reply):
         calls.append(Call(model, list(prompts), [c.system for c in convs], generator, schemas))
         return replies
 
+    def fake_begin(model, tokenizer, convs, prompts, settings, generator=None, schemas=None, adapter="current"):
+        # The scheduler's entry (a claim's turn queued in its model's batch): answered at once, one logged call a turn.
+        return SimpleNamespace(done=True, replies=fake_generate(model, tokenizer, convs, prompts, settings, generator,
+                                                                schemas))
+
     monkeypatch.setattr(engine, "generate", fake_generate)
+    monkeypatch.setattr(engine, "begin", fake_begin)
+    monkeypatch.setattr(engine, "advance", lambda: None)
+    monkeypatch.setattr(engine, "end", lambda call: call.replies)
+    monkeypatch.setattr(engine, "cancel", lambda call: None)
     # No tokenizer here: the declared schema stands in for the compiled one (and proves the name exists).
     monkeypatch.setattr(schema_program, "compile_for",
                         lambda name, tokenizer, labels=LABELS:

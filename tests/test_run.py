@@ -10,7 +10,7 @@ import run_debate
 from debate.data.labels import LABELS
 from debate.pipeline import records
 from eval import averitec
-from tests.tiny_models import build_random_lora
+from tests.tiny_models import build_random_lora, needs_wordnet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +55,7 @@ def test_run_writes_every_output(full_run):
     assert config["models"]["moderator"]["quantized"] is False
     saved = json.loads((out / records.METRICS).read_text())
     assert saved["n"] == 8 and saved["accuracy"] == metrics["accuracy"]
+    needs_wordnet()  # the AVeriTeC score and the official scorer below need it
     assert set(saved["averitec"]) >= {"0.1", "0.25", "0.5"}
     # The submission file is in the official shape and the scorer reads it: with golden evidence the
     # evidence part of the AVeriTeC score is perfect, so it equals accuracy.

@@ -12,6 +12,7 @@ from debate.pipeline import records, scoring
 from eval import compare
 from eval.averitec import InputError
 from tests.conftest import run_argv
+from tests.tiny_models import needs_wordnet
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +114,8 @@ def test_trials_run_each_seed_in_its_own_directory_and_report_mean_and_deviation
     run_debate.main(argv(tiny, out, "--trials", "2", "--seed", "5"))
     assert capsys.readouterr().out.count("4 already done") == 2
     assert [(out / f"trial-{k}" / records.PREDICTIONS).read_text() for k in (1, 2)] == before
-    # A trial set compares with itself: no difference, over both trials.
+    # A trial set compares with itself: no difference, over both trials (its AVeriTeC score needs WordNet).
+    needs_wordnet()
     result = compare.compare_files(out, out, Path(run_debate.__file__).parent / "debate/data/demo/claims.json",
                                    samples=200)
     assert result["trials"] == 2 and result["n"] == 4

@@ -163,6 +163,16 @@ def build_random_lora(model_dir, out_dir, seed=1):
     return out_dir
 
 
+def needs_wordnet():
+    """The METEOR scores need WordNet: skip the rest of a test without it on a developer's machine (missing)."""
+    from eval import wordnet
+
+    try:
+        wordnet.load_wordnet()
+    except wordnet.WordNetMissingError as err:
+        missing(str(err))
+
+
 def missing(reason):
     """A test's outside resource (shared data, WordNet) is absent: skip on a developer's machine; fail in CI,
     where .ci/run installs WordNet and shared/ is beside the clone."""

@@ -136,6 +136,7 @@ class Batch:
         """Queue rows; they join at the next steps, oldest first."""
         self.queue.extend(rows)
 
+    @torch.inference_mode()
     def cancel(self, rows: Sequence[Row]) -> None:
         """Take rows out, waiting or running (their turn is given up: an error or an interrupt elsewhere)."""
         doomed = {id(r) for r in rows}
@@ -147,6 +148,7 @@ class Batch:
     def busy(self) -> bool:
         return bool(self.queue or self.active)
 
+    @torch.inference_mode()  # its tensors are made in inference mode (batch_for), and only updated in it
     def advance(self) -> List[Row]:
         """Join, one step, leave, pack (module doc); the rows done since the last call."""
         done = self._join()
@@ -264,7 +266,6 @@ class Batch:
 
     # -- the step --------------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def _step(self) -> None:
         place = self.memory.place
         in_use = max(self.active) + 1
@@ -416,6 +417,7 @@ class _Done:
         pass
 
 
+@torch.inference_mode()
 def batch_for(model: torch.nn.Module, rows: Sequence[Row]) -> Batch:
     """The model's batch, kept by its Memory (debate.engine.kv_pool): made on first use, sized for `rows` or the
     run's rows where it said, and made anew with the Memory when its device's pool is given a new budget."""
