@@ -340,9 +340,9 @@ def free_run(lm, rows, args, stops, forwards, config_of):
     out["prompt_tokens"] = [len(i) for i in ids]
     if hasattr(engine, "batch_bytes"):  # by the turn: our plan of this one call (debate.engine.memory)
         out["ours_planned_call_bytes"] = engine.batch_bytes(lm.model, ids, [0] * len(ids), settings)
-    else:  # by the step (issue 48): the model's memory, allocated once (decode place, page arena, reserve)
+    else:  # by the step (issue 48): the model's memory, allocated once (keys and values, reserve)
         mem = kv_pool.pool_for(next(lm.model.parameters()).device).memories[lm.model]
-        out["ours_memory_bytes"] = mem.place.nbytes() + mem.arena.nbytes() + mem.plan["reserve"]
+        out["ours_memory_bytes"] = mem.nbytes() + mem.plan["reserve"]
     return out
 
 

@@ -49,8 +49,8 @@ def test_a_budget_that_drops_caches_writes_every_claim_as_the_unlimited_run_does
     # tiny model's caches are a few MiB, less than the reserve a budget keeps for any model's transients).
     token_bytes = memory.kv_bytes_per_token(memory.shape(AutoConfig.from_pretrained(tiny)), 4)
     pages = int(0.6 * needed / (kv_store.PAGE * token_bytes))
-    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "place_tokens": 8 * 8192,
-                                                                     "pages": pages})
+    monkeypatch.setattr(kv_pool, "place_geometry", lambda widths, wanted, tokens: (8, 8192))
+    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "tokens": 8 * 8192 + pages * 64})
     budget_gb = 1.0
     caplog.clear()
     with caplog.at_level("INFO", logger="debate.pipeline.runner"):

@@ -68,8 +68,8 @@ def test_a_row_joins_at_the_step_after_a_slot_frees_and_a_step_runs_only_the_row
         caps[len(chat.context_ids(tok, engine.Conversation(conv.system, [{"role": "user", "content": prompt}])))] = n
     assert len(caps) == 3
     want = [alone(model, tok, s, prompt, 12)[:n] for s, n in zip(SYSTEMS, lengths)]
-    # A place of 512 columns: two slots of 256, so the third row waits for one.
-    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "place_tokens": 512, "pages": 64})
+    # Two slots of 256 columns, so the third row waits for one.
+    monkeypatch.setattr(kv_pool, "place_geometry", lambda widths, wanted, tokens: (2, 256))
     with cpu_budget(None):
         before = decode_step.stats_for(model).tokens, decode_step.stats_for(model).row_steps
         _, rows = decode_rows(model, lambda: engine.generate(model, tok, convs, [prompt] * 3,
@@ -153,11 +153,11 @@ def test_the_place_and_the_arena_keep_their_memory_and_caches_wait_in_pages(tiny
         convs = [engine.Conversation(system=s) for s in SYSTEMS]
         engine.generate(model, tok, convs, ["Turn 0."] * 4, engine.Settings(max_new_tokens=6))
         mem = pool.memories[model]
-        addresses = [t.data_ptr() for pair in mem.place.flat + mem.arena.layers for t in pair]
+        addresses = [t.data_ptr() for pair in mem.store.flat for t in pair]
         for turn in range(1, 4):
             engine.generate(model, tok, convs, [f"Turn {turn}."] * 4, engine.Settings(max_new_tokens=6))
             assert pool.memories[model] is mem
-            assert [t.data_ptr() for pair in mem.place.flat + mem.arena.layers for t in pair] == addresses
+            assert [t.data_ptr() for pair in mem.store.flat for t in pair] == addresses
         pages = sum(len(c.kv.pages) for c in convs)
         assert mem.held() == pages * 64 * mem.token_bytes == kv_pool.held_by(convs)
         assert all(len(c.kv.pages) == -(-len(c.cached_ids) // 64) for c in convs)
@@ -173,15 +173,24 @@ def test_a_row_wider_than_a_slot_waits_for_the_place_to_empty_and_the_slots_are_
     width = len(chat.context_ids(tok, engine.Conversation(long.system, [{"role": "user", "content": "Go."}]))) + 6
     assert 256 < width <= 768
     want = [alone(model, tok, c.system, "Go.", 6) for c in short + [long]]
-    # A place of 1,024 columns seen as 4 slots of 256: the long row fits a slot only when the place is seen as fewer,
-    # wider ones.
-    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "place_tokens": 1024, "pages": 64})
+    # A memory of 1,024 + 64 x 64 tokens, its place first seen as 4 slots of 256: the long row fits a slot only when
+    # the place is seen anew, as wide as it needs, once the short rows have left.
+    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "tokens": 1024 + 64 * 64})
+    first = [True]
+
+    def geometry(widths, wanted, tokens):
+        if first.pop() if first else False:
+            return 4, 256
+        wide = -(-max(widths) // 256) * 256
+        return 1024 // wide, wide
+
+    monkeypatch.setattr(kv_pool, "place_geometry", geometry)
     with cpu_budget(None) as pool:
         pool.rows = 4
         _, rows = decode_rows(model, lambda: engine.generate(model, tok, short + [long], prompts,
                                                              engine.Settings(max_new_tokens=6)))
-        place = pool.memories[model].place
-        assert pool.reshapes == 1 and place.columns >= width and place.rows == 1024 // (-(-width // 256) * 256)
+        store = pool.memories[model].store
+        assert pool.reshapes == 1 and store.columns >= width and store.rows == 1024 // store.columns
     assert [c.generated[0] for c in short + [long]] == want
     assert rows == [3] * 5 + [1] * 5  # the short rows first, together, then the long one alone
 
@@ -210,3 +219,36 @@ def test_with_lookahead_rows_leave_a_step_later_with_the_same_tokens(tiny, caps,
     assert [c.generated for c in ahead] == [c.generated for c in plain]
     assert [c.cached_ids for c in ahead] == [c.cached_ids for c in plain]
     assert len(ahead_rows) > len(plain_rows) and sum(ahead_rows) > sum(plain_rows)
+
+
+def test_a_place_that_grows_moves_the_pages_in_its_way_and_their_caches_still_serve(tiny, monkeypatch):
+    """Short conversations' caches wait in pages, taken from the last page down; a wide row then needs a wider place,
+    which grows over pages they hold: those are moved past its new end and the next turns read them back, the same
+    tokens as the reference."""
+    model, tok = tiny
+    short = [engine.Conversation(system=s) for s in SYSTEMS]
+    long = engine.Conversation(system="A long record. " * 40)
+    # 256 + 14 x 64 tokens: the place first one slot of 256, pages 4 to 17 past it; then one slot of 768 (pages 12 on).
+    monkeypatch.setattr(kv_pool.memory, "kv_plan", lambda *a, **k: {"reserve": 0, "tokens": 256 + 14 * 64})
+    monkeypatch.setattr(kv_pool, "place_geometry",
+                        lambda widths, wanted, tokens: (1, 256) if max(widths) <= 256 else (1, 768))
+    settings = engine.Settings(max_new_tokens=6)
+    with cpu_budget(None) as pool:
+        engine.generate(model, tok, short, ["Turn 0."] * 4, settings)
+        waiting = [c for c in short if c.cached_ids]  # the pages may not hold all four
+        assert len(waiting) >= 3 and min(p for c in waiting for p in c.kv.pages) < 12  # pages the place will need
+        for conv in waiting[:2]:  # their pages, the last ones, are free: room to move the others' past the new end
+            conv.drop_cache()
+        moved, dropped = pool.moved, pool.dropped
+        engine.generate(model, tok, [long], ["Go."], engine.Settings(max_new_tokens=6, reuse_cache=False))
+        assert pool.reshapes == 1 and pool.moved > moved and pool.dropped == dropped
+        assert all(min(c.kv.pages) >= 12 for c in waiting[2:])
+        for conv in waiting[2:]:
+            engine.generate(model, tok, [conv], ["Turn 1."], settings)
+    moved_convs = waiting[2:]
+    want = [engine.Conversation(system=c.system) for c in moved_convs]
+    for turn in range(2):
+        reference.generate(model, tok, want, [f"Turn {turn}."] * len(want), settings)
+    assert [c.generated for c in moved_convs] == [c.generated for c in want]
+    # The moved caches served the second turns: only their new tokens were encoded.
+    assert all(c.encoded_tokens < c.prompt_tokens for c in moved_convs)

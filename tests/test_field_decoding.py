@@ -84,7 +84,8 @@ class Slots:
                         for s in systems]
         columns = max(len(t) for t in self.targets) + extra_columns
         dtype = next(model.parameters()).dtype
-        self.place = kv_store.Place(kv_store.layer_shapes(model, dtype), len(systems) * columns, len(systems))
+        columns = -(-columns // kv_store.PAGE) * kv_store.PAGE
+        self.place = kv_store.Store(kv_store.layer_shapes(model, dtype), len(systems) * columns, len(systems), columns)
         self.place.ready(columns)
         self.last = [generator.prefill(model, self.place.slot_cache(row, 0), t, 0)
                      for row, t in enumerate(self.targets)]

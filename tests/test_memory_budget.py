@@ -94,8 +94,8 @@ def test_an_arena_too_small_for_every_cache_drops_the_newest_and_changes_no_toke
     model, tok = wide
     whole, free = debate(model, tok)
     assert free["dropped"] == 0
-    tight, stats = debate(model, tok, plan={"reserve": 0, "place_tokens": 6 * 1024, "pages": 12},
-                          monkeypatch=monkeypatch)
+    monkeypatch.setattr(kv_pool, "place_geometry", lambda widths, wanted, tokens: (6, 512))
+    tight, stats = debate(model, tok, plan={"reserve": 0, "tokens": 6 * 512 + 12 * 64}, monkeypatch=monkeypatch)
     assert [c.generated for c in tight] == [c.generated for c in whole]
     assert [c.prompt_tokens for c in tight] == [c.prompt_tokens for c in whole]
     assert stats["dropped"] >= len(SYSTEMS) and stats["reencoded"] > 0
@@ -111,9 +111,9 @@ def test_a_models_memory_is_planned_within_its_budget(wide):
             engine.generate(model, tok, [engine.Conversation(system=SYSTEMS[0])], ["Go."],
                             engine.Settings(max_new_tokens=8))
             mem = pool.memories[model]
-            taken = mem.place.nbytes() + mem.arena.nbytes() + mem.plan["reserve"]
+            taken = mem.nbytes() + mem.plan["reserve"]
             assert 0.9 * budget <= taken <= budget, (budget, taken)
-            assert mem.arena.pages > 0 and mem.place.rows >= 1
+            assert mem.store.pages > mem.store.first_page and mem.store.rows >= 1
 
 
 def test_a_context_past_the_window_fails_its_row_alone_and_leaves_its_conversation_as_it_was(wide):

@@ -68,7 +68,7 @@ mem = kv_pool.pool_for("cpu").memories[model]
 width = max(len(chat.context_ids(tok, c)) for c in convs) + new_tokens + compiled.scratch_columns
 fused = memory.attention_is_fused(model.config._attn_implementation)
 planned = (memory.reserve_bytes(mem.shape, mem.size, rows, width, new_tokens, fused, compiled.scratch_columns)
-           + (mem.place.rows * width + sum(len(c.cached_ids) for c in convs)) * mem.token_bytes)
+           + (mem.store.rows * width + sum(len(c.cached_ids) for c in convs)) * mem.token_bytes)
 print(json.dumps({{"measured": measured, "planned": planned, "reused": convs[0].encoded_tokens
                   < convs[0].prompt_tokens}}))
 """

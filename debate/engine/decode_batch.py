@@ -108,7 +108,7 @@ class Batch:
 
     def _state(self) -> None:
         """The device state, one entry a slot of the place as it is seen now (made again when it is seen anew)."""
-        rows, device = self.memory.place.rows, self.device
+        rows, device = self.memory.store.rows, self.device
         self.rows = rows
         # One entry more than the slots, never used: a step's views ([:rows in use]) are then always part of a larger
         # tensor, so a compiled step sees the same kind of input at every bucket (a view as long as its base
@@ -122,12 +122,12 @@ class Batch:
         self.stops = torch.full((rows, 1), -1, dtype=torch.long, device=device)
         self.history = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.pads = torch.zeros(rows, dtype=torch.long, device=device)
-        self.columns = torch.arange(self.memory.place.columns + 1, device=device)
+        self.columns = torch.arange(self.memory.store.columns + 1, device=device)
         # Two flag buffers in turn for lookahead: one written by this step while the host reads the other.
         self._flags = [torch.zeros(rows, dtype=torch.bool, pin_memory=device.type == "cuda") for _ in range(2)]
         self._pending = None
         self.adapters = row_adapters.RowAdapters(self.model, rows)
-        self.memory.place.forget_views()  # views and graphs of the state before read tensors that are gone
+        self.memory.store.forget_views()  # views and graphs of the state before read tensors that are gone
         self.step.close()
 
     # -- rows in and out -------------------------------------------------------------------------------------------
@@ -176,9 +176,8 @@ class Batch:
             if not mem.fits(row.width):
                 self.queue.popleft()
                 row.error = (f"one conversation of {len(row.target)} context tokens and {row.settings.max_new_tokens} "
-                             f"new ones needs {row.width} columns of keys and values, more than the memory budget's "
-                             f"decode place holds ({mem.place.tokens}; {kv_pool.describe(mem.pool)}, "
-                             f"{mem.pool.source})")
+                             f"new ones needs {row.width} columns of keys and values, more than the memory budget "
+                             f"holds ({mem.store.tokens}; {kv_pool.describe(mem.pool)}, {mem.pool.source})")
                 done.append(row)
                 continue
             slot = mem.take_slot(row.width)
@@ -196,7 +195,7 @@ class Batch:
         row.slot = slot
         self.adapters.assign(slot, row.adapter)
         # Zeroed before anything is written: a column is zeroed once, the first time a row may reach it.
-        mem.place.ready(min(row.width, mem.place.columns))
+        mem.store.ready(min(row.width, mem.store.columns))
         try:
             row.reused = mem.load(row.conv, row.target, slot, row.settings.reuse_cache)
             logits = self._retried(lambda: self._feed(row))
@@ -239,7 +238,7 @@ class Batch:
 
     def _feed(self, row: Row) -> torch.Tensor:
         slot = cast(int, row.slot)
-        cache = self.memory.place.slot_cache(slot, row.reused)
+        cache = self.memory.store.slot_cache(slot, row.reused)
         with self.adapters.over(slot, slot + 1):
             return gen.prefill(self.model, cache, row.target[row.reused:], row.reused)
 
@@ -247,7 +246,7 @@ class Batch:
         """A choice's scoring for a schema row: its tree fed over its slot past the row's end, wherever the row is."""
         def score(candidates: Any, logits: torch.Tensor) -> List[float]:
             slot = cast(int, row.slot)  # where the row is now: packing may have moved it
-            cache = self.memory.place.slot_cache(slot, row.length)
+            cache = self.memory.store.slot_cache(slot, row.length)
             with self.adapters.over(slot, slot + 1):
                 return gen.tree_logprobs(self.model, cache, candidates, logits)
         return score
@@ -267,7 +266,7 @@ class Batch:
     # -- the step --------------------------------------------------------------------------------------------------
 
     def _step(self) -> None:
-        place = self.memory.place
+        place = self.memory.store
         in_use = max(self.active) + 1
         columns = min(max(row.length for row in self.active.values()) + 1, place.columns)
         compiled = decode_step.compiling(self.model, next(iter(self.active.values())).settings)
@@ -368,7 +367,7 @@ class Batch:
             self.step.stats.tokens += max(0, len(ids) - 1)  # the first id came from the prefill's logits
             if row.settings.reuse_cache:
                 # The last id was picked, never fed: the slot holds the context and the ids before it.
-                self.memory.store(row.conv, slot, row.target + ids[:-1])
+                self.memory.store_cache(row.conv, slot, row.target + ids[:-1])
             row.result = RowResult(ids, row.reused, row.driven.result if row.driven is not None else None)
             self._free(slot)
             done.append(row)
@@ -394,7 +393,7 @@ class Batch:
             target = min(free)
             row = self.active.pop(top)
             self.memory.free_slots.remove(target)
-            self.memory.place.move(top, target, row.length + 1)
+            self.memory.store.move(top, target, row.length + 1)
             for state in (self.tokens, self.lengths, self.live, self.picked, self.limits, self.stops, self.history,
                           self.pads):
                 state[target] = state[top]
@@ -422,10 +421,9 @@ def batch_for(model: torch.nn.Module, rows: Sequence[Row]) -> Batch:
     """The model's batch, kept by its Memory (debate.engine.kv_pool): made on first use, sized for `rows` or the
     run's rows where it said, and made anew with the Memory when its device's pool is given a new budget."""
     pool = kv_pool.pool_for(gen.model_device(model))
-    widest = max((r.width for r in rows), default=1)
     new_tokens = max((r.settings.max_new_tokens for r in rows), default=1)
     trie = max((r.schema.scratch_columns for r in rows if r.schema is not None), default=0)
-    memory = pool.memory_of(model, len(rows), widest, new_tokens, trie)
+    memory = pool.memory_of(model, [r.width for r in rows] or [1], new_tokens, trie)
     if memory.batch is None:
         memory.batch = Batch(model, memory)
     return memory.batch

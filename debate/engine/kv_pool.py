@@ -9,12 +9,13 @@ weights are loaded (not from the memory free at each call, which shrinks as cach
   no error can be caught (the kernel kills the process), and glibc keeps some freed memory;
 - fraction 0: no budget (for measurement only): sized as if the whole free memory were one.
 
-Each model gets its share of its device's budget as one `Memory`, made on its first turn and kept for the run
-(debate.engine.memory.kv_plan splits it): a reserve for the decode batch's transients, the decode place (slots
-where turns decode) and the page arena (where conversations' caches wait), both allocated once
-(debate.engine.kv_store). The Memory decides:
-- places: a row takes the lowest free slot, so the rows a step runs stay packed at the front; a row wider than a
-  slot waits, first in line, until the place is empty, and the place is then seen as fewer, wider slots (`place`);
+Each model gets its share of its device's budget as one `Memory`, made on its first turn and kept for the run: a
+reserve for the decode batch's transients (debate.engine.memory.kv_plan), and the rest as one store of keys and
+values allocated once (debate.engine.kv_store), seen from its start as the decode place (slots where turns decode)
+and past it as pages (where conversations' caches wait). The Memory decides:
+- places: the slots' number and width (`place_geometry`); a row takes the lowest free slot, so the rows a step runs
+  stay packed at the front; a row wider than a slot waits, first in line, until the place is empty, and the place
+  is then seen anew, wider, its end moved over the pages nearest it (`reshape`);
 - caches: a conversation's cache is copied into its slot when its turn starts (its pages go back at once) and out
   to pages when it ends (`store`); with no free pages the caches of other waiting conversations are dropped, newest
   conversation first, and re-encoded at their next turn: slower, never different. Newest first is vLLM's order for
@@ -25,6 +26,7 @@ where turns decode) and the page arena (where conversations' caches wait), both 
 A conversation's cache is one `Entry` (its pages and the ids they hold), which the conversation holds and the Memory
 lists weakly: a conversation freed without dropping its cache gives its pages back with it.
 """
+import bisect
 import contextlib
 import functools
 import gc
@@ -109,74 +111,108 @@ def dtype_of(model: torch.nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
-class Memory:
-    """One model's KV memory within its share of the budget: the place, the arena, and what holds which."""
+def place_geometry(widths: Sequence[int], wanted: int, tokens: int) -> Optional[Tuple[int, int]]:
+    """(slots, columns) of a decode place for rows of `widths` waiting, `wanted` rows at once, in a memory of `tokens`
+    tokens; None when the widest row does not fit the whole memory. The columns: the widest row's, rounded up to
+    COLUMN_BUCKET, twice that where memory.PLACE_SHARE of it holds `wanted` such slots (contexts grow turn by turn:
+    room for them saves seeing the place anew). The slots: `wanted`, as many as PLACE_SHARE of the memory holds, one
+    at least (a lone row may take nearly all of it, the waiting caches' pages moved or dropped)."""
+    widest = -(-max(widths) // COLUMN_BUCKET) * COLUMN_BUCKET
+    if widest > tokens:
+        return None
+    share = int(tokens * memory.PLACE_SHARE)
+    roomy = min(2 * widest, share // max(wanted, 1)) // COLUMN_BUCKET * COLUMN_BUCKET
+    columns = max(widest, roomy)
+    rows = max(1, min(wanted, share // columns))
+    return rows, columns
 
-    def __init__(self, pool: "Pool", model: torch.nn.Module, share: Optional[int], rows: int, widest: int,
+
+class Memory:
+    """One model's KV memory within its share of the budget: the store (place and pages), and what holds which."""
+
+    def __init__(self, pool: "Pool", model: torch.nn.Module, share: Optional[int], rows: int, widths: Sequence[int],
                  new_tokens: int, trie: int) -> None:
         self.pool = pool
-        device = next(model.parameters()).device
         dtype = dtype_of(model)
         self.shape = memory.shape(model.config)
         self.size = torch.tensor([], dtype=dtype).element_size()
         self.token_bytes = memory.kv_bytes_per_token(self.shape, self.size)
-        self.budget = share if share is not None else _free_memory(device)
-        # The widest a row may ever be: the model's window with a turn's new tokens, as far as the budget goes.
+        self.budget = share if share is not None else _free_memory(next(model.parameters()).device)
+        # The widest a row may ever be, for the reserve: the model's window with a turn's new tokens, as far as the
+        # budget goes.
+        widest = max(widths)
         window = _window(model)
         if window:
             widest = max(widest, min(window + new_tokens + trie, self.budget // max(self.token_bytes, 1)))
         fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
         self.plan = memory.kv_plan(self.shape, self.size, self.budget, rows, widest, new_tokens, fused, trie)
-        shapes = kv_store.layer_shapes(model, dtype)
-        tokens = self.plan["place_tokens"]  # none left by the reserve: every row fails, naming the budget
-        self.place = kv_store.Place(shapes, tokens, rows=max(1, min(rows, tokens // COLUMN_BUCKET)))
-        self.arena = kv_store.Arena(shapes, int(self.plan["pages"]))
-        self.free_pages = list(range(self.arena.pages))[::-1]  # popped from the end: low pages first
-        self.free_slots = list(range(self.place.rows))
-        self.entries: Dict[int, Tuple[Any, Entry]] = {}  # id(conv) -> (weak reference to it, its entry)
         self.wanted_rows = rows
-        self.peak_rows = 0
+        tokens = self.plan["tokens"] // kv_store.PAGE * kv_store.PAGE
+        rows, columns = place_geometry(widths, rows, tokens) or (1, 0)
+        self.store = kv_store.Store(kv_store.layer_shapes(model, dtype), tokens, rows, columns)
+        self.free_slots = list(range(rows))
+        self.free_pages = list(range(self.store.first_page, self.store.pages))  # ascending: the highest goes first
+        self.owner: Dict[int, Entry] = {}  # page -> the entry holding it
+        self.entries: Dict[int, Tuple[Any, Entry]] = {}  # id(conv) -> (weak reference to it, its entry)
         self.batch: Any = None  # the model's decode batch over this memory (debate.engine.decode_batch)
         pool.note_memory(self)
 
     # -- the place -------------------------------------------------------------------------------------------------
 
     def fits(self, width: int) -> bool:
-        """Whether a row of `width` columns can ever run here (the place holds it as one slot)."""
-        return width <= self.place.tokens
+        """Whether a row of `width` columns can ever run here (the whole memory as its slot)."""
+        return place_geometry([width], 1, self.store.tokens) is not None
 
     def take_slot(self, width: int) -> Optional[int]:
         """The lowest free slot for a row of `width` columns, or None (every slot taken, or the slots too narrow)."""
-        if width > self.place.columns or not self.free_slots:
+        if width > self.store.columns or not self.free_slots:
             return None
         slot = min(self.free_slots)
         self.free_slots.remove(slot)
-        self.peak_rows = max(self.peak_rows, self.place.rows - len(self.free_slots))
         return slot
 
     def give_slot(self, slot: int) -> None:
         self.free_slots.append(slot)
 
     def empty(self) -> bool:
-        return len(self.free_slots) == self.place.rows
+        return len(self.free_slots) == self.store.rows
 
     def reshape(self, widths: Sequence[int]) -> bool:
         """With no row in the place and rows of `widths` waiting: where the first of them is wider than a slot, or
-        more of them wait than there are slots and the place holds more of the widest, the place seen as as many
-        slots as the waiting rows want (the run's rows at least), as wide as the widest, or fewer where it holds no
-        more of that width; whether it changed."""
+        more of them could run at once than there are slots, the place seen anew (place_geometry), its end moved:
+        caches in the pages it grows over are moved to free pages past it, or dropped (newest first) where too few
+        are free; whether it changed."""
         assert self.empty()
-        widest = -(-max(widths) // COLUMN_BUCKET) * COLUMN_BUCKET
-        if widest > self.place.tokens:
-            return False  # no view holds it: the row fails when it joins
-        rows = max(1, min(max(self.wanted_rows, len(widths)), self.place.tokens // widest))
-        if widths[0] <= self.place.columns and rows <= self.place.rows:
+        geometry = place_geometry(widths, max(self.wanted_rows, len(widths)), self.store.tokens)
+        if geometry is None:
+            return False  # no place holds it: the row fails when it joins
+        rows, columns = geometry
+        if widths[0] <= self.store.columns and rows <= self.store.rows:
             return False
-        columns = self.place.tokens // rows
-        log.debug("decode place: %d slots of %d columns (was %d of %d)", rows, columns, self.place.rows,
-                  self.place.columns)
-        self.place.view(rows, columns)
+        first = -(-rows * columns // kv_store.PAGE)
+        free_above = [p for p in self.free_pages if p >= first]
+        in_the_way = sorted(p for p in self.owner if p < first)
+        for ref, entry in sorted(self.entries.values(), key=lambda item: -item[1].birth):
+            if len(free_above) >= len(in_the_way):
+                break
+            other = ref()
+            if other is not None and entry.pages and any(p < first for p in entry.pages):
+                self.evict(other)
+                free_above = [p for p in self.free_pages if p >= first]
+                in_the_way = sorted(p for p in self.owner if p < first)
+        self.pool.moved += len(in_the_way)
+        for page in in_the_way:  # each cache's pages past the new end, its tokens moved there
+            target = free_above.pop()
+            self.store.move_page(page, target)
+            entry = self.owner.pop(page)
+            assert entry.pages is not None
+            entry.pages[entry.pages.index(page)] = target
+            self.owner[target] = entry
+        log.debug("decode place: %d slots of %d columns (was %d of %d)", rows, columns, self.store.rows,
+                  self.store.columns)
+        self.store.view(rows, columns)
         self.free_slots = list(range(rows))
+        self.free_pages = [p for p in range(first, self.store.pages) if p not in self.owner]
         self.pool.reshapes += 1
         return True
 
@@ -203,20 +239,20 @@ class Memory:
             entry.dropped = 0
         usable = self.usable(conv, target) if reuse else 0
         if usable and entry is not None and entry.pages is not None:
-            self.arena.copy_in(self.place, slot, usable, entry.pages)
+            self.store.copy_in(slot, entry.pages[:-(-usable // kv_store.PAGE)])
         self.release(conv)
         return usable
 
-    def store(self, conv: Any, slot: int, ids: List[int]) -> None:
+    def store_cache(self, conv: Any, slot: int, ids: List[int]) -> None:
         """Slot `slot`'s first len(ids) columns, the keys and values of `ids`, as the conversation's cache; other
         waiting caches dropped (newest first) where the free pages are too few; none kept where even that is."""
         prior = getattr(conv, "kv", None)
         birth = prior.birth if isinstance(prior, Entry) else next(_births)
         self.release(conv)
         need = -(-len(ids) // kv_store.PAGE)
-        if need > len(self.free_pages) and need <= self.arena.pages:
+        if need > len(self.free_pages) and need <= self.store.pages - self.store.first_page:
             gc.collect()  # conversations in reference cycles nothing reaches any more: their pages count until then
-            for ref, other_entry in sorted(self.entries.values(), key=lambda item: -item[1].birth):
+            for ref, _ in sorted(self.entries.values(), key=lambda item: -item[1].birth):
                 if need <= len(self.free_pages):
                     break
                 other = ref()
@@ -227,19 +263,28 @@ class Memory:
             self.pool.dropped += 1
             return
         pages = [self.free_pages.pop() for _ in range(need)]
-        self.arena.copy_out(self.place, slot, len(ids), pages)
+        self.store.copy_out(slot, pages)
         entry = Entry(weakref.ref(self), list(ids), pages, birth)
         conv.kv = entry
+        for page in pages:
+            self.owner[page] = entry
         key = id(conv)
         self.entries[key] = (weakref.ref(conv, functools.partial(self._gone, key)), entry)
         self.pool.note_held()
+
+    def _give_pages(self, entry: Entry) -> None:
+        assert entry.pages is not None
+        for page in entry.pages:
+            self.owner.pop(page, None)
+            bisect.insort(self.free_pages, page)
+        entry.pages = None
 
     def release(self, conv: Any) -> None:
         """Give the conversation's pages back (it holds no cache from now on, until it stores one)."""
         entry = self.entries.pop(id(conv), (None, None))[1]
         if entry is not None and entry.pages is not None:
-            self.free_pages.extend(entry.pages)
-            entry.pages, entry.ids = None, []
+            self._give_pages(entry)
+            entry.ids = []
 
     def evict(self, conv: Any) -> None:
         """Drop a waiting conversation's cache to make room; its next turn encodes it again."""
@@ -251,23 +296,18 @@ class Memory:
 
     def _gone(self, key: int, _ref: Any) -> None:
         entry = self.entries.pop(key, (None, None))[1]
-        if entry is not None and entry.pages is not None:
-            self.free_pages.extend(entry.pages)
+        if entry is not None and entry.pages is not None and bisect is not None:  # None: the interpreter's exit
+            self._give_pages(entry)
 
     def held(self) -> int:
-        """Bytes of the arena's pages in use."""
-        return (self.arena.pages - len(self.free_pages)) * kv_store.PAGE * self.token_bytes
+        """Bytes of the pages that hold caches."""
+        return len(self.owner) * kv_store.PAGE * self.token_bytes
 
     def free_bytes(self) -> int:
         return len(self.free_pages) * kv_store.PAGE * self.token_bytes
 
-    def held_by(self, convs: Iterable[Any]) -> int:
-        return sum(len(e.pages) * kv_store.PAGE * self.token_bytes
-                   for c in convs if isinstance(e := getattr(c, "kv", None), Entry) and e.pages is not None
-                   and e.memory() is self)
-
     def nbytes(self) -> int:
-        return self.place.nbytes() + self.arena.nbytes()
+        return self.store.nbytes()
 
 
 class Pool:
@@ -285,10 +325,12 @@ class Pool:
         self.dropped = 0  # caches dropped to make room
         self.reencoded = 0  # tokens encoded again for them
         self.reshapes = 0  # times a place was seen as other slots
+        self.moved = 0  # pages moved out of a growing place's way
 
     def note_memory(self, mem: Memory) -> None:
-        log.debug("memory of a model: %s of place, %s of arena, %s reserved", size(mem.place.nbytes()),
-                  size(mem.arena.nbytes()), size(mem.plan["reserve"]))
+        log.debug("memory of a model: %s of keys and values (%d slots of %d columns, %d pages past them), %s reserved",
+                  size(mem.store.nbytes()), mem.store.rows, mem.store.columns, mem.store.pages - mem.store.first_page,
+                  size(mem.plan["reserve"]))
 
     def note_held(self) -> None:
         self.peak_held = max(self.peak_held, sum(m.held() for m in self.memories.values()))
@@ -296,12 +338,12 @@ class Pool:
     def share(self) -> Optional[int]:
         return None if self.budget is None else self.budget // max(1, self.models)
 
-    def memory_of(self, model: torch.nn.Module, rows: int, widest: int, new_tokens: int, trie: int) -> Memory:
-        """The model's Memory, made on first use for `rows` rows at once (the run's, where it said) of at most
-        `widest` columns."""
+    def memory_of(self, model: torch.nn.Module, widths: Sequence[int], new_tokens: int, trie: int) -> Memory:
+        """The model's Memory, made on first use for the run's rows at once (where it said; else as many as its first
+        rows, of `widths` columns)."""
         mem = self.memories.get(model)
         if mem is None:
-            mem = Memory(self, model, self.share(), max(rows, self.rows), widest, new_tokens, trie)
+            mem = Memory(self, model, self.share(), max(len(widths), self.rows), widths, new_tokens, trie)
             self.memories[model] = mem
         return mem
 
@@ -398,9 +440,9 @@ def summary(pools: Iterable[Pool], in_flight: Optional[int] = None) -> str:
     peak = max((p.peak_held for p in pools), default=0)
     budgets = [p.budget for p in pools if p.budget is not None]
     taken = sum(m.nbytes() + m.plan["reserve"] for m in mems)
-    rows = ", ".join(f"{m.place.rows} slots of {m.place.columns} columns" for m in mems) or "no model call"
+    rows = ", ".join(f"{m.store.rows} slots of {m.store.columns} columns" for m in mems) or "no model call"
     dropped, reencoded = sum(p.dropped for p in pools), sum(p.reencoded for p in pools)
-    return (f"memory: decode place {rows}; place, arena and reserve {size(taken)} of "
+    return (f"memory: decode place {rows}; keys, values and reserve {size(taken)} of "
             f"{'a ' + size(max(budgets)) if budgets else 'an unlimited'} budget; caches held {size(peak)} at most"
             + (f"; {in_flight} claims in flight at most" if in_flight is not None else "")
             + (f"; {dropped} caches dropped to stay within it, {reencoded} tokens re-encoded for them" if dropped

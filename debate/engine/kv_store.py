@@ -1,28 +1,27 @@
-"""A model's KV memory as tensors: the decode place, where turns decode, and the page arena, where conversations'
-caches wait between their turns. Both are allocated once (debate.engine.kv_pool decides their sizes, from the run's
-budget) and keep their addresses for the run; this module only moves keys and values between them.
+"""A model's KV memory as tensors: one flat storage per layer for keys and one for values, allocated once
+(debate.engine.kv_pool decides its size from the run's budget) and kept at its addresses for the run, seen two ways
+at once (`Store`):
+- the decode place, from its start: `rows` slots of `columns` columns, (rows, kv_heads, columns, head_dim). A turn's
+  row owns one slot: its context from column 0 (left aligned, so a token's column is its position), its new tokens
+  after it. Every decode step writes each row's token at that row's own length (`DecodeLayer`) and attends to the
+  first columns of the first rows, masked per row (debate.engine.decode_step);
+- the page arena, past the place's end: pages of PAGE tokens, (pages, kv_heads, PAGE, head_dim). A conversation that
+  waits for its next turn holds the pages its tokens were copied to when its turn ended (`copy_out`); its next turn
+  copies them back into its slot (`copy_in`) and gives them back. One copy each way a turn, never one a step.
 
-The place: per layer one tensor of keys and one of values, a flat storage viewed as `rows` slots of `columns`
-columns each, (rows, kv_heads, columns, head_dim). A turn's row owns one slot: its context from column 0 (left
-aligned, so a token's column is its position), its new tokens after it. Every decode step writes each row's token at
-that row's own length (`DecodeLayer`) and attends to the first columns of the first rows, masked per row
-(debate.engine.decode_step). The storage can be viewed again with other rows and columns (`Place.view`) once no row
-is in it: a row wider than a slot then fits, the same bytes holding fewer, wider slots.
-
-The arena: per layer keys and values of `pages` pages of PAGE tokens, (kv_heads, pages * PAGE, head_dim). A
-conversation that waits for its next turn holds the pages its tokens were copied to when its turn ended
-(`Arena.copy_out`); its next turn copies them back into its slot (`Arena.copy_in`) and gives them back. One copy
-each way a turn, never one a step; a page is freed or taken by a number in a list, nothing is allocated.
+Where the place ends moves when it is empty (kv_pool: more slots, or wider ones, as the rows waiting need): the pages
+it grows over are first moved to free pages past its new end. So a budget is not split once for all between slots
+and pages: a lone conversation may take nearly all of it, many short ones leave it to the waiting caches.
 
 Why both: decoding from pages would gather every row's keys and values into one tensor at every step (PyTorch has
 no paged attention kernel for the CPU and sdpa), three times the attention's memory traffic; a slot per waiting
-conversation would hold each one at the widest row's columns. The place is dense where the steps read, the arena
+conversation would hold each one at the widest row's columns. The place is dense where the steps read, the pages
 tight where caches wait.
 
 Nothing read may be NaN: a decode step attends to every column of its bucket, the unwritten ones masked, and a NaN
 there would still poison the softmax's weighted sum. The storage is made with `torch.empty` (on a CPU the pages of
 memory are only touched when written) and zeroed column by column as the steps' buckets first reach them
-(`Place.ready`).
+(`Store.ready`); a view of the place anew zeroes it again (a page's tokens were there).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -101,29 +100,43 @@ def cache_of(layers: Sequence[DynamicLayer]) -> DynamicCache:
     return cache
 
 
-class Place:
-    """The decode place of one model: per layer a flat storage of keys and one of values, viewed as slots."""
+class Store:
+    """One model's KV memory: per layer a flat storage of keys and one of values, `tokens` tokens long. From its
+    start it is seen as the decode place, `rows` slots of `columns` columns (rows, kv_heads, columns, head_dim); all
+    of it is also seen as pages of PAGE tokens (pages, kv_heads, PAGE, head_dim), of which those past the place's
+    end are the arena's."""
 
-    def __init__(self, shapes: Sequence[Tuple[int, int, torch.dtype, torch.device]], tokens: int, rows: int) -> None:
-        """`shapes`: per layer (kv_heads, head_dim, dtype, device); `tokens`: the slots' columns in all."""
-        self.shapes, self.tokens = list(shapes), tokens
-        self.flat = [tuple(torch.empty(tokens * h * d, dtype=t, device=dev) for _ in range(2))
+    def __init__(self, shapes: Sequence[Tuple[int, int, torch.dtype, torch.device]], tokens: int, rows: int,
+                 columns: int) -> None:
+        """`shapes`: per layer (kv_heads, head_dim, dtype, device)."""
+        self.shapes = list(shapes)
+        self.pages = tokens // PAGE
+        self.tokens = self.pages * PAGE
+        self.flat = [tuple(torch.empty(self.tokens * h * d, dtype=t, device=dev) for _ in range(2))
                      for h, d, t, dev in self.shapes]
+        self.page_layers = [(k.view(self.pages, h, PAGE, d), v.view(self.pages, h, PAGE, d))
+                            for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
         self.rows = self.columns = 0
         self.layers: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self.zeroed = 0  # columns [0, zeroed) of every slot hold finite values
         self._decode: Dict[Tuple[int, int], Any] = {}
-        self.view(rows, tokens // rows)
+        self.view(rows, columns)
+
+    @property
+    def first_page(self) -> int:
+        """The first page past the place: the arena's pages are this one and those after it."""
+        return -(-self.rows * self.columns // PAGE)
 
     def view(self, rows: int, columns: int) -> None:
-        """See the storage as `rows` slots of `columns` columns (rows x columns <= tokens); only with no row in it."""
-        if rows * columns > self.tokens or rows < 1:
-            raise ValueError(f"{rows} slots of {columns} columns do not fit {self.tokens} columns")
+        """See the place as `rows` slots of `columns` columns (a multiple of PAGE; rows x columns <= tokens); only
+        with no row in it, and once no cache holds a page before the new first_page."""
+        if rows * columns > self.tokens or columns % PAGE:
+            raise ValueError(f"{rows} slots of {columns} columns do not fit {self.tokens} tokens in pages of {PAGE}")
         self.rows, self.columns = rows, columns
         self.layers = [(k[:rows * h * columns * d].view(rows, h, columns, d),
                         v[:rows * h * columns * d].view(rows, h, columns, d))
                        for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
-        self.zeroed = 0
+        self.zeroed = 0  # what was a page's may be anything
         self._decode.clear()
 
     def ready(self, columns: int) -> None:
@@ -162,44 +175,43 @@ class Place:
             keys[target, :, :columns].copy_(keys[source, :, :columns])
             values[target, :, :columns].copy_(values[source, :, :columns])
 
+    def _in_pages(self, slot: int, pages: int, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Slot `slot`'s first `pages` x PAGE columns seen page by page, (pages, kv_heads, PAGE, head_dim)."""
+        (h, d, _, _), (keys, values) = self.shapes[layer], self.layers[layer]
+        return tuple(t[slot, :, :pages * PAGE].view(h, pages, PAGE, d).permute(1, 0, 2, 3)  # type: ignore[return-value]
+                     for t in (keys, values))
+
+    def copy_out(self, slot: int, pages: Sequence[int]) -> None:
+        """Slot `slot`'s first len(pages) x PAGE columns into `pages` (a slot's columns are a multiple of PAGE; the
+        pages are past the place's end)."""
+        first = self.first_page
+        index: Optional[torch.Tensor] = None
+        for layer, (keys, values) in enumerate(self.page_layers):
+            if index is None or index.device != keys.device:
+                index = torch.tensor([p - first for p in pages]).to(keys.device, non_blocking=True)
+            source_k, source_v = self._in_pages(slot, len(pages), layer)
+            # Written through the pages past the place alone: PyTorch refuses a write whose tensor overlaps its source.
+            keys[first:].index_copy_(0, index, source_k)
+            values[first:].index_copy_(0, index, source_v)
+
+    def copy_in(self, slot: int, pages: Sequence[int]) -> None:
+        """`pages` into slot `slot`'s first len(pages) x PAGE columns."""
+        index: Optional[torch.Tensor] = None
+        for layer, (keys, values) in enumerate(self.page_layers):
+            if index is None or index.device != keys.device:
+                index = torch.tensor(pages).to(keys.device, non_blocking=True)
+            target_k, target_v = self._in_pages(slot, len(pages), layer)
+            target_k.copy_(keys.index_select(0, index))
+            target_v.copy_(values.index_select(0, index))
+
+    def move_page(self, source: int, target: int) -> None:
+        """Page `source`'s tokens to page `target` (the place grows over the pages nearest it)."""
+        for keys, values in self.page_layers:
+            keys[target].copy_(keys[source])
+            values[target].copy_(values[source])
+
     def nbytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.flat)
-
-
-class Arena:
-    """The pages of one model's waiting caches: per layer keys and values of `pages` x PAGE tokens."""
-
-    def __init__(self, shapes: Sequence[Tuple[int, int, torch.dtype, torch.device]], pages: int) -> None:
-        self.pages = pages
-        self.layers = [(torch.empty((h, pages * PAGE, d), dtype=t, device=dev),
-                        torch.empty((h, pages * PAGE, d), dtype=t, device=dev)) for h, d, t, dev in shapes]
-        self._index: Dict[Tuple[int, str], torch.Tensor] = {}
-
-    def _columns(self, pages: Sequence[int], tokens: int, device: torch.device) -> torch.Tensor:
-        """The arena columns of `tokens` tokens laid over `pages` in order (one small index, made on the host)."""
-        index = (torch.tensor(pages)[:, None] * PAGE + torch.arange(PAGE)[None]).flatten()[:tokens]
-        return index.to(device, non_blocking=True)
-
-    def copy_out(self, place: Place, slot: int, tokens: int, pages: Sequence[int]) -> None:
-        """Slot `slot`'s first `tokens` columns into `pages` (enough of them for the tokens)."""
-        index: Optional[torch.Tensor] = None
-        for (keys, values), (place_k, place_v) in zip(self.layers, place.layers):
-            if index is None or index.device != keys.device:
-                index = self._columns(pages, tokens, keys.device)
-            keys.index_copy_(1, index, place_k[slot, :, :tokens])
-            values.index_copy_(1, index, place_v[slot, :, :tokens])
-
-    def copy_in(self, place: Place, slot: int, tokens: int, pages: Sequence[int]) -> None:
-        """The first `tokens` tokens held in `pages` into slot `slot`'s first columns."""
-        index: Optional[torch.Tensor] = None
-        for (keys, values), (place_k, place_v) in zip(self.layers, place.layers):
-            if index is None or index.device != keys.device:
-                index = self._columns(pages, tokens, keys.device)
-            place_k[slot, :, :tokens].copy_(keys.index_select(1, index))
-            place_v[slot, :, :tokens].copy_(values.index_select(1, index))
-
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
 
 
 def layer_shapes(model: torch.nn.Module, dtype: torch.dtype) -> List[Tuple[int, int, torch.dtype, torch.device]]:

@@ -173,12 +173,13 @@ def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie
     return kv + prefill_bytes(s, rows, chunk, width, size, fused) + decode + kept_tokens * kv_bytes_per_token(s, size)
 
 
-# The share of a model's KV bytes (its budget less the reserve) that goes to the decode place, the rest to the page
-# arena (debate.engine.kv_store). A debate keeps two or three conversations a claim, one decoding at a time, but a
-# slot is as wide as the widest row while a page holds only what a conversation has: half and half, measured in
-# docs/BENCHMARKS.md against the re-encoding a smaller arena costs.
+# The most of a model's keys and values (its budget less the reserve) the decode place takes while more than one row
+# runs (debate.engine.kv_pool.place_geometry); the rest holds the waiting caches' pages. A debate keeps two or three
+# conversations a claim, one decoding at a time: half and half, measured in docs/BENCHMARKS.md against the
+# re-encoding fewer pages cost. A lone row may take nearly all of it.
 PLACE_SHARE = 0.5
 PAGE_TOKENS = 64  # debate.engine.kv_store.PAGE
+COLUMN_BUCKET = 256  # a slot's width is a multiple of this (debate.engine.kv_pool)
 
 
 def reserve_bytes(s, size, rows, columns, new_tokens, fused=False, trie=0):
@@ -193,30 +194,30 @@ def reserve_bytes(s, size, rows, columns, new_tokens, fused=False, trie=0):
 
 
 def kv_plan(s, size, budget, rows, widest, new_tokens, fused=False, trie=0):
-    """How a model's `budget` bytes split (debate.engine.kv_pool): {"reserve", "place_tokens", "pages"}: the reserve
-    for `rows` rows of at most `widest` columns, then PLACE_SHARE of what is left as the place's columns in all (at most
-    `rows` x `widest`), the rest as arena pages."""
+    """How a model's `budget` bytes split (debate.engine.kv_pool): {"reserve", "tokens"}: the reserve for `rows` rows
+    of at most `widest` columns, and the tokens of keys and values the rest holds (the place's and the pages')."""
     per_token = kv_bytes_per_token(s, size)
     columns = max(1, min(widest, budget // max(per_token, 1)))
     reserve = reserve_bytes(s, size, rows, columns, new_tokens, fused, trie)
-    kv = max(0, budget - reserve)
-    place = min(int(kv * PLACE_SHARE) // per_token, rows * widest)
-    pages = max(0, (kv - place * per_token) // (PAGE_TOKENS * per_token))
-    return {"reserve": reserve, "place_tokens": place, "pages": pages}
+    return {"reserve": reserve, "tokens": max(0, budget - reserve) // per_token}
 
 
 def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=PREFILL_CHUNK, trie=0, fused=True,
                      rows=32):
-    """How many claims fit `budget` bytes with every cache kept, as the engine's memory authority splits it (kv_plan
-    for a place of `rows` rows): each claim decodes one row of `context` + `new_tokens` columns in the place and keeps
-    its other `conversations` - 1 caches of `context` tokens in the arena's pages. `chunk` is unused (every prefill
-    piece is PREFILL_CHUNK tokens). 0: not even one claim."""
+    """How many claims fit `budget` bytes with every cache kept, as the engine's memory authority uses it (kv_plan,
+    and kv_pool.place_geometry's slots of `rows` rows at most): each claim decodes one row of `context` + `new_tokens`
+    columns (rounded up to COLUMN_BUCKET) in the place, which takes PLACE_SHARE of the memory at most, and keeps its
+    other `conversations` - 1 caches of `context` tokens in pages. `chunk` is unused (every prefill piece is
+    PREFILL_CHUNK tokens). 0: not even one claim."""
     del chunk
     plan = kv_plan(s, size, budget, rows, context + new_tokens + trie, new_tokens, fused, trie)
-    in_place = plan["place_tokens"] // max(1, context + new_tokens + trie)
-    waiting = -(-context // PAGE_TOKENS) * max(0, conversations - 1)
-    in_arena = plan["pages"] // waiting if waiting else in_place
-    return max(0, min(in_place, in_arena))
+    tokens = plan["tokens"]
+    width = -(-(context + new_tokens + trie) // COLUMN_BUCKET) * COLUMN_BUCKET
+    waiting = -(-context // PAGE_TOKENS) * PAGE_TOKENS * max(0, conversations - 1)
+    n = min(rows, int(tokens * PLACE_SHARE) // width)
+    while n > 0 and n * (width + waiting) > tokens:
+        n -= 1
+    return n
 
 
 def attention_is_fused(implementation):
