@@ -388,11 +388,13 @@ def has_room(extra: int) -> bool:
     return all(m.free_bytes() >= extra for p in _pools.values() for m in p.memories.values())
 
 
-def admits_claim(per_claim: int, fresh: int) -> bool:
-    """Whether one more claim may start: the arenas have room for a claim's caches (`per_claim` bytes) for it and for
-    each of the `fresh` claims in flight that hold none yet (started since their first turn began, or all their
-    caches dropped), which the pages cannot show yet."""
-    return has_room((fresh + 1) * per_claim)
+def admits_claim(per_claim: int, fresh: int, in_flight: int) -> bool:
+    """Whether one more claim may start: fewer claims are in flight than a decode place has slots (a claim has one
+    turn at a time; one more would only wait, its caches taking pages from those that run), and the pages have room
+    for a claim's caches (`per_claim` bytes) for it and for each of the `fresh` claims in flight that hold none yet
+    (started since their first turn began, or all their caches dropped), which the pages cannot show yet."""
+    slots = max((m.store.rows for m in memories()), default=None)
+    return (slots is None or in_flight < slots) and has_room((fresh + 1) * per_claim)
 
 
 def held_by(convs: Iterable[Any]) -> int:

@@ -175,9 +175,9 @@ def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie
 
 # The most of a model's keys and values (its budget less the reserve) the decode place takes while more than one row
 # runs (debate.engine.kv_pool.place_geometry); the rest holds the waiting caches' pages. A debate keeps two or three
-# conversations a claim, one decoding at a time: half and half, measured in docs/BENCHMARKS.md against the
-# re-encoding fewer pages cost. A lone row may take nearly all of it.
-PLACE_SHARE = 0.5
+# conversations a claim, one decoding at a time, and a slot is as wide as the widest row: 0.3 re-encoded 6,581 tokens
+# where 0.5 re-encoded 29,001 (32 claims under 0.25 GiB, docs/BENCHMARKS.md). A lone row may take nearly all of it.
+PLACE_SHARE = 0.3
 PAGE_TOKENS = 64  # debate.engine.kv_store.PAGE
 COLUMN_BUCKET = 256  # a slot's width is a multiple of this (debate.engine.kv_pool)
 

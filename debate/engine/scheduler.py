@@ -173,7 +173,7 @@ def _admits(live: Sequence[_Task], claim_peak: int) -> bool:
     none yet."""
     fresh = [t for t in live if not t.finished and kv_pool.held_by(t.convs.values()) == 0]
     per_claim = claim_peak or max((_first_turn_bytes(t) for t in fresh), default=0)
-    return kv_pool.admits_claim(per_claim, len(fresh))
+    return kv_pool.admits_claim(per_claim, len(fresh), sum(not t.finished for t in live))
 
 
 def run(claims: Iterable[Any], verify_one: Callable[[Any], Any], running: int) -> int:
