@@ -23,10 +23,10 @@ follows the live tensors (tests/test_memory_plan.py measures the same way). The 
 (/proc/self/statm) once the models are loaded (the runner's load_agents returns; the budget is decided right after),
 restarts the high-water mark there, and reads the mark (VmHWM) when the run ends: the peak above the loaded model.
 A row also gives the pool's own counts (debate.engine.kv_pool.pool_for("cpu"): the caches' peak, caches dropped,
-tokens re-encoded; before issue 48 also the peak counted with a model call), what the model's memory took (its
-decode place, page arena and reserve, allocated once, from the run's "memory:" line; issue 48 on), the claims in
-flight at most (the run's "memory:" line), the run's seconds (wall clock, and the child's CPU time, which another
-process on the same core does not inflate), and whether claim_id, label, justification, prompt_tokens and
+tokens re-encoded; before issue 48 also the peak counted with a model call), what the model's memory took (its keys
+and values (decode place and pages) and reserve, allocated once, from the run's "memory:" line; issue 48 on), the
+claims in flight at most (the run's "memory:" line), the run's seconds (wall clock, and the child's CPU time, which
+another process on the same core does not inflate), and whether claim_id, label, justification, prompt_tokens and
 completion_tokens equal the unlimited run's claim by claim;
 the --tree row compares encoded_tokens too (nothing is re-encoded without a budget).
 Results are printed as JSON and written to --out.
@@ -157,7 +157,7 @@ def row(name, tree, budget, measured, log, wall, out_dir):
         "model_calls": measured.get("calls"),
         "claims_in_flight": int(v) if (v := log_value(log, r"(\d+) claims in flight at most")) else None,
         "memory_line": log_value(log, r"(memory: [^\n]*)"),
-        "place_arena_reserve": log_value(log, r"place, arena and reserve ([\d.]+ [MG]iB)"),
+        "kv_and_reserve": log_value(log, r"keys, values and reserve ([\d.]+ [MG]iB)"),
         "seconds": measured["seconds"], "cpu_seconds": measured["cpu_seconds"], "wall_seconds": round(wall, 1),
         "verify_seconds": float(v) if (v := log_value(log, r"verified \d+ claims in ([\d.]+)s")) else None,
         "claims": len(preds),

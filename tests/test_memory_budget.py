@@ -157,7 +157,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
                              "--limit", "32", "--batch-size", "32", "--max-new-tokens", "6", "--max-rounds", "1",
                              "--no-structured", "--temperature", "0", "--output-dir", str(out), *extra])
         line = [r.message for r in caplog.records if r.message.startswith("memory: ")][-1]
-        taken = re.search(r"place, arena and reserve ([\d.]+) (MiB|GiB)", line)
+        taken = re.search(r"keys, values and reserve ([\d.]+) (MiB|GiB)", line)
         runs[name] = dict(preds=sorted(read(out / "predictions.jsonl"), key=lambda p: str(p["claim_id"])),
                           taken=float(taken.group(1)) * (2 ** 20 if taken.group(2) == "MiB" else kv_pool.GIB),
                           budget=0.25 * kv_pool.GIB, line=line)
@@ -166,7 +166,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
     assert len(free["preds"]) == len(small["preds"]) == 32
     keys = ("claim_id", "label", "justification", "prompt_tokens", "completion_tokens")
     assert [{k: p[k] for k in keys} for p in small["preds"]] == [{k: p[k] for k in keys} for p in free["preds"]]
-    # The unlimited run's memory is sized from the free RAM; the small one's place, arena and reserve within 0.25 GiB.
+    # The unlimited run's memory is sized from the free RAM; the small one's keys, values and reserve within 0.25 GiB.
     assert free["taken"] > 8 * small["budget"] and small["taken"] <= small["budget"]
     assert "tokens re-encoded for them" in small["line"] and "no cache dropped" in free["line"]
     in_flight = {name: int(re.search(r"(\d+) claims in flight at most", run["line"]).group(1))
