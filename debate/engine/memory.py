@@ -1,6 +1,6 @@
 """The memory plan's arithmetic: the bytes a model call or a training step holds at its peak, from a model's
-shape alone (no torch). The engine's admission (engine.batch_bytes) and bench/memory_plan.py both call these;
-the plan lives here only.
+shape alone (no torch). The engine's memory authority (debate.engine.kv_pool: kv_plan, reserve_bytes) and
+bench/memory_plan.py both call these; the plan lives here only.
 
 A debate's model call holds, besides the weights and the conversations' caches the pool keeps (kv_pool):
 - the turn's KV buffer: rows x (cached width + new chunk + new tokens) x kv_bytes_per_token;

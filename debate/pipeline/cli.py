@@ -285,9 +285,9 @@ def run_parser(description=None):
                    help="re-encode each conversation every turn (for measurement)")
     g.add_argument("--continuous", action=argparse.BooleanOptionalAction,
                    help="continuous batching (ours, default on): --batch-size claims in progress at once, each "
-                   "claim's next turn joining the next model call as soon as its last turn ends, and a finished "
-                   "claim's place taken at once; --no-continuous: fixed batches of claims that move from turn to "
-                   "turn together (the same records under greedy decoding; sampled draws differ)")
+                   "claim's next turn joining its model's decode batch at the step after its last one ended, and a "
+                   "finished claim's place taken at once; --no-continuous: fixed batches of claims that move from "
+                   "turn to turn together (the same records under greedy decoding; sampled draws differ)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="run each decode step as one compiled graph (torch.compile, fullgraph), replayed as a CUDA "
                    "graph on a GPU: the same tokens as eagerly up to the order of summation (a near-tie can fall "

@@ -276,7 +276,7 @@ def verify_claims(config, agents, claims, settings, streams, kwargs, write):
     decided. `kwargs`: the method's options (`method_options`). Returns the most claims in progress at once.
 
     Continuous (the default): --batch-size claims in progress at once at most, fewer while the memory budget has no
-    room for another, each claim's turns joining the next model call of its model (debate/engine/scheduler.py).
+    room for another, each claim's turn joining its model's decode batch at the next step (debate/engine/scheduler.py).
     Otherwise claims go in fixed batches that move from turn to turn together. Under greedy decoding both give the
     same records. A claim one of whose conversations cannot go on (errors.ContextOverflow: its context would pass
     the model's window, or it alone needs more memory than the budget) is written with a note and no verdict."""
