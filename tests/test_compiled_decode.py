@@ -135,6 +135,9 @@ def test_a_run_with_compile_records_it_and_writes_the_eager_runs_predictions(lla
     assert decode["compiled"] is True and decode["graphs"] >= 1 and decode["compiled_steps"] > 0
     eager = json.loads((outs["--no-compile"] / "config.json").read_text())["models"]["moderator"]["decode"]
     assert eager["compiled"] is False and eager["eager_steps"] > 0
+    # Occupancy, per role: the tokens the decode steps produced over the rows they ran (eagerly, no bucket's padding).
+    assert eager["decode_tokens"] > 0 and eager["occupancy"] == round(eager["decode_tokens"] / eager["decode_row_steps"], 4)
+    assert 0.5 < eager["occupancy"] <= 1 and decode["occupancy"] <= eager["occupancy"]
 
 
 def test_one_tokens_queries_grouped_by_key_head_attend_as_with_repeated_keys():
