@@ -136,7 +136,8 @@ def test_a_run_with_compile_records_it_and_writes_the_eager_runs_predictions(lla
     eager = json.loads((outs["--no-compile"] / "config.json").read_text())["models"]["moderator"]["decode"]
     assert eager["compiled"] is False and eager["eager_steps"] > 0
     # Occupancy, per role: the tokens the decode steps produced over the rows they ran (eagerly, no bucket's padding).
-    assert eager["decode_tokens"] > 0 and eager["occupancy"] == round(eager["decode_tokens"] / eager["decode_row_steps"], 4)
+    tokens, rows = eager["decode_tokens"], eager["decode_row_steps"]
+    assert tokens > 0 and eager["occupancy"] == round(tokens / rows, 4)
     assert 0.5 < eager["occupancy"] <= 1 and decode["occupancy"] <= eager["occupancy"]
 
 
