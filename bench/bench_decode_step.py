@@ -113,29 +113,30 @@ def ops_per_step(engine, model, tok, compile_steps, new_tokens):
 
 def logits_apart(model):
     """The largest difference between one decode step's logits run eagerly and through the compiled forward, from
-    the same cache (4 rows, a 300-token context of random ids)."""
+    the same cache (4 rows, a 300-token context of random ids, each prefilled into its slot of a store)."""
     from debate.engine import decode_step, generator, kv_store
 
+    if not hasattr(kv_store, "Store"):  # a tree from before batching by the step (issue 48): its own turn buffer
+        return None
     generator_ = torch.Generator().manual_seed(0)
-    rows, context, capacity = 4, 300, 512
+    rows, context, columns = 4, 300, 512
     ids = torch.randint(10, 400, (rows, context), generator=generator_)
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     with torch.inference_mode():
-        cache = kv_store.BatchCache(capacity, rows=rows)
-        model(input_ids=ids, attention_mask=torch.ones(rows, context, dtype=torch.long), use_cache=True,
-              **generator.cache_kwarg(model, cache))
-        logits = {}
-        for name, fn in (("eager", decode_step.forward), ("compiled", decode_step.compiled(model).fn)):
-            layers = [kv_store.BufferLayer(capacity, layer.buffer_keys.clone(), layer.buffer_values.clone(),
-                                           filled=context) for layer in cache.layers]
-            state = decode_step.start(rows, rows, [0] * rows, context, capacity, [context] * rows,
-                                      decode_step.layer_windows(model), torch.float32, torch.device("cpu"), 2, [0], 0)
-            for layer in layers:
-                layer.decode(state.column)
-            state.tokens[:, 0] = torch.tensor([5, 6, 7, 8])
-            with decode_step.decoding(model):
-                logits[name] = decode_step.advance(fn, state, generator.cache_kwarg(model, kv_store.BatchCache(
-                    capacity, layers)), model)
-        return float((logits["eager"] - logits["compiled"]).abs().max())
+        store = kv_store.Store(kv_store.layer_shapes(model, dtype), (rows + 1) * columns, rows, columns)
+        store.ready(columns)
+        for row in range(rows):
+            generator.prefill(model, store.slot_cache(row, 0), ids[row].tolist(), 0)
+        # Views of longer tensors, as the batch's state is (one entry more than its slots): the compiled step's inputs.
+        tokens = torch.tensor([[5], [6], [7], [8], [0]])[:rows]
+        lengths, live = torch.full((rows + 1,), context)[:rows], torch.ones(rows + 1, dtype=torch.bool)[:rows]
+        cache = store.decode_cache(rows, context + 1, lengths, keep=False)
+        args = (generator.cache_kwarg(model, cache), tokens, lengths, live, torch.arange(columns + 1)[:context + 1],
+                decode_step.layer_windows(model), dtype)
+        with decode_step.decoding(model):  # each writes the token's keys and values at column 300, then attends
+            eager = decode_step.forward(model, *args)
+            compiled = decode_step.compiled(model)(model, *args)
+        return float((eager - compiled).abs().max())
 
 
 def measure(args, four_bit, compile_steps):

@@ -50,7 +50,7 @@ def _layer_masks(model, seen, distance, dtype, device):
 
 def tree_logprobs(model, cache, candidates, first_logits, start=0):
     """Each candidate id list's summed log-probability after a row's context, whose keys/values fill the columns
-    from `start` to the filled end of `cache` (one row's: kv_store.Place.slot_cache, whose `filled` is where the row's
+    from `start` to the filled end of `cache` (one row's: kv_store.Store.slot_cache, whose `filled` is where the row's
     context ends; a slot's context starts at column 0).
 
     The first tokens are scored from `first_logits` (the row's logits now); the rest in one side pass that
@@ -102,7 +102,7 @@ def tree_logprobs(model, cache, candidates, first_logits, start=0):
 
 @torch.inference_mode()
 def prefill(model, cache, ids, filled):
-    """Feed `ids` after the `filled` columns `cache` (one slot's, kv_store.Place.slot_cache) already holds, in pieces
+    """Feed `ids` after the `filled` columns `cache` (one slot's, kv_store.Store.slot_cache) already holds, in pieces
     of memory.PREFILL_CHUNK tokens, each writing its keys and values after the ones before it, so the pieces see what
     one call would and no piece's transient grows with the context beyond its mask; the last token's logits (vocab,)."""
     device = model_device(model)

@@ -133,7 +133,7 @@ def decode_step_bytes(s, rows, columns, size, fused=False):
 
 
 def decode_masks_bytes(s, rows, columns, size, new_tokens):
-    """What a turn's decode steps keep on the device for the whole turn (debate.engine.decode_step.State): one
+    """What a turn's decode steps keep on the device for the whole turn (debate.engine.decode_batch.Batch): one
     additive mask a layer type over every column, and the history of picked ids."""
     return rows * columns * mask_types(s) * size + rows * max(1, new_tokens) * 8
 
