@@ -10,7 +10,8 @@ a row that has stopped or an empty slot sees column 0 alone (finite, masked out 
 
 Buckets. Eagerly a step runs exactly the rows and columns in use. Compiled (`--compile`), rows are rounded up to
 ROW_BUCKETS and columns to a multiple of COLUMN_BUCKET, so a handful of shapes serve a run; the forward is compiled
-once per model with dynamic sizes (one graph for every bucket, never one a step). On CUDA each bucket's step is
+once per model with dynamic sizes (one graph for every bucket, a second for buckets as wide as the slots, whose
+keys are contiguous: never one a step). On CUDA each bucket's step is
 captured as a CUDA graph the second time it runs (the first warms it on a side stream) and replayed from then on, every
 bucket's graph in one memory pool: nothing is allocated for a step. Where compiling or capturing fails, the run says
 why in one line and goes on eagerly.

@@ -76,18 +76,20 @@ class DecodeLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
         super().__init__()
         self.keys, self.values, self.columns = keys, values, columns
-        self.view_keys, self.view_values = keys, values
-        # Written as (rows, columns, heads, dim): the row and column indices side by side take index_put's direct
-        # path; (rows, heads, columns) indexed [rows, :, columns] copied the whole view first (7 ms a layer, 32 rows).
-        self.write_keys, self.write_values = keys.permute(0, 2, 1, 3), values.permute(0, 2, 1, 3)
+        self.view_keys, self.view_values = keys, values  # typed tensors (DynamicLayer's keys may be None)
         self.rows = torch.arange(keys.shape[0], device=keys.device)
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        self.write_keys[self.rows, self.columns] = key_states[:, :, 0]
-        self.write_values[self.rows, self.columns] = value_states[:, :, 0]
-        return self.view_keys, self.view_values
+        # Written as (rows, columns, heads, dim): the row and column indices side by side take index_put's direct
+        # path; (rows, heads, columns) indexed [rows, :, columns] copied the whole view first (7 ms a layer, 32 rows).
+        # The permuted views are made here, not kept: two inputs of a compiled step aliasing one storage, one of them
+        # written, send aot_autograd down a path that fails under dynamic shapes ("size_bytes_is_heap_allocated").
+        keys, values = self.view_keys, self.view_values
+        keys.permute(0, 2, 1, 3)[self.rows, self.columns] = key_states[:, :, 0]
+        values.permute(0, 2, 1, 3)[self.rows, self.columns] = value_states[:, :, 0]
+        return keys, values
 
     def get_seq_length(self) -> int:
         return self.view_keys.shape[2]
