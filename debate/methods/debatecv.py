@@ -72,6 +72,14 @@ def _finish(debate, parsed, reason):
         conv.drop_cache()  # the memory goes to the claims still debating
 
 
+def _debaters_done(debates):
+    """The Debaters have spoken their last (the final prompt is the Moderator's alone): their caches go now, not
+    when the claim ends, so that a tight budget drops the caches still needed last, never the Moderator's."""
+    for debate in debates:
+        debate.convs["affirmative"].drop_cache()
+        debate.convs["negative"].drop_cache()
+
+
 def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=None, labels=AVERITEC, source=None,
               limits=None):
     """Debate `claims` together; call `on_finish(record)` as each claim ends; return the records. `labels`: the
@@ -107,6 +115,8 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
         neg_prompts = [shown.get(id(d), "") + render(opening, opponent_argument=d.arguments["affirmative"])
                        for d in active]
         _speak(agents, "negative", active, neg_prompts, round_no, settings, generator)
+        if round_no == max_rounds:
+            _debaters_done(active)
         mod_prompts = [shown.get(id(d), "") + render("moderator_round", round=round_no,
                                                      affirmative_argument=d.arguments["affirmative"],
                                                      negative_argument=d.arguments["negative"], **answer)
@@ -123,6 +133,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
             elif parsed["proceed"] is False:
                 # It stopped the debate but named no label: the final prompt asks for the verdict.
                 debate.stop_reason = "moderator"
+                _debaters_done([debate])
                 final.append(debate)
             else:
                 still.append(debate)
