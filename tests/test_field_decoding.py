@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from debate.data import answer_schemas
-from debate.engine import chat, engine, generator, kv_store, schema_program
+from debate.engine import chat, constrained_row, engine, generator, kv_store, schema_program
 from debate.engine.constrained_row import SchemaRow
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama, build_tiny_tokenizer
 
@@ -227,13 +227,16 @@ def test_a_greedy_number_is_the_argmax_path_through_its_allowed_tokens(soft_llam
 
 
 @torch.inference_mode()
-def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_the_batch(soft_llama):
+def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_the_batch(soft_llama, monkeypatch):
     model, tok = soft_llama
     compiled = schema_program.compile_for("counsel_reflection", tok)
-    calls = []
+    calls, plans = [], []
     hook = model.register_forward_pre_hook(
         lambda m, a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
     convs = [engine.Conversation(system=f"Claim {i}. " + "The report says so. " * (3 * i)) for i in range(2)]
+    real = constrained_row.SchemaDriver.plan
+    monkeypatch.setattr(constrained_row.SchemaDriver, "plan",
+                        lambda self, logits, ids: plans.append(1) or real(self, logits, ids))
     try:
         engine.generate(model, tok, convs, ["Reflect on your arguments."] * 2,
                         engine.Settings(max_new_tokens=compiled.fixed_cost + 30), schemas=[compiled] * 2)
@@ -245,9 +248,10 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
     assert [rows for rows, _ in prefills] == [1, 1] and all(width > compiled.scratch_columns for _, width in prefills)
     side = [shape for shape in rest if shape[1] > 1]  # list go-on/close choices: one row, a few tokens each
     assert all(rows == 1 and width <= compiled.scratch_columns for rows, width in side)
-    # The prefills, one step per generated token after the first, and a pass per list decision (at most 2 per
-    # row): the three 0.00-1.00 scores add their few digits, not 101 candidates each.
-    assert len(calls) <= 2 + (steps - 1) + 2 * 2
+    # The prefills, one step per generated token after the first, a pass per list decision (at most 2 per row), and
+    # an idle step a row each time the host plans for it (its first plan, at the start, costs none): the three
+    # 0.00-1.00 scores add their few digits, not 101 candidates each.
+    assert len(calls) <= 2 + (steps - 1) + 2 * 2 + (len(plans) - 2)
     for conv in convs:
         for key in ("Logic", "Novelty", "Rebuttal"):
             assert 0 <= conv.structured["fields"][key] <= 1 and key not in conv.structured["probs"]

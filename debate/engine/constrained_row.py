@@ -8,7 +8,7 @@ allows there, with the role's own settings (debate.engine.sampling), so it costs
 import torch
 
 from debate.engine import schema_program
-from debate.engine.sampling import next_tokens
+from debate.engine.sampling import host_pick, next_tokens
 
 
 class SchemaRow:
@@ -98,3 +98,83 @@ class SchemaRow:
         return None
 
 
+
+
+class Plan:
+    """What a schema row's device state runs next, without the host: `queue`, ids fed one a step; then `text`
+    (a mode's name and a cap: sample under the mode's mask until a closing token or the cap) or, when None, wait
+    for the host (a choice or a number needs it) at the logits after the queue's last id. `done`: the queue ends
+    the reply (its last id is a stop id)."""
+
+    def __init__(self, queue, text=None, done=False):
+        self.queue, self.text, self.done = queue, text, done
+
+
+class SchemaDriver:
+    """One row's schema program (schema_program.program) split between the device and the host, for the batch
+    (debate.engine.decode_batch): forced ids and masked free text run on the device from a Plan; the host takes
+    over only where the program needs it (a choice scored as whole values, a number's next allowed tokens, the end of
+    a text), from the logits the device held for it. The same program and the same choices as SchemaRow, which
+    drives it token by token (the reference path).
+
+    `score(candidates, logits) -> totals` scores a choice; `draw(values, ids, count)` picks among ids from their
+    logits (debate.engine.sampling.host_pick with the row's stream), `count` the draw's number."""
+
+    def __init__(self, compiled, limit, stop_id, settings, key, score):
+        self.program = schema_program.program(compiled, limit)
+        self.stop_id, self.settings, self.key, self.score = stop_id, settings, key, score
+        self.text_from = None  # where the free text the device writes starts in the reply's ids, while it writes
+        self.result = None
+        self.op = None
+        self._send(None)
+
+    def _send(self, value):
+        try:
+            self.op = self.program.send(value)
+        except StopIteration as done:
+            self.op, self.result = None, done.value
+
+    def _choose(self, candidates, logits, count):
+        totals = self.score(candidates, logits)
+        # As SchemaRow: the totals as float32 (the greedy pick among them, ties to the first), their softmax.
+        totals = torch.tensor(totals)
+        index = host_pick(totals.tolist(), list(range(len(totals))), self.settings.temperature, 1.0, self.key, count)
+        return index, [round(p, 6) for p in torch.softmax(totals, dim=0).tolist()]
+
+    def plan(self, logits, ids):
+        """The next Plan: at the start `logits` is None (the first op needing logits waits for the prefill's);
+        after a wait, the logits held for it. `ids`: the reply's ids so far (the host's copy of what the device
+        picked)."""
+        queue = []
+        while self.op is not None:
+            kind = self.op[0]
+            if kind == "force":
+                queue += self.op[1]
+                self._send(None)
+            elif kind == "text":
+                if self.text_from is not None:  # the device's text ended (a closing id, or its cap)
+                    text, self.text_from = list(ids[self.text_from:]), None
+                    self._send(text)
+                elif self.op[1] <= 0:
+                    self._send([])
+                else:
+                    self.text_from = len(ids) + len(queue)
+                    return Plan(queue, (self.op[2], self.op[1]))
+            elif queue or logits is None:
+                return Plan(queue)  # the host's turn, at the logits after the queue
+            elif kind == "choose":
+                self._send(self._choose(self.op[1], logits, len(ids)))
+            else:  # generate: one id of a number, then the host again at the next logits
+                options = sorted(self.op[1])
+                if len(options) == 1:
+                    token = options[0]
+                else:
+                    values = logits[torch.tensor(options, device=logits.device)].tolist()
+                    token = options[host_pick(values, options, self.settings.temperature, self.settings.top_p,
+                                              self.key, len(ids))]
+                self.op = ("generate", self.op[1][token])
+                if isinstance(self.op[1], int):
+                    self._send(self.op[1])  # the value is complete: its closing id is forced next
+                    continue
+                return Plan([token])
+        return Plan(queue + [self.stop_id], done=True)

@@ -1,22 +1,33 @@
 """A model's persistent decode batch: rows join it at any step and leave it at the step they stop.
 
 One batch per model, kept for the run, over the model's Memory (debate.engine.kv_pool: its place of slots and its
-arena of pages, allocated once). A row is one conversation's turn: its context's ids, its settings, its schema or
-none, its adapter or none. `advance()` is one step of the batch, as Orca, vLLM and SGLang schedule:
+arena of pages, allocated once). A row is one conversation's turn: its context's ids, its settings, its random
+stream's key, its schema or none, its adapter or none. `advance()` is one step of the batch, as Orca, vLLM and
+SGLang schedule:
 1. join: waiting rows take free slots, oldest first. A row's cached prefix is copied from its pages into its slot
    (once a turn), its new tokens are prefilled there in pieces (debate.engine.generator.prefill), and its first token
-   is picked from the prefill's logits; it decodes with the others from the next step;
-2. step: every row in use feeds one token (debate.engine.decode_step: compiled and replayed per bucket where asked);
-   the picks stay on the device: greedy rows by argmax, sampled rows by their own random stream and settings, and
-   only a row under a schema (the Moderator's JSON) has its logits read by the host, which picks its token
-   (debate.engine.constrained_row) and writes it back;
-3. leave: the rows that stopped (their stop token, or their limit) are read back (their ids, once), their caches
+   is picked on the device from the prefill's logits; it decodes with the others from the next step;
+2. step: every row in use feeds one token (debate.engine.decode_step: compiled and replayed per bucket where asked),
+   and every row's next token is picked on the device (`_pick`): greedy rows by argmax, sampled rows by the
+   exponential race over their own random stream (debate.engine.sampling), schema rows by their device state (ids
+   forced from a queue, free text under a mask until a closing id or a cap, or a wait for the host);
+3. the step's packet: each row's count of picked ids, its last two ids, whether it ended and how often it waited,
+   copied towards the host in one small tensor. The host reads the packet of the step BEFORE, once the next step is
+   launched (the lookahead: on CUDA the device never waits for the host between steps; on a CPU the same code runs
+   in the same order, so the tests run the path CUDA runs): one read a step. From it the host keeps each row's ids,
+   hands a waiting schema row's next Plan back to the device (debate.engine.constrained_row.SchemaDriver: a choice
+   scored as whole values, a number's next id, the end of a text), and lets rows that ended leave: their caches
    copied out to pages, their slots free at once for the next step's joins;
 4. pack: when nothing waits, the last rows move down into the holes, so a step runs as few rows as are in use.
 
-The batch's state lives on the device for the run, one entry a slot: the token each row feeds next, its length (the
-column its token is written at, which is also its position), whether it is live, how many ids it has picked, its
-limit, its stop ids, and every id it picked. The host learns once a step which rows are still live (one small copy).
+What still synchronises with the device (docs/layout.md says the same): the packet's read, once a step and a step
+behind; a schema row's wait (a choice's scoring pass reads its totals once, a number's next id reads that row's
+allowed logits once: a few times a Moderator reply, each costing that row one idle step); a join's prefill where
+transformers checks its mask. Host-to-device writes go through pinned memory without waiting (`_upload`).
+
+The batch's state lives on the device for the run, one entry a slot (`_STATE`). A row's sampled tokens depend only on
+its own logits and its key (never on the rows beside it or the step the host reads), and a row that waits for the host
+only idles: the same tokens at any batch size, with or without the lookahead.
 
 A row that cannot run at all (wider than the whole place, or out of memory twice) gets an `error` instead of a
 result; its turn ends its claim, the others go on.
@@ -24,25 +35,29 @@ result; its turn ends its claim, the others go on.
 import collections
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
-from debate.engine import decode_step, generator as gen, kv_pool, row_adapters, schema_program
-from debate.engine.constrained_row import SchemaRow
-from debate.engine.sampling import next_tokens
+from debate.engine import decode_step, generator as gen, kv_pool, row_adapters, sampling, schema_program
+from debate.engine.constrained_row import Plan, SchemaDriver
 
 log = logging.getLogger(__name__)
 
-# Whether the host launches a step before it reads which rows the step before stopped (None: on CUDA, where the
-# device then never waits for the host between steps; the tests set it on a CPU, where it changes nothing but when
-# rows leave, one step later, masked in the meantime).
-LOOKAHEAD: Optional[bool] = None
+# Whether the host reads a step's packet after launching the next step (the default on every device), or at once
+# (False: for debugging; a waiting schema row then idles no step, and rows leave a step sooner; the same tokens).
+LOOKAHEAD: bool = True
 
 # bench/bench_gpu.py --turn-lengths: a callable(context ids) -> the most tokens a free reply after that context may
 # take (its drawn length), so a random model's replies end at realistic, varied lengths; None: --max-new-tokens.
 reply_cap: Optional[Callable[[Sequence[int]], int]] = None
+
+# A schema row's device state (`kind`): FREE (not a schema row), FORCE (ids from its queue), TEXT (free text under a
+# mask), WAIT (the host's turn).
+FREE, FORCE, TEXT, WAIT = 0, 1, 2, 3
+QUEUE = 64  # the most ids a Plan queues at once (a schema's forced pieces are a few tokens each)
+MODES = ("text", "reasoning")  # a mask table's two entries per tokenizer and stop ids (schema_program.masks)
 
 
 @dataclass
@@ -60,15 +75,20 @@ class Row:
     target: List[int]  # the context's ids
     settings: Any  # engine.Settings
     stop_ids: Tuple[int, ...]
-    generator: Optional[torch.Generator]
+    key: int  # its random stream (debate.engine.sampling.reply_key); unused when greedy
     schema: Any  # schema_program.Compiled or None
     adapter: Optional[str]
     pad_id: int
     tokenizer: Any
     slot: Optional[int] = None
     reused: int = 0
-    length: int = 0  # columns of its slot that hold its tokens (exact for a schema row; at most that otherwise)
-    driven: Optional[SchemaRow] = None
+    # The column its next token is written at, as the host knows it: exact whenever the row feeds a token (a row
+    # that stopped or waits on the device feeds none; the host corrects it when it reads that).
+    length: int = 0
+    ids: List[int] = field(default_factory=list)  # the ids picked so far, as the packets tell them
+    waits: int = 0  # the device's waits the host has answered
+    driver: Optional[SchemaDriver] = None
+    table: int = 0  # its tokenizer's first row in the batch's mask tables (a schema row)
     result: Optional[RowResult] = None
     error: Optional[str] = None
 
@@ -89,8 +109,48 @@ class Row:
         return max(1, min(self.settings.max_new_tokens, reply_cap(self.target)))
 
 
+# The device state, one entry a slot: (name, dtype, trailing shape). `tokens` the id each row feeds next, `lengths`
+# its write column and position, `live` whether it feeds one, `ended` whether its reply ended (a stop id or its
+# limit), `picked` how many ids it has picked (also the number of its next draw), `last` its last two ids (the
+# packet's), `stops` its stop ids, `keys`/`temps`/`top_ps` its sampling, and a schema row's state: `kind`, `mode`
+# (its mask's row in the tables), `cap` (text ids left), `forced`/`qpos`/`qlen` (its queue of ids to force) and what
+# follows the queue (`then_kind`, `then_mode`, `then_cap`), `waits` (how often it has waited for the host).
+_STATE = (("tokens", torch.long, (1,)), ("lengths", torch.long, ()), ("live", torch.bool, ()),
+          ("ended", torch.bool, ()), ("picked", torch.long, ()), ("limits", torch.long, ()),
+          ("stops", torch.long, (1,)), ("pads", torch.long, ()), ("last", torch.long, (2,)),
+          ("keys", torch.long, ()), ("temps", torch.float32, ()), ("top_ps", torch.float32, ()),
+          ("kind", torch.long, ()), ("mode", torch.long, ()), ("cap", torch.long, ()),
+          ("forced", torch.long, (QUEUE,)), ("qpos", torch.long, ()), ("qlen", torch.long, ()),
+          ("then_kind", torch.long, ()), ("then_mode", torch.long, ()), ("then_cap", torch.long, ()),
+          ("waits", torch.long, ()))
+
+
 class Batch:
     """The persistent decode batch of one model (see the module doc)."""
+
+    # Annotations of the state tensors `_state` makes (_STATE): one entry a slot of the place, and one more.
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    live: torch.Tensor
+    ended: torch.Tensor
+    picked: torch.Tensor
+    limits: torch.Tensor
+    stops: torch.Tensor
+    pads: torch.Tensor
+    last: torch.Tensor
+    keys: torch.Tensor
+    temps: torch.Tensor
+    top_ps: torch.Tensor
+    kind: torch.Tensor
+    mode: torch.Tensor
+    cap: torch.Tensor
+    forced: torch.Tensor
+    qpos: torch.Tensor
+    qlen: torch.Tensor
+    then_kind: torch.Tensor
+    then_mode: torch.Tensor
+    then_cap: torch.Tensor
+    waits: torch.Tensor
 
     def __init__(self, model: torch.nn.Module, memory: kv_pool.Memory) -> None:
         self.model, self.memory = model, memory
@@ -99,11 +159,16 @@ class Batch:
         self.step = decode_step.Step(model, decode_step.layer_windows(model), self.dtype)
         self.queue: Deque[Row] = collections.deque()
         self.active: Dict[int, Row] = {}
-        self._groups: Optional[List[Tuple[Any, torch.Tensor]]] = None  # sampled rows by random stream and settings
-        # With lookahead: the step before's live flags on their way to the host (an event, the flags in pinned memory,
-        # the rows they are of); they are read once the next step is launched.
-        self.lookahead = LOOKAHEAD if LOOKAHEAD is not None else self.device.type == "cuda"
-        self._pending: Optional[Tuple[Any, torch.Tensor, List[Optional[Row]]]] = None
+        self.lookahead = LOOKAHEAD
+        # The schema rows' mask tables (schema_program.masks stacked: MODES entries per tokenizer and stop ids) and
+        # the logits a waiting row holds for the host: made when the first schema row joins.
+        self.banned: Optional[torch.Tensor] = None
+        self.closing: Optional[torch.Tensor] = None
+        self._tables: Dict[Tuple[int, int, Tuple[int, ...]], int] = {}
+        self.held: Optional[torch.Tensor] = None
+        # The step before's packet on its way to the host: (event, its host copy, the rows it is of, the step's
+        # timing events or None).
+        self._pending: Optional[Tuple[Any, torch.Tensor, List[Optional[Row]], Any]] = None
         self._state()
 
     def _state(self) -> None:
@@ -113,20 +178,14 @@ class Batch:
         # One entry more than the slots, never used: a step's views ([:rows in use]) are then always part of a larger
         # tensor, so a compiled step sees the same kind of input at every bucket (a view as long as its base
         # recompiled the graph once a run).
-        rows += 1
-        self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
-        self.live = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.picked = torch.zeros(rows, dtype=torch.long, device=device)  # ids picked so far
-        self.limits = torch.ones(rows, dtype=torch.long, device=device)
-        self.stops = torch.full((rows, 1), -1, dtype=torch.long, device=device)
-        self.history = torch.zeros((rows, 1), dtype=torch.long, device=device)
-        self.pads = torch.zeros(rows, dtype=torch.long, device=device)
+        for name, dtype, shape in _STATE:
+            setattr(self, name, torch.zeros((rows + 1, *shape), dtype=dtype, device=device))
+        self.stops.fill_(-1)
+        self.limits.fill_(1)
+        self.held = None
         self.columns = torch.arange(self.memory.store.columns + 1, device=device)
-        # Two flag buffers in turn for lookahead: one written by this step while the host reads the other.
-        self._flags = [torch.zeros(rows, dtype=torch.bool, pin_memory=device.type == "cuda") for _ in range(2)]
         self._pending = None
-        self.adapters = row_adapters.RowAdapters(self.model, rows)
+        self.adapters = row_adapters.RowAdapters(self.model, rows + 1)
         self.memory.store.forget_views()  # views and graphs of the state before read tensors that are gone
         self.step.close()
 
@@ -150,18 +209,26 @@ class Batch:
 
     @torch.inference_mode()  # its tensors are made in inference mode (batch_for), and only updated in it
     def advance(self) -> List[Row]:
-        """Join, one step, leave, pack (module doc); the rows done since the last call."""
+        """Join, one step, the packet of the step before, pack (module doc); the rows done since the last call."""
         done = self._join()
         if self.active:
             try:
-                self._step()
+                packet = self._step()
             except torch.OutOfMemoryError:  # twice: the rows of this step end their claims, the others go on
                 for slot, row in list(self.active.items()):
                     row.error = "its decode step ran out of memory twice"
                     self._free(slot)
                     done.append(row)
+                self._pending = None
                 return done
-            done += self._leave()
+            pending, self._pending = self._pending, packet
+            if pending is not None:
+                done += self._read(pending)
+            if not self.lookahead:
+                self._pending = None
+                done += self._read(packet)
+        if not self.active:
+            self._pending = None  # what it held is of rows that have left
         if not self.queue:
             self._pack()
         return done
@@ -190,7 +257,8 @@ class Batch:
         return done
 
     def _prefill(self, row: Row, slot: int) -> None:
-        """The row into `slot`: its cached prefix copied in, its new tokens fed, its first token picked."""
+        """The row into `slot`: its cached prefix copied in, its new tokens fed, its first token picked (on the
+        device, as every later one)."""
         mem = self.memory
         row.slot = slot
         self.adapters.assign(slot, row.adapter)
@@ -204,37 +272,26 @@ class Batch:
             self._free(slot)
             return
         row.length = len(row.target)
+        row.ids, row.waits = [], 0
         self.active[slot] = row
-        if row.schema is not None:
-            masks = schema_program.masks(row.tokenizer, logits.shape[-1], list(row.stop_ids), logits.device)
-            row.driven = SchemaRow(row.schema, row.settings.max_new_tokens - 1, masks, row.settings, row.generator,
-                                   self._scorer(row))
-            token = row.driven.next_token(logits)
-            first: Any = row.stop_ids[0] if token is None else token
-        elif row.settings.temperature > 0:
-            first = next_tokens(logits[None], row.settings, row.generator)[0]
-        else:
-            first = logits.argmax()
         stops = list(row.stop_ids)
-        if len(stops) > self.stops.shape[1]:  # the state grows for the most stop ids and ids a row has had, rarely
-            more = self.stops.new_full((self.stops.shape[0], len(stops) - self.stops.shape[1]), -1)
-            self.stops = torch.cat([self.stops, more], dim=1)
-        self.stops[slot] = -1
-        self.stops[slot, :len(stops)] = torch.tensor(stops)
-        limit = row.limit
-        if limit > self.history.shape[1]:
-            more = self.history.new_zeros((self.history.shape[0], limit - self.history.shape[1]))
-            self.history = torch.cat([self.history, more], dim=1)
-        self.limits[slot] = limit
-        self.pads[slot] = row.pad_id
-        self.lengths[slot] = row.length
-        self.picked[slot] = 1
-        self.history[slot, 0] = first
-        first_t = torch.as_tensor(first, device=self.device)
-        live = ~(first_t == self.stops[slot]).any() & (limit > 1)
-        self.live[slot] = live
-        self.tokens[slot, 0] = torch.where(live, first_t, self.pads[slot])
-        self._groups = None
+        if len(stops) > self.stops.shape[1]:  # the state grows for the most stop ids a row has had, rarely
+            self.stops = torch.cat([self.stops, self.stops.new_full((self.stops.shape[0], len(stops) -
+                                                                     self.stops.shape[1]), -1)], dim=1)
+        settings = row.settings
+        sampled = settings.temperature > 0
+        self._upload(slot, stops=stops + [-1] * (self.stops.shape[1] - len(stops)), limits=row.limit, pads=row.pad_id,
+                     lengths=row.length, picked=0, keys=row.key, temps=settings.temperature if sampled else 0.0,
+                     top_ps=settings.top_p, live=True, ended=False, waits=0, last=[row.pad_id, row.pad_id])
+        if row.schema is not None:
+            row.table = self._table(row, logits.shape[-1])
+            row.driver = SchemaDriver(row.schema, settings.max_new_tokens - 1, row.stop_ids[0], settings, row.key,
+                                      self._scorer(row))
+            self._load(slot, row.driver.plan(None, row.ids), row.table)
+        else:
+            row.driver = None
+            self._upload(slot, kind=FREE)
+        self._pick(logits[None], slot, slot + 1, self.live[slot:slot + 1].clone())
 
     def _feed(self, row: Row) -> torch.Tensor:
         slot = cast(int, row.slot)
@@ -263,9 +320,52 @@ class Batch:
             torch.cuda.empty_cache()
         return call()
 
+    # -- host to device, without waiting --------------------------------------------------------------------------
+
+    def _upload(self, slot: int, **values: Any) -> None:
+        """Set state entries of one slot. A number is written by a fill (no copy); a list goes through pinned memory
+        and a copy that does not wait (a copy from ordinary memory would wait for every step queued before it)."""
+        for name, value in values.items():
+            target = getattr(self, name)[slot]
+            if isinstance(value, list):
+                source = torch.tensor(value, dtype=target.dtype)
+                if self.device.type == "cuda":
+                    source = source.pin_memory()
+                target[:len(value)].copy_(source, non_blocking=True)
+            else:
+                target.fill_(value)
+
+    def _table(self, row: Row, vocab: int) -> int:
+        """The first of the row's MODES rows in the mask tables (its tokenizer's masks, added on first use)."""
+        key = (id(row.tokenizer), vocab, tuple(row.stop_ids))
+        if key not in self._tables:
+            masks = schema_program.masks(row.tokenizer, vocab, list(row.stop_ids), self.device)
+            banned = torch.stack([masks[m][0] for m in MODES])
+            closing = torch.stack([masks[m][1] for m in MODES])
+            self._tables[key] = 0 if self.banned is None else self.banned.shape[0]
+            self.banned = banned if self.banned is None else torch.cat([self.banned, banned])
+            self.closing = closing if self.closing is None else torch.cat([self.closing, closing])
+        if self.held is None or self.held.shape[1] != vocab:
+            self.held = torch.zeros((self.rows + 1, vocab), dtype=torch.float32, device=self.device)
+        return self._tables[key]
+
+    def _load(self, slot: int, plan: Plan, base: int) -> None:
+        """A schema row's Plan as its device state: the queue, then free text or a wait."""
+        if len(plan.queue) > QUEUE:
+            raise RuntimeError(f"a schema forces {len(plan.queue)} ids at once, more than the queue's {QUEUE}")
+        then_kind, then_mode, then_cap = WAIT, 0, 0
+        if plan.text is not None:
+            then_kind, then_mode, then_cap = TEXT, base + MODES.index(plan.text[0]), plan.text[1]
+        if plan.queue:
+            self._upload(slot, kind=FORCE, forced=list(plan.queue), qpos=0, qlen=len(plan.queue), then_kind=then_kind,
+                         then_mode=then_mode, then_cap=then_cap)
+        else:
+            self._upload(slot, kind=then_kind, mode=then_mode, cap=then_cap)
+
     # -- the step --------------------------------------------------------------------------------------------------
 
-    def _step(self) -> None:
+    def _step(self) -> Tuple[Any, torch.Tensor, List[Optional[Row]], Any]:
+        """One step launched: the forward, every row's pick and state; its packet on its way to the host."""
         place = self.memory.store
         in_use = max(self.active) + 1
         columns = min(max(row.length for row in self.active.values()) + 1, place.columns)
@@ -274,114 +374,144 @@ class Batch:
             in_use = decode_step.bucket_rows(in_use, place.rows)
             columns = decode_step.bucket_columns(columns, place.columns)
         place.ready(columns)
+        timing = self.step.clock.start()
         began = time.perf_counter()
         cache = place.decode_cache(in_use, columns, self.lengths, keep=compiled)
-        # Eagerly on a CPU each row attends to its own columns (decode_step._rows_alone): the host knows them exactly
-        # here, every active row being live (no lookahead on a CPU) and a free slot reading nothing.
+        # Eagerly on a CPU each row attends to its own columns (decode_step._rows_alone): the host's lengths are exact
+        # for every row that feeds a token; a row that does not (a free slot, one the host knows stopped) reads none.
         ends = None
-        if not compiled and not self.lookahead and self.device.type == "cpu":
-            ends = [self.active[slot].length + 1 if slot in self.active else 0 for slot in range(in_use)]
+        if not compiled and self.device.type == "cpu":
+            ends = [min(self.active[slot].length + 1, columns) if slot in self.active else 0 for slot in range(in_use)]
         with self.adapters.over(0, in_use), decode_step.decoding(self.model, ends):
             logits = self._retried(lambda: self.step.run(
                 compiled, gen.cache_kwarg(self.model, cache), self.tokens[:in_use], self.lengths[:in_use],
                 self.live[:in_use], self.columns[:columns]))
-        picks = self._picks(logits, in_use)
-        self._update(picks, in_use)
+        fed = self.live[:in_use].clone()
+        self.lengths[:in_use] += fed
+        self._pick(logits, 0, in_use, fed)
+        packet = self._packet(in_use)
+        self.step.clock.stop(timing)
         self.step.stats.row_steps += in_use
-        self.step.stats.seconds += time.perf_counter() - began
+        self.step.stats.launch_seconds += time.perf_counter() - began
         for row in self.active.values():
-            row.length += 1  # at most: a row that stopped on the device stays (its leave reads the truth)
+            row.length += 1  # exact for a row that fed a token; corrected for one that did not (`_read`)
+        return (*packet, timing)
 
-    def _picks(self, logits: torch.Tensor, in_use: int) -> torch.Tensor:
-        """Every row's pick on the device: argmax; sampled rows' by their streams; schema rows' by the host."""
-        picks = logits.argmax(dim=-1)
-        if self._groups is None:
-            groups: Dict[Tuple[Any, ...], Tuple[Any, List[int]]] = {}
-            for slot, row in sorted(self.active.items()):
-                if row.settings.temperature > 0 and row.schema is None:
-                    key = (id(row.generator), row.settings.temperature, row.settings.top_p)
-                    groups.setdefault(key, (row, []))[1].append(slot)
-            self._groups = [(row, torch.tensor(slots, device=self.device)) for row, slots in groups.values()]
-        for row, slots in self._groups:  # every active slot is below in_use
-            picks[slots] = next_tokens(logits[slots], row.settings, row.generator)
-        hosted = [(slot, row) for slot, row in self.active.items() if row.driven is not None]
-        if hosted:
-            chosen = []
-            for slot, row in sorted(hosted):
-                row.length += 1  # the token fed now is in its slot: a choice's tree goes after it
-                token = cast(SchemaRow, row.driven).next_token(logits[slot])
-                row.length -= 1
-                chosen.append(row.stop_ids[0] if token is None else token)
-            picks[torch.tensor([s for s, _ in sorted(hosted)], device=self.device)] = torch.tensor(
-                chosen, device=self.device)
-        return picks
-
-    def _update(self, picks: torch.Tensor, in_use: int) -> None:
-        """The rows' state after a step's picks, on the device: lengths, history, live, the next tokens."""
-        live = self.live[:in_use]
-        was = live.clone()
-        self.lengths[:in_use] += was
-        count = self.picked[:in_use]
-        column = count.clamp(max=self.history.shape[1] - 1)
-        rows = torch.arange(in_use, device=self.device)
-        self.history[rows, column] = torch.where(was, picks, self.history[rows, column])
-        count += was
-        stopped = (picks[:, None] == self.stops[:in_use]).any(dim=1)
-        live &= ~stopped & (count < self.limits[:in_use])
-        self.tokens[:in_use, 0] = torch.where(live, picks, self.pads[:in_use])
-
-    def _leave(self) -> List[Row]:
-        """The rows that stopped: their ids read back, their caches stored, their slots freed. With lookahead (and no
-        schema row, whose picks the host has just made), those of the step before: this step's flags go to the host
-        while the next step runs."""
-        in_use = max(self.active) + 1
-        rows: List[Optional[Row]] = [self.active.get(slot) for slot in range(in_use)]
-        pending, self._pending = self._pending, None
-        stopped: List[Row] = []
-        if pending is not None:
-            event, flags, of = pending
-            event.synchronize()
-            stopped = [row for row, on in zip(of, flags[:len(of)].tolist()) if row is not None and not on]
-        if self.lookahead and not any(row.driven is not None for row in self.active.values()):
-            index = 0 if pending is None or pending[1] is not self._flags[0] else 1
-            flags = self._flags[index]
-            flags[:in_use].copy_(self.live[:in_use], non_blocking=True)
-            event = torch.cuda.Event() if self.device.type == "cuda" else _Done()
-            event.record()
-            self._pending = (event, flags, rows)
+    def _pick(self, logits: torch.Tensor, lo: int, hi: int, fed: torch.Tensor) -> None:
+        """Rows lo..hi-1's next ids from their logits, on the device, and their state after it (module doc, 2)."""
+        rows = [r for r in (self.active.get(s) for s in range(lo, hi)) if r is not None]
+        sampled = any(r.settings.temperature > 0 for r in rows)
+        nucleus = any(r.settings.temperature > 0 and r.settings.top_p < 1.0 for r in rows)
+        schema = any(r.driver is not None for r in rows)
+        kind, picked = self.kind[lo:hi], self.picked[lo:hi]
+        scores = logits
+        if schema:
+            banned, closing, held_all = (cast(torch.Tensor, t) for t in (self.banned, self.closing, self.held))
+            mode, cap, qpos = self.mode[lo:hi], self.cap[lo:hi], self.qpos[lo:hi]
+            texting, forcing = kind == TEXT, kind == FORCE
+            scores = logits.masked_fill(banned[mode] & texting[:, None], float("-inf"))
+        pick = sampling.pick(scores, self.temps[lo:hi], self.top_ps[lo:hi], self.keys[lo:hi], picked, sampled,
+                             nucleus)
+        if schema:
+            forced = self.forced[lo:hi].gather(1, qpos.clamp(max=QUEUE - 1)[:, None])[:, 0]
+            pick = torch.where(forcing, forced, pick)
+            closes = texting & ((cap <= 0) | closing[mode, pick])
+            waiting = fed & ((kind == WAIT) | closes)
+            emit = fed & ~waiting
+            cap -= (emit & texting).long()
+            qpos += (emit & forcing).long()
+            after = emit & forcing & (qpos >= self.qlen[lo:hi])
+            mode.copy_(torch.where(after, self.then_mode[lo:hi], mode))
+            cap.copy_(torch.where(after, self.then_cap[lo:hi], cap))
+            kind.copy_(torch.where(waiting, WAIT, torch.where(after, self.then_kind[lo:hi], kind)))
+            self.waits[lo:hi] += waiting.long()
+            held = held_all[lo:hi]
+            held.copy_(torch.where(waiting[:, None], logits.float(), held))
         else:
-            now = self.live[:in_use].tolist()
-            stopped += [row for row, on in zip(rows, now) if row is not None and not on]
-        gone = sorted({row.slot for row in stopped if row.slot is not None and not row.done})
-        if not gone:
-            return []
-        counts = self.picked[gone].tolist()
-        histories = self.history[gone].tolist()
-        done = []
-        for slot, count, history in zip(gone, counts, histories):
-            row = self.active[slot]
-            ids = history[:count]
-            stops = set(row.stop_ids)
-            end = next((i + 1 for i, token in enumerate(ids) if token in stops), len(ids))
-            ids = ids[:end]
-            self.step.stats.tokens += max(0, len(ids) - 1)  # the first id came from the prefill's logits
-            if row.settings.reuse_cache:
-                # The last id was picked, never fed: the slot holds the context and the ids before it.
-                self.memory.store_cache(row.conv, slot, row.target + ids[:-1])
-            row.result = RowResult(ids, row.reused, row.driven.result if row.driven is not None else None)
-            self._free(slot)
-            done.append(row)
+            emit = fed
+        picked += emit.long()
+        last = self.last[lo:hi]
+        last.copy_(torch.where(emit[:, None], torch.stack([last[:, 1], pick], dim=1), last))
+        ended = emit & ((pick[:, None] == self.stops[lo:hi]).any(dim=1) | (picked >= self.limits[lo:hi]))
+        self.ended[lo:hi] |= ended
+        live = emit & ~ended
+        self.live[lo:hi] = live
+        self.tokens[lo:hi, 0] = torch.where(live, pick, self.pads[lo:hi])
+
+    def _packet(self, in_use: int) -> Tuple[Any, torch.Tensor, List[Optional[Row]]]:
+        """The step's packet on its way to the host: (an event, its host copy, the rows it is of)."""
+        values = torch.stack([self.picked[:in_use], self.last[:in_use, 0], self.last[:in_use, 1],
+                              self.ended[:in_use].long(), self.waits[:in_use]], dim=1)
+        rows: List[Optional[Row]] = [self.active.get(slot) for slot in range(in_use)]
+        if self.device.type != "cuda":
+            return _Done(), values, rows
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return event, host, rows
+
+    def _read(self, packet: Tuple[Any, torch.Tensor, List[Optional[Row]], Any]) -> List[Row]:
+        """A step's packet read (its one read): each row's new ids; a row that waits gets its next Plan; the rows
+        that ended leave. The rows done."""
+        event, host, of, timing = packet
+        event.synchronize()
+        self.step.clock.add(timing)
+        done: List[Row] = []
+        for row, (count, before, last, ended, waits) in zip(of, host.tolist()):
+            if row is None or row.done or row.slot is None or self.active.get(row.slot) is not row:
+                continue  # left already, or given up
+            new = count - len(row.ids)
+            if new > 0:  # at most two: a join's first id and a step's (the host adds the ids it picks itself)
+                row.ids += [before, last][2 - new:]
+            if ended:
+                done.append(self._leave(row))
+            elif waits > row.waits:
+                row.waits = waits
+                row.length = len(row.target) + len(row.ids)  # it fed no token since it began to wait
+                finished = self._resume(row)
+                if finished is not None:
+                    done.append(finished)
         return done
+
+    def _resume(self, row: Row) -> Optional[Row]:
+        """A waiting schema row's next Plan from the logits it held: its first id picked here, the rest on the
+        device. The row when that ends its reply."""
+        slot = cast(int, row.slot)
+        driver = cast(SchemaDriver, row.driver)
+        assert self.held is not None
+        plan = driver.plan(self.held[slot], row.ids)
+        if not plan.queue:
+            raise RuntimeError("a schema row's plan after a wait has no id to feed")  # schema_program never does
+        first, rest = plan.queue[0], Plan(plan.queue[1:], plan.text, plan.done)
+        row.ids.append(first)
+        if first in row.stop_ids or len(row.ids) >= row.limit:
+            self._upload(slot, picked=len(row.ids), ended=True)
+            return self._leave(row)
+        self._load(slot, rest, row.table)
+        self._upload(slot, tokens=first, picked=len(row.ids), live=True)
+        return None
+
+    def _leave(self, row: Row) -> Row:
+        """A row whose reply ended: its ids to the stop, its cache stored, its slot freed."""
+        slot = cast(int, row.slot)
+        stops = set(row.stop_ids)
+        ids = row.ids[:next((i + 1 for i, token in enumerate(row.ids) if token in stops), len(row.ids))]
+        self.step.stats.tokens += max(0, len(ids) - 1)  # the first id came from the prefill's logits
+        if row.settings.reuse_cache:
+            # The last id was picked, never fed: the slot holds the context and the ids before it.
+            self.memory.store_cache(row.conv, slot, row.target + ids[:-1])
+        row.result = RowResult(ids, row.reused, row.driver.result if row.driver is not None else None)
+        self._free(slot)
+        return row
 
     def _free(self, slot: int) -> None:
         row = self.active.pop(slot, None)
         if row is not None:
             row.slot = None
-        self.live[slot] = False
-        self.lengths[slot] = 0  # a free slot's step writes at column 0 (masked, overwritten by the next row)
-        self.tokens[slot] = 0
+        self._upload(slot, live=False, ended=False, lengths=0, tokens=0, kind=FREE)
+        # lengths 0: a free slot's step writes at column 0 (masked, overwritten by the next row)
         self.memory.give_slot(slot)
-        self._groups = None
 
     def _pack(self) -> None:
         """The last rows into the lowest free slots, so the next steps run as few rows as are in use."""
@@ -393,17 +523,17 @@ class Batch:
             target = min(free)
             row = self.active.pop(top)
             self.memory.free_slots.remove(target)
-            self.memory.store.move(top, target, row.length + 1)
-            for state in (self.tokens, self.lengths, self.live, self.picked, self.limits, self.stops, self.history,
-                          self.pads):
+            self.memory.store.move(top, target, min(row.length + 1, self.memory.store.columns))
+            for name, _, _ in _STATE:
+                state = getattr(self, name)
                 state[target] = state[top]
+            if self.held is not None:
+                self.held[target] = self.held[top]
             self.adapters.move(top, target)
             self.active[target] = row
             row.slot = target
-            self.live[top] = False
-            self.lengths[top] = 0
+            self._upload(top, live=False, ended=False, lengths=0, kind=FREE)
             self.memory.give_slot(top)
-            self._groups = None
 
 
 class _Done:

@@ -22,6 +22,7 @@ every key and value to all its heads first.
 """
 import contextlib
 import logging
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -141,8 +142,10 @@ class Stats:
     steps: int = 0  # decode steps through the compiled forward
     eager_steps: int = 0
     failed: Optional[str] = None
-    # Wall time of the steps (each ends once its picks are made; on CUDA the kernels may still run), for ms a step.
+    # The steps' time as the device spends it (CUDA events around each step, read with its packet; on a CPU the
+    # wall time), for ms a step; and the host's time launching them (on CUDA the kernels may still run after it).
     seconds: float = 0.0
+    launch_seconds: float = 0.0
     # Occupancy: tokens the decode steps produced over the rows they ran (a row that has stopped, an empty slot below
     # the last row in use, or a bucket's padding runs and produces nothing).
     tokens: int = 0
@@ -157,7 +160,35 @@ class Stats:
                 "decode_tokens": self.tokens, "decode_row_steps": self.row_steps,
                 "occupancy": None if self.occupancy is None else round(self.occupancy, 4),
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
-                "eager_steps": self.eager_steps, **({"fallback": self.failed} if self.failed else {})}
+                "eager_steps": self.eager_steps, "device_seconds": round(self.seconds, 3),
+                "launch_seconds": round(self.launch_seconds, 3), **({"fallback": self.failed} if self.failed else {})}
+
+
+class Clock:
+    """A step's time as the device spends it: on CUDA a pair of timing events around the step, added once the host
+    has read the step's packet (so reading the time never waits); on a CPU the step's wall time."""
+
+    def __init__(self, stats: Stats, device: torch.device) -> None:
+        self.stats, self.cuda = stats, device.type == "cuda"
+
+    def start(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        began = torch.cuda.Event(enable_timing=True)
+        began.record()
+        return [began, None]
+
+    def stop(self, timing: Any) -> None:
+        if not self.cuda:
+            self.stats.seconds += time.perf_counter() - timing
+            return
+        timing[1] = torch.cuda.Event(enable_timing=True)
+        timing[1].record()
+
+    def add(self, timing: Any) -> None:
+        """The step's device time, once its packet is read (its events are then done)."""
+        if self.cuda and timing is not None:
+            self.stats.seconds += timing[0].elapsed_time(timing[1]) / 1000
 
 
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., torch.Tensor]]" = weakref.WeakKeyDictionary()
@@ -235,6 +266,7 @@ class Step:
     def __init__(self, model: torch.nn.Module, windows: Dict[str, Optional[int]], dtype: torch.dtype) -> None:
         self.model, self.windows, self.dtype = model, windows, dtype
         self.stats = stats_for(model)
+        self.clock = Clock(self.stats, next(model.parameters()).device)
         self.graphs: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}
         self.warm: set = set()  # buckets that ran once on a side stream: the next run captures them
         self.pool: Any = None

@@ -23,11 +23,11 @@ the same tokens; debate.engine.reference is the plain path the tests hold the en
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
-from debate.engine import decode_batch, kv_pool, memory, row_adapters, schema_program
+from debate.engine import decode_batch, kv_pool, memory, row_adapters, sampling, schema_program
 from debate.engine.chat import context_ids, encode_text, render, stop_token_ids
 from debate.engine.errors import ContextOverflow
 
@@ -143,8 +143,9 @@ def begin(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs: S
         if compiled is not None:
             schema_program.check_budget(compiled, settings.max_new_tokens)
     stop_ids = tuple(stop_ids if stop_ids is not None else stop_token_ids(model, tokenizer))
-    if generator is None and settings.temperature > 0:
-        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(settings.seed)
+    # A sampled row's random stream: the seed of the stream the protocol passes (its run's, or a voter's own), else
+    # the settings' seed; each reply then draws from a stream of its own (sampling.reply_key).
+    seed = generator.initial_seed() if generator is not None else settings.seed
     if adapter == "current":
         adapter = row_adapters.current(model)
     # Any id will do for padding: a stopped row's fed token is masked out.
@@ -156,14 +157,17 @@ def begin(model: torch.nn.Module, tokenizer: "PreTrainedTokenizerBase", convs: S
     what = "the --max-context cap" if limit == settings.max_context else "the model's window (max_position_embeddings)"
     failed: Dict[int, str] = {}
     rows: List[Optional[decode_batch.Row]] = []
+    seen: Dict[Tuple[int, ...], int] = {}  # identical rows of this call so far, by their context
     for i, (conv, t, compiled) in enumerate(zip(convs, targets, schemas)):
         if limit is not None and len(t) + settings.max_new_tokens > limit:
             failed[i] = (f"its context of {len(t)} tokens and {settings.max_new_tokens} new ones would pass "
                          f"{what} of {limit} tokens")
             rows.append(None)
             continue
-        rows.append(decode_batch.Row(conv, t, settings, stop_ids, generator if settings.temperature > 0 else None,
-                                     compiled, adapter, pad_id, tokenizer))
+        occurrence = seen[tuple(t)] = seen.get(tuple(t), -1) + 1
+        key = sampling.reply_key(seed, (settings.temperature, settings.top_p, adapter, compiled is not None), t,
+                                 occurrence)
+        rows.append(decode_batch.Row(conv, t, settings, stop_ids, key, compiled, adapter, pad_id, tokenizer))
     call = Call(model, tokenizer, list(convs), targets, rows, failed, next(_orders))
     running = [r for r in rows if r is not None]
     if running:

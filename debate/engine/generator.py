@@ -59,12 +59,13 @@ def tree_logprobs(model, cache, candidates, first_logits, start=0):
     on the row alone, over views of its slot: the tree's keys/values go to the columns past the row's end,
     which no one reads and the next decode step overwrites; no cache is copied, no other row is touched.
     """
-    logp = torch.log_softmax(first_logits.float(), dim=-1)
-    totals = [float(logp[c[0]]) for c in candidates]
+    device = first_logits.device
+    # Every total is read back at once, in float64 as Python adds them: one read a choice.
+    totals = torch.log_softmax(first_logits.float(), dim=-1)[torch.tensor([c[0] for c in candidates], device=device)]
     tokens, parents, depths, node = schema_program.prefix_tree(candidates)
     if not tokens:
-        return totals
-    device, n = first_logits.device, len(tokens)
+        return totals.tolist()
+    n = len(tokens)
     layers = cache.layers
     filled = layers[0].filled
     if filled + n > layers[0].capacity:
@@ -97,7 +98,7 @@ def tree_logprobs(model, cache, candidates, first_logits, start=0):
     scores = tree_logp[torch.tensor(at, device=device), torch.tensor(picks, device=device)]
     sums = torch.zeros(len(candidates), device=device, dtype=scores.dtype).index_add_(
         0, torch.tensor(owner, device=device), scores)
-    return [t + s for t, s in zip(totals, sums.tolist())]
+    return (totals.double() + sums.double()).tolist()
 
 
 @torch.inference_mode()
