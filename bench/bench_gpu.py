@@ -22,7 +22,8 @@ model loaded for all its rows (debate.api.Verifier, one load per precision): NF4
 of 2 claims that compiles the step, then the timed rows: compiled, 32 claims at batch 32, 3 rounds + final with
 192-token turns; eager, the same claims with --eager-rounds (1 by default, to fit the time; a step's cost does not
 depend on the round). No synchronising hook in any timed row: the decode steps' time is the engine's own
-(debate.engine.decode_step.Stats: each turn's decode loop, wall clock, ended by the copy of its ids to the host).
+(debate.engine.decode_step.Stats: each step's device time, from CUDA events around it read with the step's packet,
+and beside it the host's time launching it; on a CPU both are the step's wall time).
 One JSON: claims/hour, completion tokens/s, ms per decode step, peak GPU memory, graphs compiled, CUDA graphs.
 
 `--turn-lengths MEAN` (off by default; the matrix and the preset both take it) ends each free reply at a drawn
@@ -290,8 +291,8 @@ def preset_compile(args, path):
             verifier.options["max_rounds"] = 3 if compiled else args.eager_rounds
             batch = claims if compiled else claims[:args.eager_claims]
             before = decode_step.stats_of(model)
-            before = ((before.seconds, before.steps + before.eager_steps, before.tokens, before.row_steps) if before
-                      else (0.0, 0, 0, 0))
+            before = ((before.seconds, before.steps + before.eager_steps, before.tokens, before.row_steps,
+                       before.launch_seconds) if before else (0.0, 0, 0, 0, 0.0))
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -310,7 +311,9 @@ def preset_compile(args, path):
                 "claims_per_hour": round(len(preds) / seconds * 3600, 1),
                 "completion_tokens_per_s": round(completion / seconds, 1),
                 "decode_steps": steps,
+                # the device's time a step (CUDA events around each step), and the host's time launching one
                 "ms_per_decode_step": round((stats.seconds - before[0]) / max(steps, 1) * 1000, 2),
+                "host_launch_ms_per_decode_step": round((stats.launch_seconds - before[4]) / max(steps, 1) * 1000, 2),
                 "turn_lengths": args.turn_lengths,
                 "occupancy": round((stats.tokens - before[2]) / max(stats.row_steps - before[3], 1), 4),
                 "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)

@@ -5,6 +5,8 @@ choice's candidates are scored is theirs to say (`score`), since it depends on h
 A generated number needs nothing but the row's logits: each step samples among the ids its value trie
 allows there, with the role's own settings (debate.engine.sampling), so it costs one step per token.
 """
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
 import torch
 
 from debate.engine import schema_program
@@ -16,13 +18,16 @@ class SchemaRow:
     masked free text, numbers sampled inside their value trie, whole-value choices scored by
     `score(candidates, logits) -> totals`."""
 
-    def __init__(self, compiled, limit, masks, settings, generator, score):
+    def __init__(self, compiled: Any, limit: int, masks: Any, settings: Any, generator: Optional[torch.Generator],
+                 score: Callable[[Any, torch.Tensor], List[float]]) -> None:
         self.program = schema_program.program(compiled, limit)
         self.masks, self.settings, self.generator, self.score = masks, settings, generator, score
-        self.queue, self.text, self.cap, self.mode, self.result = [], [], 0, None, None
+        self.queue: List[int] = []
+        self.text: List[int] = []
+        self.cap, self.mode, self.result = 0, None, None
         self._send(None)
 
-    def _send(self, value):
+    def _send(self, value: Any) -> None:
         try:
             self.op = self.program.send(value)
         except StopIteration as done:
@@ -36,7 +41,7 @@ class SchemaRow:
         elif self.op[0] == "generate":
             self.node = self.op[1]
 
-    def _generate(self, logits):
+    def _generate(self, logits: torch.Tensor) -> Optional[int]:
         """The next id of a number in its trie, or None once its closing id is picked (the value's index is
         then sent: the schema forces the closing id, which the trie and the schema spell alike)."""
         options = list(self.node)
@@ -53,7 +58,7 @@ class SchemaRow:
             return None
         return token
 
-    def _choose(self, candidates, logits):
+    def _choose(self, candidates: Any, logits: torch.Tensor) -> Tuple[int, List[float]]:
         totals = torch.tensor(self.score(candidates, logits))
         probs = torch.softmax(totals, dim=0)
         if self.settings.temperature <= 0:
@@ -63,7 +68,7 @@ class SchemaRow:
             index = int(torch.multinomial(tempered, 1, generator=self.generator))
         return index, [round(float(p), 6) for p in probs]
 
-    def next_token(self, logits):
+    def next_token(self, logits: torch.Tensor) -> Optional[int]:
         """The id this row feeds now, given its logits; None once the object is complete."""
         while self.op is not None:
             kind = self.op[0]
@@ -79,10 +84,10 @@ class SchemaRow:
                 self._send(self._choose(self.op[1], logits))
                 continue
             if kind == "generate":
-                token = self._generate(logits)
-                if token is None:
+                generated = self._generate(logits)
+                if generated is None:
                     continue
-                return token
+                return generated
             if self.cap <= 0:
                 self._send(self.text)
                 continue
@@ -106,7 +111,7 @@ class Plan:
     for the host (a choice or a number needs it) at the logits after the queue's last id. `done`: the queue ends
     the reply (its last id is a stop id)."""
 
-    def __init__(self, queue, text=None, done=False):
+    def __init__(self, queue: List[int], text: Optional[Tuple[str, int]] = None, done: bool = False) -> None:
         self.queue, self.text, self.done = queue, text, done
 
 
@@ -120,32 +125,33 @@ class SchemaDriver:
     `score(candidates, logits) -> totals` scores a choice; `draw(values, ids, count)` picks among ids from their
     logits (debate.engine.sampling.host_pick with the row's stream), `count` the draw's number."""
 
-    def __init__(self, compiled, limit, stop_id, settings, key, score):
+    def __init__(self, compiled: Any, limit: int, stop_id: int, settings: Any, key: int,
+                 score: Callable[[Any, torch.Tensor], List[float]]) -> None:
         self.program = schema_program.program(compiled, limit)
         self.stop_id, self.settings, self.key, self.score = stop_id, settings, key, score
-        self.text_from = None  # where the free text the device writes starts in the reply's ids, while it writes
-        self.result = None
-        self.op = None
+        # where the free text the device writes starts in the reply's ids, while it writes
+        self.text_from: Optional[int] = None
+        self.result: Any = None
+        self.op: Any = None
         self._send(None)
 
-    def _send(self, value):
+    def _send(self, value: Any) -> None:
         try:
             self.op = self.program.send(value)
         except StopIteration as done:
             self.op, self.result = None, done.value
 
-    def _choose(self, candidates, logits, count):
-        totals = self.score(candidates, logits)
+    def _choose(self, candidates: Any, logits: torch.Tensor, count: int) -> Tuple[int, List[float]]:
         # As SchemaRow: the totals as float32 (the greedy pick among them, ties to the first), their softmax.
-        totals = torch.tensor(totals)
+        totals = torch.tensor(self.score(candidates, logits))
         index = host_pick(totals.tolist(), list(range(len(totals))), self.settings.temperature, 1.0, self.key, count)
         return index, [round(p, 6) for p in torch.softmax(totals, dim=0).tolist()]
 
-    def plan(self, logits, ids):
+    def plan(self, logits: Optional[torch.Tensor], ids: Sequence[int]) -> Plan:
         """The next Plan: at the start `logits` is None (the first op needing logits waits for the prefill's);
         after a wait, the logits held for it. `ids`: the reply's ids so far (the host's copy of what the device
         picked)."""
-        queue = []
+        queue: List[int] = []
         while self.op is not None:
             kind = self.op[0]
             if kind == "force":

@@ -33,9 +33,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from debate.engine import memory
+
 log = logging.getLogger(__name__)
 
-COLUMN_BUCKET = 256  # a compiled step's columns are rounded up to a multiple of this
+COLUMN_BUCKET = memory.COLUMN_BUCKET  # a compiled step's columns are rounded up to a multiple of this
 DECODE_ATTENTION = "debatecv_decode"
 
 
@@ -269,6 +271,7 @@ class Step:
         self.clock = Clock(self.stats, next(model.parameters()).device)
         self.graphs: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}
         self.warm: set = set()  # buckets that ran once on a side stream: the next run captures them
+        self.failed: set = set()  # buckets whose capture failed once
         self.pool: Any = None
 
     def run(self, compile_step: bool, cache_kwarg: Dict[str, Any], tokens: torch.Tensor, lengths: torch.Tensor,
@@ -325,15 +328,23 @@ class Step:
             return out
         except torch.OutOfMemoryError:
             raise
-        except Exception as err:  # said once a model (a model spread over GPUs, say): its later steps do not try
-            log.warning("--compile: the decode step of %s could not be captured as a CUDA graph (%s); it runs "
-                        "compiled, without one", type(self.model).__name__, " ".join(str(err).split())[:200])
-            _no_graphs.add(self.model)
+        except Exception as err:
+            # A first failure of a bucket is most often a recompile inside the capture (a guard that failed on this
+            # bucket's shapes): the bucket warms again outside any capture, then is captured. A second failure is
+            # said once a model (a model spread over GPUs, say), and its later steps do not try.
+            self.warm.discard(bucket)
+            self.failed.add(bucket) if bucket not in self.failed else _no_graphs.add(self.model)
+            if self.model in _no_graphs:
+                log.warning("--compile: the decode step of %s could not be captured as a CUDA graph (%s); it runs "
+                            "compiled, without one", type(self.model).__name__, " ".join(str(err).split())[:200])
             return self._compiled(args)
 
     def close(self) -> None:
-        """Let go of the captured graphs and their pool."""
+        """Let go of the captured graphs and their pool (the place seen anew: every bucket warms again before it is
+        captured, over the new state's tensors)."""
         self.graphs.clear()
+        self.warm.clear()
+        self.failed.clear()
         self.pool = None
 
 

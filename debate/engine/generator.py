@@ -4,51 +4,48 @@ decode place (debate.engine.kv_store) and change nothing but the columns they wr
 """
 import inspect
 from functools import lru_cache
+from typing import Any, Dict, List, Sequence, Union
 
 import torch
 
-from debate.engine import memory, schema_program
+from debate.engine import decode_step, memory, schema_program
 
 
-def model_device(model):
+def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
 @lru_cache(maxsize=None)
-def _cache_name_of(model_class):
+def _cache_name_of(model_class: Any) -> str:
     # transformers 5.x renamed the forward's `past_key_values` to `cache`; the old name still works there but
     # warns on every call and goes in 5.40. The name is read off the installed version's own signature.
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def cache_kwarg(model, cache):
+def cache_kwarg(model: torch.nn.Module, cache: Any) -> Dict[str, Any]:
     """{name: cache} for the model's forward under the installed transformers (a PEFT wrapper: its base's)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {_cache_name_of(type(base)): cache}
+    base: Any = getattr(model, "get_base_model", lambda: model)()
+    return {_cache_name_of(base.__class__): cache}
 
 
-def _layer_masks(model, seen, distance, dtype, device):
+def _layer_masks(model: torch.nn.Module, seen: torch.Tensor, distance: torch.Tensor, dtype: torch.dtype,
+                 device: torch.device) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
     """The additive attention mask(s) of a side pass: `seen[q, k]` says whether token q may attend to column k,
     `distance[q, k]` is q's position minus k's. One 4-D tensor where every layer sees alike, else {layer
     type: tensor} (sliding-window beside full-attention layers, as Gemma 3 has; transformers takes either
     as given and builds no mask of its own)."""
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    window = getattr(config, "sliding_window", None)
-    types = set(getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"])
-    unknown = types - {"full_attention", "sliding_attention"}
-    if unknown:
-        raise NotImplementedError(f"choice scoring: layers of type {', '.join(sorted(unknown))} are not supported")
-
-    def additive(allowed):
+    def additive(allowed: torch.Tensor) -> torch.Tensor:
         return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None].to(
             device)
 
     # A sliding-window layer sees a key less than `window` positions back (transformers' own rule).
-    masks = {t: additive(seen if t == "full_attention" else seen & (distance < window)) for t in types}
+    masks = {t: additive(seen if window is None else seen & (distance < window))
+             for t, window in decode_step.layer_windows(model).items()}
     return masks.popitem()[1] if len(masks) == 1 else masks
 
 
-def tree_logprobs(model, cache, candidates, first_logits, start=0):
+def tree_logprobs(model: torch.nn.Module, cache: Any, candidates: Sequence[Sequence[int]], first_logits: torch.Tensor,
+                  start: int = 0) -> List[float]:
     """Each candidate id list's summed log-probability after a row's context, whose keys/values fill the columns
     from `start` to the filled end of `cache` (one row's: kv_store.Store.slot_cache, whose `filled` is where the row's
     context ends; a slot's context starts at column 0).
@@ -102,12 +99,12 @@ def tree_logprobs(model, cache, candidates, first_logits, start=0):
 
 
 @torch.inference_mode()
-def prefill(model, cache, ids, filled):
+def prefill(model: torch.nn.Module, cache: Any, ids: Sequence[int], filled: int) -> torch.Tensor:
     """Feed `ids` after the `filled` columns `cache` (one slot's, kv_store.Store.slot_cache) already holds, in pieces
     of memory.PREFILL_CHUNK tokens, each writing its keys and values after the ones before it, so the pieces see what
     one call would and no piece's transient grows with the context beyond its mask; the last token's logits (vocab,)."""
     device = model_device(model)
-    out = None
+    out: Any = None
     for begin in range(0, len(ids), memory.PREFILL_CHUNK):
         end = min(len(ids), begin + memory.PREFILL_CHUNK)
         piece = torch.tensor([ids[begin:end]], device=device)

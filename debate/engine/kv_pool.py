@@ -47,7 +47,7 @@ DEFAULT_FRACTION = 0.9
 # On a CPU only this share of the fraction is spent: past the RAM there is no out-of-memory error to recover
 # from, and what glibc's heap keeps after a step is not in the plan (tests/test_memory_plan.py measures with it off).
 CPU_MARGIN = 0.5
-COLUMN_BUCKET = 256  # a slot's width is a multiple of this
+COLUMN_BUCKET = memory.COLUMN_BUCKET  # a slot's width is a multiple of this
 
 _births = itertools.count()  # the order conversations first stored a cache in: the newest is dropped first
 

@@ -29,7 +29,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-PAGE = 64  # tokens a page of the arena holds: a waiting conversation wastes half of one on average
+from debate.engine import memory
+
+PAGE = memory.PAGE  # tokens a page of the arena holds
 
 
 class BufferLayer(DynamicLayer):

@@ -2,26 +2,27 @@
 shape alone (no torch). The engine's memory authority (debate.engine.kv_pool: kv_plan, reserve_bytes) and
 bench/memory_plan.py both call these; the plan lives here only.
 
-A debate's model call holds, besides the weights and the conversations' caches the pool keeps (kv_pool):
-- the turn's KV buffer: rows x (cached width + new chunk + new tokens) x kv_bytes_per_token;
-- the prefill, in pieces of at most PREFILL_CHUNK new tokens a row (prefill_bytes): hidden states and the MLP's
-  intermediates of one piece, its attention (attention_bytes: the mask transformers builds, one byte a cell per
+A model's decode batch (debate.engine.decode_batch) holds, besides the weights, its keys and values (the place's
+slots and the pages where caches wait: kv_pool's store, allocated once from the budget) and a reserve for what a
+step or a join makes and frees (reserve_bytes):
+- a join's prefill, in pieces of at most PREFILL_CHUNK new tokens of one row (prefill_bytes): hidden states and the
+  MLP's intermediates of one piece, its attention (attention_bytes: the mask transformers builds, one byte a cell per
   layer type, and the copy in the compute dtype the kernel makes of it; the scores only where the kernel
-  materialises them; the keys and values repeated to every head, which grouped-query attention under a mask
-  does for more than one query), float32 logits of the last position; the piece attends to every column before
-  it, so the transient grows with the context only through the mask, a few bytes a column, never quadratically;
+  materialises them; the keys and values repeated to every head, which grouped-query attention under a mask does
+  for more than one query), float32 logits of the last position; the piece attends to every column before it, so
+  the transient grows with the context only through the mask, a few bytes a column, never quadratically;
+- the decode step of every slot over the place's columns (decode_step_bytes, decode_masks_bytes), and the picks'
+  extras (structured_step_bytes: the schema rows' masks and held logits, the sampler's softmax and draws);
 - the kernels' scratch (kernel_scratch_bytes): one projection's weight copied in the compute dtype (NF4
   dequantised per matmul) and KERNEL_WORKSPACE, once a call;
-- structured decoding's per-step extras (structured_step_bytes): the four vocabulary masks, and per row a
-  masked copy of the logits, its float32 copy and the float32 softmax/log-softmax;
 - a choice field's scoring (choice_pass_bytes): ONE row's candidates as a token trie of T distinct tokens
-  fed once over that row's cache in place: T tokens' activations and MLP, T x (L + T) attention scores per
+  fed once over that row's slot in place: T tokens' activations and MLP, T x (L + T) attention scores per
   head, the row's keys and values repeated to every head over L + T columns, the T new keys and values, and
   T x vocab logits in the model's dtype, in float32 and their log-softmax. Rows are scored one at a time, so
-  T is the largest trie of the batch's schemas (schema_program.Compiled.scratch_columns), not a sum;
-- the rows' own caches copied out of the buffer at the turn's end, less their older copies, freed once gathered
-  into the buffer (kept_tokens: what the copies add, x kv_bytes_per_token); the pool holds them from then on.
-The prefill's and the decode's transients are added, not maxed: an upper bound, and the decode's are small.
+  T is the largest trie of the batch's schemas (schema_program.Compiled.scratch_columns), not a sum.
+The prefill's and the step's transients are added, not maxed: an upper bound (on CUDA the step's stay in the
+captured graphs' pool). `batch_bytes` is the older plan of one call batching by the turn, which bench/memory_plan.py
+still prints beside the reserve.
 
 A training step (train_step_bytes): the LoRA adapter in float32 with its gradient and AdamW's two moments;
 with gradient checkpointing one saved hidden state per layer and one layer recomputed in the backward with
@@ -139,10 +140,12 @@ def decode_masks_bytes(s, rows, columns, size, new_tokens):
 
 
 def structured_step_bytes(s, rows, size):
-    """Structured decoding's extras in a decode step: the masks over the vocabulary (two modes, banned and
-    closing, one byte a token, kept for the run), and for each structured row the masked copy of its logits,
-    their float32 copy and the float32 softmax or log-softmax of the sampler or a scorer."""
-    return 4 * s["vocab"] + rows * s["vocab"] * (size + 4 + 4)
+    """Structured decoding's and sampling's extras in a decode step (debate.engine.decode_batch._pick): the masks over
+    the vocabulary (two modes, banned and closing, one byte a token, kept for the run), and for each row the logits a
+    waiting schema row holds for the host (float32, kept), the masked copy of its logits and the bytes of the mask
+    gathered for it, and the sampler's float32 softmax with the counter-based draws: an int64 hash a token, two at
+    once, and their float32 uniforms and exponentials (debate.engine.sampling)."""
+    return 4 * s["vocab"] + rows * s["vocab"] * (4 + size + 1 + 4 + 2 * 8 + 2 * 4)
 
 
 def choice_pass_bytes(s, trie, context, size, fused=False):
@@ -178,8 +181,11 @@ def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie
 # conversations a claim, one decoding at a time, and a slot is as wide as the widest row: 0.3 re-encoded 6,581 tokens
 # where 0.5 re-encoded 29,001 (32 claims under 0.25 GiB, docs/BENCHMARKS.md). A lone row may take nearly all of it.
 PLACE_SHARE = 0.3
-PAGE_TOKENS = 64  # debate.engine.kv_store.PAGE
-COLUMN_BUCKET = 256  # a slot's width is a multiple of this (debate.engine.kv_pool)
+# A page of a model's arena (debate.engine.kv_store): a waiting conversation wastes half of one on average.
+PAGE = 64
+# A slot's width is a multiple of this (debate.engine.kv_pool), and so are a compiled step's columns
+# (debate.engine.decode_step): a handful of widths serve a run.
+COLUMN_BUCKET = 256
 
 
 def reserve_bytes(s, size, rows, columns, new_tokens, fused=False, trie=0):
@@ -213,7 +219,7 @@ def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=
     plan = kv_plan(s, size, budget, rows, context + new_tokens + trie, new_tokens, fused, trie)
     tokens = plan["tokens"]
     width = -(-(context + new_tokens + trie) // COLUMN_BUCKET) * COLUMN_BUCKET
-    waiting = -(-context // PAGE_TOKENS) * PAGE_TOKENS * max(0, conversations - 1)
+    waiting = -(-context // PAGE) * PAGE * max(0, conversations - 1)
     n = min(rows, int(tokens * PLACE_SHARE) // width)
     while n > 0 and n * (width + waiting) > tokens:
         n -= 1
