@@ -40,7 +40,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 
 import torch
 
-from debate.engine import decode_step, generator as gen, kv_pool, row_adapters, sampling, schema_program
+from debate.engine import decode_step, generator as gen, kv_pool, kv_store, row_adapters, sampling, schema_program
 from debate.engine.constrained_row import Plan, SchemaDriver
 
 log = logging.getLogger(__name__)
@@ -328,10 +328,7 @@ class Batch:
         for name, value in values.items():
             target = getattr(self, name)[slot]
             if isinstance(value, list):
-                source = torch.tensor(value, dtype=target.dtype)
-                if self.device.type == "cuda":
-                    source = source.pin_memory()
-                target[:len(value)].copy_(source, non_blocking=True)
+                target[:len(value)].copy_(kv_store.to_device(value, self.device))
             else:
                 target.fill_(value)
 

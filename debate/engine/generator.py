@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Sequence, Union
 
 import torch
 
-from debate.engine import decode_step, memory, schema_program
+from debate.engine import decode_step, kv_store, memory, schema_program
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -107,7 +107,7 @@ def prefill(model: torch.nn.Module, cache: Any, ids: Sequence[int], filled: int)
     out: Any = None
     for begin in range(0, len(ids), memory.PREFILL_CHUNK):
         end = min(len(ids), begin + memory.PREFILL_CHUNK)
-        piece = torch.tensor([ids[begin:end]], device=device)
+        piece = kv_store.to_device([list(ids[begin:end])], device)
         out = model(input_ids=piece, attention_mask=torch.ones((1, filled + end), dtype=torch.long, device=device),
                     position_ids=torch.arange(filled + begin, filled + end, device=device)[None], use_cache=True,
                     logits_to_keep=1, **cache_kwarg(model, cache))

@@ -34,6 +34,15 @@ from debate.engine import memory
 PAGE = memory.PAGE  # tokens a page of the arena holds
 
 
+def to_device(values: Sequence[Any], device: torch.device) -> torch.Tensor:
+    """Python numbers as a tensor on `device`. On CUDA through pinned memory and a copy that does not wait: a copy from
+    ordinary memory waits for every kernel queued before it, which would stall the decode steps in flight."""
+    tensor = torch.tensor(values)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 class BufferLayer(DynamicLayer):
     """One layer's keys/values of some rows in a preallocated buffer (views of the place), written in place from
     column `filled` on: what a prefill piece and a choice's tree pass give the model as its cache layer. `keys` and
@@ -192,7 +201,7 @@ class Store:
         index: Optional[torch.Tensor] = None
         for layer, (keys, values) in enumerate(self.page_layers):
             if index is None or index.device != keys.device:
-                index = torch.tensor([p - first for p in pages]).to(keys.device, non_blocking=True)
+                index = to_device([p - first for p in pages], keys.device)
             source_k, source_v = self._in_pages(slot, len(pages), layer)
             # Written through the pages past the place alone: PyTorch refuses a write whose tensor overlaps its source.
             keys[first:].index_copy_(0, index, source_k)
@@ -203,7 +212,7 @@ class Store:
         index: Optional[torch.Tensor] = None
         for layer, (keys, values) in enumerate(self.page_layers):
             if index is None or index.device != keys.device:
-                index = torch.tensor(pages).to(keys.device, non_blocking=True)
+                index = to_device(list(pages), keys.device)
             target_k, target_v = self._in_pages(slot, len(pages), layer)
             target_k.copy_(keys.index_select(0, index))
             target_v.copy_(values.index_select(0, index))
