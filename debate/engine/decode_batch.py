@@ -265,8 +265,10 @@ class Batch:
         # Zeroed before anything is written: a column is zeroed once, the first time a row may reach it.
         mem.store.ready(min(row.width, mem.store.columns))
         try:
-            row.reused = mem.load(row.conv, row.target, slot, row.settings.reuse_cache)
+            row.reused = mem.load(row.conv, row.target, slot, row.settings.reuse_cache, row.adapter)
             logits = self._retried(lambda: self._feed(row))
+            if row.settings.reuse_cache:
+                mem.publish(slot, row.target, row.adapter)
         except torch.OutOfMemoryError:
             row.error = f"one conversation of {len(row.target)} context tokens ran out of memory in its prefill twice"
             self._free(slot)
@@ -497,7 +499,7 @@ class Batch:
         self.step.stats.tokens += max(0, len(ids) - 1)  # the first id came from the prefill's logits
         if row.settings.reuse_cache:
             # The last id was picked, never fed: the slot holds the context and the ids before it.
-            self.memory.store_cache(row.conv, slot, row.target + ids[:-1])
+            self.memory.store_cache(row.conv, slot, row.target + ids[:-1], row.adapter)
         row.result = RowResult(ids, row.reused, row.driver.result if row.driver is not None else None)
         self._free(slot)
         return row

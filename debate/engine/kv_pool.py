@@ -17,8 +17,16 @@ and past it as pages (where conversations' caches wait). The Memory decides:
   stay packed at the front; a row wider than a slot waits, first in line, until the place is empty, and the place
   is then seen anew, wider, its end moved over the pages nearest it (`reshape`);
 - caches: a conversation's cache is copied into its slot when its turn starts (its pages go back at once) and out
-  to pages when it ends (`store`); with no free pages the caches of other waiting conversations are dropped, newest
-  conversation first, and re-encoded at their next turn: slower, never different. Newest first is vLLM's order for
+  to pages when it ends (`store_cache`); with no free pages the caches of other waiting conversations are dropped,
+  newest conversation first, and re-encoded at their next turn: slower, never different.
+- pages shared by prefix, across conversations and claims (vLLM's automatic prefix caching, SGLang's
+  RadixAttention): a full page is keyed by its ids, the key of the page before it and the LoRA adapter that made it
+  (`page_keys`); the index maps a key to the page that holds it. A turn's row takes the longest run of its context's
+  pages the index has, its own or another conversation's (`load`), and feeds only the rest; its prompt's full pages
+  are published as soon as its prefill has written them (`publish`), so rows joining after it, in the same step
+  too, take them. A page is held by the caches that list it (`holders`), reference-counted; a published page nobody
+  holds stays in the index, least recently used first, until its room is needed (`cached`). A partial last page
+  stays private. Newest first is vLLM's order for
   preempting requests: the claims that started last give way to those about to finish, and a debate's turns come
   round in a cycle, where dropping the least recently used cache would drop the one needed next;
 - claims: `admits_claim` tells the scheduler whether the arenas have room for one more claim's caches.
@@ -27,11 +35,14 @@ A conversation's cache is one `Entry` (its pages and the ids they hold), which t
 lists weakly: a conversation freed without dropping its cache gives its pages back with it.
 """
 import bisect
+import collections
 import contextlib
 import functools
 import gc
+import hashlib
 import itertools
 import logging
+import struct
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -152,7 +163,10 @@ class Memory:
         self.store = kv_store.Store(kv_store.layer_shapes(model, dtype), tokens, rows, columns)
         self.free_slots = list(range(rows))
         self.free_pages = list(range(self.store.first_page, self.store.pages))  # ascending: the highest goes first
-        self.owner: Dict[int, Entry] = {}  # page -> the entry holding it
+        self.holders: Dict[int, Dict[int, Entry]] = {}  # page -> {id(entry): entry} of the caches holding it
+        self.index: Dict[bytes, int] = {}  # a full page's key (page_keys) -> the page holding it
+        self.key_of: Dict[int, bytes] = {}  # a published page -> its key
+        self.cached: "collections.OrderedDict[int, None]" = collections.OrderedDict()  # published, held by none: LRU
         self.entries: Dict[int, Tuple[Any, Entry]] = {}  # id(conv) -> (weak reference to it, its entry)
         self.batch: Any = None  # the model's decode batch over this memory (debate.engine.decode_batch)
         pool.note_memory(self)
@@ -190,29 +204,34 @@ class Memory:
         if widths[0] <= self.store.columns and rows <= self.store.rows:
             return False
         first = -(-rows * columns // kv_store.PAGE)
+        self._forget_cached()  # a place seen anew is rare: the pages nobody holds are not worth moving
         free_above = [p for p in self.free_pages if p >= first]
-        in_the_way = sorted(p for p in self.owner if p < first)
+        in_the_way = sorted(p for p in self.holders if p < first)
         for ref, entry in sorted(self.entries.values(), key=lambda item: -item[1].birth):
             if len(free_above) >= len(in_the_way):
                 break
             other = ref()
             if other is not None and entry.pages and any(p < first for p in entry.pages):
                 self.evict(other)
+                self._forget_cached()
                 free_above = [p for p in self.free_pages if p >= first]
-                in_the_way = sorted(p for p in self.owner if p < first)
+                in_the_way = sorted(p for p in self.holders if p < first)
         self.pool.moved += len(in_the_way)
         for page in in_the_way:  # each cache's pages past the new end, its tokens moved there
             target = free_above.pop()
             self.store.move_page(page, target)
-            entry = self.owner.pop(page)
-            assert entry.pages is not None
-            entry.pages[entry.pages.index(page)] = target
-            self.owner[target] = entry
+            holding = self.holders[target] = self.holders.pop(page)
+            for entry in holding.values():
+                assert entry.pages is not None
+                entry.pages[entry.pages.index(page)] = target
+            if page in self.key_of:
+                key = self.key_of[target] = self.key_of.pop(page)
+                self.index[key] = target
         log.debug("decode place: %d slots of %d columns (was %d of %d)", rows, columns, self.store.rows,
                   self.store.columns)
         self.store.view(rows, columns)
         self.free_slots = list(range(rows))
-        self.free_pages = [p for p in range(first, self.store.pages) if p not in self.owner]
+        self.free_pages = [p for p in range(first, self.store.pages) if p not in self.holders]
         self.pool.reshapes += 1
         return True
 
@@ -230,53 +249,148 @@ class Memory:
             n += 1
         return n
 
-    def load(self, conv: Any, target: Sequence[int], slot: int, reuse: bool) -> int:
-        """The conversation's cached prefix of `target` into `slot`, its pages given back; how many tokens that was.
-        A cache dropped earlier is counted as re-encoded now."""
+    def load(self, conv: Any, target: Sequence[int], slot: int, reuse: bool, adapter: Any = None) -> int:
+        """The longest cached prefix of `target` into `slot`: the conversation's own cache, or the pages the index
+        has for the context's first pages (any conversation's, made with `adapter`), whichever holds more; the
+        conversation's own pages given back; how many tokens that was. A cache dropped earlier is counted as
+        re-encoded now, less what the index held of it."""
         entry = getattr(conv, "kv", None)
+        own = self.usable(conv, target) if reuse else 0
+        shared = self._indexed(target, adapter) if reuse else []
+        usable = max(own, len(shared) * kv_store.PAGE)
+        if shared and len(shared) * kv_store.PAGE >= own:
+            self.store.copy_in(slot, shared)
+            for page in shared:
+                if page in self.cached:
+                    self.cached.move_to_end(page)  # the most recently used
+            self.pool.shared += max(0, usable - own)
+        elif own and entry is not None and entry.pages is not None:
+            self.store.copy_in(slot, entry.pages[:-(-own // kv_store.PAGE)])
         if entry is not None and entry.dropped:
-            self.pool.reencoded += min(entry.dropped, len(target) - 1)
+            self.pool.reencoded += max(0, min(entry.dropped, len(target) - 1) - usable)
             entry.dropped = 0
-        usable = self.usable(conv, target) if reuse else 0
-        if usable and entry is not None and entry.pages is not None:
-            self.store.copy_in(slot, entry.pages[:-(-usable // kv_store.PAGE)])
         self.release(conv)
         return usable
 
-    def store_cache(self, conv: Any, slot: int, ids: List[int]) -> None:
-        """Slot `slot`'s first len(ids) columns, the keys and values of `ids`, as the conversation's cache; other
-        waiting caches dropped (newest first) where the free pages are too few; none kept where even that is."""
+    def _indexed(self, target: Sequence[int], adapter: Any) -> List[int]:
+        """The pages the index holds for `target`'s first full pages, in order up to the first it lacks (one token
+        at least is left to feed)."""
+        pages = []
+        for key in page_keys(target, adapter, (len(target) - 1) // kv_store.PAGE):
+            page = self.index.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        return pages
+
+    def publish(self, slot: int, ids: Sequence[int], adapter: Any = None) -> None:
+        """Slot `slot`'s first full pages, the keys and values of `ids` just written there, into the index where it
+        lacks them, in free pages only (never dropping anything for them): rows that join after, in the same step
+        too, take them instead of encoding them again."""
+        pairs = []
+        for at, key in enumerate(page_keys(ids, adapter, len(ids) // kv_store.PAGE)):
+            if key in self.index:
+                continue
+            if not self.free_pages:
+                break
+            page = self.free_pages.pop()
+            self.index[key], self.key_of[page] = page, key
+            self.cached[page] = None
+            pairs.append((at, page))
+        if pairs:
+            self.store.copy_out(slot, [p for _, p in pairs], [at for at, _ in pairs])
+
+    def store_cache(self, conv: Any, slot: int, ids: List[int], adapter: Any = None) -> None:
+        """Slot `slot`'s first len(ids) columns, the keys and values of `ids`, as the conversation's cache: its full
+        pages the index has are held, not copied; the others copied out to free pages and published, the partial
+        last one kept private. Other waiting caches are dropped (newest first) where the free pages are too few; none
+        is kept where even that is."""
         prior = getattr(conv, "kv", None)
         birth = prior.birth if isinstance(prior, Entry) else next(_births)
         self.release(conv)
-        need = -(-len(ids) // kv_store.PAGE)
-        if need > len(self.free_pages) and need <= self.store.pages - self.store.first_page:
+        full = len(ids) // kv_store.PAGE
+        keys = page_keys(ids, adapter, full)
+        found = [self.index.get(key) for key in keys]
+        entry = Entry(weakref.ref(self), list(ids), [], birth)
+        for page in found:  # held first, so that making room cannot take them
+            if page is not None:
+                self._hold(page, entry)
+        need = found.count(None) + (1 if len(ids) > full * kv_store.PAGE else 0)
+        if need > self._room() and need <= self.store.pages - self.store.first_page:
             gc.collect()  # conversations in reference cycles nothing reaches any more: their pages count until then
             for ref, _ in sorted(self.entries.values(), key=lambda item: -item[1].birth):
-                if need <= len(self.free_pages):
+                if need <= self._room():
                     break
                 other = ref()
                 if other is not None and other is not conv:
                     self.evict(other)
-        if need > len(self.free_pages):  # not even alone: its next turn encodes it again
+        if need > self._room():  # not even alone: its next turn encodes it again
+            for page in found:
+                if page is not None:
+                    self._unhold(page, entry)
             conv.kv = Entry(weakref.ref(self), [], None, birth, dropped=len(ids))
             self.pool.dropped += 1
             return
-        pages = [self.free_pages.pop() for _ in range(need)]
-        self.store.copy_out(slot, pages)
-        entry = Entry(weakref.ref(self), list(ids), pages, birth)
+        pages, copied, at = [], [], []
+        for i in range(full + (1 if len(ids) > full * kv_store.PAGE else 0)):
+            page = found[i] if i < full else None
+            if page is None:
+                page = self._take()
+                if i < full:
+                    self.index[keys[i]], self.key_of[page] = page, keys[i]
+                self._hold(page, entry)
+                copied.append(page)
+                at.append(i)
+            pages.append(page)
+        if copied:
+            self.store.copy_out(slot, copied, at)
+        entry.pages = pages
         conv.kv = entry
-        for page in pages:
-            self.owner[page] = entry
         key = id(conv)
         self.entries[key] = (weakref.ref(conv, functools.partial(self._gone, key)), entry)
         self.pool.note_held()
 
+    # -- pages: held, cached, free ----------------------------------------------------------------------------------
+
+    def _room(self) -> int:
+        """Pages a cache can take now: the free ones and the published ones nobody holds."""
+        return len(self.free_pages) + len(self.cached)
+
+    def _take(self) -> int:
+        """A page for new keys and values: a free one (the highest first), else the least recently used cached one,
+        its key forgotten."""
+        if self.free_pages:
+            return self.free_pages.pop()
+        page, _ = self.cached.popitem(last=False)
+        del self.index[self.key_of.pop(page)]
+        return page
+
+    def _hold(self, page: int, entry: Entry) -> None:
+        self.holders.setdefault(page, {})[id(entry)] = entry
+        self.cached.pop(page, None)
+
+    def _unhold(self, page: int, entry: Entry) -> None:
+        holding = self.holders.get(page, {})
+        holding.pop(id(entry), None)
+        if holding:
+            return
+        self.holders.pop(page, None)
+        if page in self.key_of:
+            self.cached[page] = None  # published: kept for the next context that starts with it
+        else:
+            bisect.insort(self.free_pages, page)
+
+    def _forget_cached(self) -> None:
+        """Every published page nobody holds back to the free pages, its key forgotten."""
+        for page in self.cached:
+            del self.index[self.key_of.pop(page)]
+            bisect.insort(self.free_pages, page)
+        self.cached.clear()
+
     def _give_pages(self, entry: Entry) -> None:
         assert entry.pages is not None
         for page in entry.pages:
-            self.owner.pop(page, None)
-            bisect.insort(self.free_pages, page)
+            self._unhold(page, entry)
         entry.pages = None
 
     def release(self, conv: Any) -> None:
@@ -301,10 +415,14 @@ class Memory:
 
     def held(self) -> int:
         """Bytes of the pages that hold caches."""
-        return len(self.owner) * kv_store.PAGE * self.token_bytes
+        return len(self.holders) * kv_store.PAGE * self.token_bytes
+
+    def shared_pages(self) -> int:
+        """Pages more than one cache holds now."""
+        return sum(len(h) > 1 for h in self.holders.values())
 
     def free_bytes(self) -> int:
-        return len(self.free_pages) * kv_store.PAGE * self.token_bytes
+        return self._room() * kv_store.PAGE * self.token_bytes
 
     def nbytes(self) -> int:
         return self.store.nbytes()
@@ -326,6 +444,8 @@ class Pool:
         self.reencoded = 0  # tokens encoded again for them
         self.reshapes = 0  # times a place was seen as other slots
         self.moved = 0  # pages moved out of a growing place's way
+        self.shared = 0  # context tokens taken from pages another conversation wrote (not encoded)
+        self.peak_shared = 0  # the most pages held by more than one cache at once
 
     def note_memory(self, mem: Memory) -> None:
         log.debug("memory of a model: %s of keys and values (%d slots of %d columns, %d pages past them), %s reserved",
@@ -334,6 +454,7 @@ class Pool:
 
     def note_held(self) -> None:
         self.peak_held = max(self.peak_held, sum(m.held() for m in self.memories.values()))
+        self.peak_shared = max(self.peak_shared, sum(m.shared_pages() for m in self.memories.values()))
 
     def share(self) -> Optional[int]:
         return None if self.budget is None else self.budget // max(1, self.models)
@@ -397,6 +518,20 @@ def admits_claim(per_claim: int, fresh: int, in_flight: int) -> bool:
     return (slots is None or in_flight < slots) and has_room((fresh + 1) * per_claim)
 
 
+def page_keys(ids: Sequence[int], adapter: Any, pages: int) -> List[bytes]:
+    """The keys of `ids`' first `pages` full pages made with `adapter` (a LoRA role's, None for the base): each a
+    hash of the key before it, the adapter and its PAGE ids, so a key names a page's whole prefix (vLLM's chained
+    block hash)."""
+    keys, key = [], b""
+    for i in range(pages):
+        digest = hashlib.blake2b(key, digest_size=16)
+        digest.update(repr(adapter).encode())
+        digest.update(struct.pack(f"<{kv_store.PAGE}q", *ids[i * kv_store.PAGE:(i + 1) * kv_store.PAGE]))
+        key = digest.digest()
+        keys.append(key)
+    return keys
+
+
 def held_by(convs: Iterable[Any]) -> int:
     """The bytes `convs`' caches hold, in whichever Memories."""
     total = 0
@@ -448,7 +583,9 @@ def summary(pools: Iterable[Pool], in_flight: Optional[int] = None) -> str:
             f"{'a ' + size(max(budgets)) if budgets else 'an unlimited'} budget; caches held {size(peak)} at most"
             + (f"; {in_flight} claims in flight at most" if in_flight is not None else "")
             + (f"; {dropped} caches dropped to stay within it, {reencoded} tokens re-encoded for them" if dropped
-               else "; no cache dropped"))
+               else "; no cache dropped")
+            + (f"; {sum(p.shared for p in pools):,} prompt tokens taken from pages other conversations wrote, "
+               f"{max(p.peak_shared for p in pools)} pages shared at most" if any(p.shared for p in pools) else ""))
 
 
 def _devices(models: Iterable[torch.nn.Module]) -> List[torch.device]:

@@ -194,15 +194,20 @@ class Store:
         return tuple(t[slot, :, :pages * PAGE].view(h, pages, PAGE, d).permute(1, 0, 2, 3)  # type: ignore[return-value]
                      for t in (keys, values))
 
-    def copy_out(self, slot: int, pages: Sequence[int]) -> None:
-        """Slot `slot`'s first len(pages) x PAGE columns into `pages` (a slot's columns are a multiple of PAGE; the
-        pages are past the place's end)."""
+    def copy_out(self, slot: int, pages: Sequence[int], at: Optional[Sequence[int]] = None) -> None:
+        """Slot `slot`'s pages of columns `at` (its first len(pages) by default) into `pages` (a slot's columns are a
+        multiple of PAGE; the pages are past the place's end)."""
         first = self.first_page
         index: Optional[torch.Tensor] = None
+        chosen: Optional[torch.Tensor] = None
+        span = len(pages) if at is None else max(at) + 1
         for layer, (keys, values) in enumerate(self.page_layers):
             if index is None or index.device != keys.device:
                 index = to_device([p - first for p in pages], keys.device)
-            source_k, source_v = self._in_pages(slot, len(pages), layer)
+                chosen = None if at is None else to_device(list(at), keys.device)
+            source_k, source_v = self._in_pages(slot, span, layer)
+            if chosen is not None:
+                source_k, source_v = source_k.index_select(0, chosen), source_v.index_select(0, chosen)
             # Written through the pages past the place alone: PyTorch refuses a write whose tensor overlaps its source.
             keys[first:].index_copy_(0, index, source_k)
             values[first:].index_copy_(0, index, source_v)
