@@ -55,12 +55,14 @@ def models(cache):
     }
 
 
-def run(tree, model, extra, out):
+def run(tree, model, extra, out, ignore=()):
+    """One run's records by claim, less the top-level fields `ignore` names."""
     argv = [*COMMON, "--model", str(model), *extra, "--output-dir", str(out)]
     done = subprocess.run([sys.executable, "-c", CHILD, str(tree), *argv], cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the run failed in {tree}: {' '.join(argv)}\n{done.stderr[-3000:]}")
-    return {name: {str(r["claim_id"]): r for r in map(json.loads, (out / name).read_text().splitlines())}
+    return {name: {str(r["claim_id"]): {k: v for k, v in r.items() if k not in ignore}
+                   for r in map(json.loads, (out / name).read_text().splitlines())}
             for name in ("predictions.jsonl", "transcripts.jsonl")}
 
 
@@ -87,6 +89,9 @@ def build_parser():
     p.add_argument("--tree", required=True, help="the other checkout (e.g. the commit before, with git archive)")
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench/same-records"))
     p.add_argument("--out", help="also write the JSON result here")
+    p.add_argument("--ignore", nargs="*", default=[], metavar="FIELD",
+                   help="prediction fields left out of the comparison (e.g. encoded_tokens, which pages shared by "
+                   "prefix lower)")
     return p
 
 
@@ -95,8 +100,8 @@ def main(argv=None):
     rows = []
     work = Path(tempfile.mkdtemp(prefix="same-records-"))
     for name, (model, extra) in models(args.cache).items():
-        mine = run(ROOT, model, extra, work / f"{len(rows)}-this")
-        theirs = run(Path(args.tree).resolve(), model, extra, work / f"{len(rows)}-other")
+        mine = run(ROOT, model, extra, work / f"{len(rows)}-this", args.ignore)
+        theirs = run(Path(args.tree).resolve(), model, extra, work / f"{len(rows)}-other", args.ignore)
         row = {"case": name, "claims": len(mine["predictions.jsonl"])}
         for file in mine:
             diffs = {cid: first_difference(mine[file].get(cid), theirs[file].get(cid))
@@ -105,7 +110,7 @@ def main(argv=None):
             row[file] = "equal" if not diffs else diffs
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result = {"tree": str(args.tree), "cases": rows}
+    result = {"tree": str(args.tree), "ignored": args.ignore, "cases": rows}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

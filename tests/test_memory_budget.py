@@ -202,19 +202,28 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
     """Out of memory once is retried with the same tokens; twice in a row's prefill, that row fails alone
     (ContextOverflow names it) and the other rows of the call run."""
     model, tok = wide
+    forward, seen = model.forward, []
+
+    def counted(*args, **kw):
+        seen.append(kw["input_ids"].shape[1])
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", counted)
     whole, _ = debate(model, tok, turns=2, batch_size=1)
-    forward, calls = model.forward, []
+    # The second turn's first prefill (the first conversation's): the seventh call feeding more than one token.
+    doomed_call = [i for i, n in enumerate(seen) if n > 1][6]
+    calls = []
 
     def once(*args, **kw):  # the second turn's prefill of the first conversation runs out of memory, once
         calls.append(kw["input_ids"].shape[1])
-        if len(calls) == 6 * 8 + 1:
+        if len(calls) == doomed_call + 1:
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
 
     monkeypatch.setattr(model, "forward", once)
     with caplog.at_level("WARNING", logger="debate.engine.decode_batch"):
         retried, _ = debate(model, tok, turns=2, batch_size=1)
-    assert calls[6 * 8] > 1 and "out of memory in a model call; retrying it once" in caplog.text
+    assert calls[doomed_call] > 1 and "out of memory in a model call; retrying it once" in caplog.text
     assert [c.generated for c in retried] == [c.generated for c in whole]
 
     convs = [engine.Conversation(system="s"), engine.Conversation(system=SYSTEMS[5])]

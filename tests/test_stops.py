@@ -56,11 +56,17 @@ def lines(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()] if Path(path).exists() else []
 
 
+def comparable(record):
+    """A record less `encoded_tokens`: the prompt tokens a claim encoded depend on the pages the claims before it left
+    (debate.engine.kv_pool shares pages by prefix across claims), which a resumed run has not seen."""
+    return {k: v for k, v in record.items() if k != "encoded_tokens"}
+
+
 def same_run(out, whole):
     """Every claim of `whole`, with the same record, and the same scores."""
     for name in (records.PREDICTIONS, records.TRANSCRIPTS):
-        assert sorted(lines(out / name), key=lambda r: r["claim_id"]) == \
-               sorted(lines(whole / name), key=lambda r: r["claim_id"]), name
+        assert sorted(map(comparable, lines(out / name)), key=lambda r: r["claim_id"]) == \
+               sorted(map(comparable, lines(whole / name)), key=lambda r: r["claim_id"]), name
     assert json.loads((out / records.METRICS).read_text()) == json.loads((whole / records.METRICS).read_text())
     assert not (out / lock.LOCK).exists()
 
@@ -203,7 +209,7 @@ def test_a_signal_stops_a_run_in_one_line_and_the_same_command_resumes_it(tiny, 
     # No record cut: as many transcripts as predictions, each whole, each the uninterrupted run's.
     done = {p["claim_id"]: p for p in lines(whole / records.PREDICTIONS)}
     assert len(lines(out / records.TRANSCRIPTS)) == len(written)
-    assert all(p == done[p["claim_id"]] for p in written)
+    assert all(comparable(p) == comparable(done[p["claim_id"]]) for p in written)
     assert not (out / lock.LOCK).exists()
     run_debate.main(argv(tiny, out))
     same_run(out, whole)

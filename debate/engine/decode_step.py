@@ -162,8 +162,7 @@ class Stats:
                 "decode_tokens": self.tokens, "decode_row_steps": self.row_steps,
                 "occupancy": None if self.occupancy is None else round(self.occupancy, 4),
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
-                "eager_steps": self.eager_steps, "device_seconds": round(self.seconds, 3),
-                "launch_seconds": round(self.launch_seconds, 3), **({"fallback": self.failed} if self.failed else {})}
+                "eager_steps": self.eager_steps, **({"fallback": self.failed} if self.failed else {})}
 
 
 class Clock:
