@@ -25,8 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_same_records import CHILD, first_difference  # noqa: E402  (bench/ is on sys.path when this file runs)
-
+from bench.bench_same_records import CHILD, first_difference  # noqa: E402
 from tests.tiny_models import build_tiny_llama  # noqa: E402
 
 
