@@ -139,12 +139,16 @@ def compare(files):
     return report
 
 
-def main():
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", default=None, help="where the tiny models are built (default: a temporary dir)")
     parser.add_argument("--out", default=None, help="write the report here as JSON")
     parser.add_argument("--dump", default=None, help=argparse.SUPPRESS)  # the child's job: one kernel set's logits
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.dump:
         dump(args.cache, args.dump)
         return
