@@ -1,8 +1,32 @@
 """What many test files share: the tiny random-weight model (tests/tiny_models.py) as the `tiny` fixture, and
-`own_cache`, the embeddings' cache in a folder of the tests' own."""
+`own_cache`, the embeddings' cache in a folder of the tests' own; torch.compile's disk cache apart for each of torch's
+CPU kernel sets."""
+import getpass
+import os
+import tempfile
+
 import pytest
+import torch
 
 from tests.tiny_models import build_tiny_llama
+
+
+def _inductor_cache_by_kernel_set():
+    """Code torch.compile cached under one of torch's CPU kernel sets aborts the process that loads it under another
+    (torch 2.13: compiled under ATEN_CPU_CAPABILITY=avx2, then run under AVX-512, tests/test_compiled_decode.py dies
+    with "Fatal Python error: Aborted"; each alone passes). docs/install.md has the tests tried under both, so each
+    kernel set gets its own cache folder beside inductor's default; a TORCHINDUCTOR_CACHE_DIR set by the user stands."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_{capability}")
+
+
+_inductor_cache_by_kernel_set()
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from debate.data.labels import LABELS
 from debate.engine import engine, models, schema_program
 from debate.methods import debatecv
 from debate.pipeline import records
-from tests import syndec_task
+from tests import syndec_task, token_match
 from tests.tiny_models import build_tiny_llama
 from train import examples, loop, lora, losses, stages, syndec
 
@@ -127,11 +127,21 @@ def debate(model, out, *extra):
     # Greedy, structured (verdicts and label probabilities from the schema; 100 tokens: the Moderator's JSON keys
     # alone take 94 of this tokenizer's), 3 claims at batch 2: the third joins while the others are in progress
     # (continuous batching), with the KV cache kept between turns (the default) or not (--no-cache-reuse).
-    run_debate.main(["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "100",
-                     "--max-rounds", "2", "--batch-size", "2", "--limit", "3", "--temperature", "0",
-                     "--output-dir", str(out), *extra])
+    # Each claim's conversations are kept, {(claim id, role): engine.Conversation}, for their tokens.
+    convs, start = {}, debatecv.start_debate
+
+    def kept(claim, *args, **kwargs):
+        debate = start(claim, *args, **kwargs)
+        convs.update({(claim["claim_id"], role): conv for role, conv in debate.convs.items()})
+        return debate
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(debatecv, "start_debate", kept)
+        run_debate.main(["--split", "demo", "--evidence", "golden", "--model", model, "--max-new-tokens", "100",
+                         "--max-rounds", "2", "--batch-size", "2", "--limit", "3", "--temperature", "0",
+                         "--output-dir", str(out), *extra])
     config = json.loads((out / records.CONFIG).read_text())
-    return read(out, records.PREDICTIONS), read(out, records.TRANSCRIPTS), config
+    return read(out, records.PREDICTIONS), read(out, records.TRANSCRIPTS), config, convs
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +164,7 @@ def debates(tiny, tmp_path_factory):
 
 
 def test_debatecv_in_nf4_records_its_precision_and_the_outputs_of_float32(debates):
-    (preds, transcripts, config), (preds32, transcripts32, config32) = debates["nf4"], debates["fp32"]
+    (preds, transcripts, config, _), (preds32, transcripts32, config32, _) = debates["nf4"], debates["fp32"]
     assert config["use_4bit"] is True and config["precision"] == "nf4"
     assert {m["precision"] for m in config["models"].values()} == {"nf4"} and set(config["models"]) == {
         "affirmative", "negative", "moderator"}
@@ -175,17 +185,34 @@ def test_debatecv_in_nf4_records_its_precision_and_the_outputs_of_float32(debate
         p["label_probs"] for p in preds32]
 
 
-def test_nf4_debates_reuse_the_kv_cache_and_batch_continuously_without_changing_a_token(debates):
-    (preds, transcripts, _), (plain_preds, plain_transcripts, plain_config) = debates["nf4"], debates["nf4-plain"]
+def test_nf4_debates_reuse_the_kv_cache_and_batch_continuously_without_changing_a_token(debates, tiny):
+    """The same tokens as the plain run (no cache kept, fixed batches), up to NF4's near-ties: the two runs put other
+    rows beside a row in the matrix products, and bitsandbytes' CPU kernels round those differently (by the rows in
+    a product and by the instruction set: on an AVX-512 CPU the AVX2 and AVX-512 kernels flip different near-ties).
+    A claim whose tokens part at a near-tie of the reference logits is compared up to that step (tests/token_match)
+    and not after it; every other claim is compared whole."""
+    (preds, transcripts, _, convs), (plain_preds, plain_transcripts, plain_config, plain_convs) = (
+        debates["nf4"], debates["nf4-plain"])
     assert plain_config["reuse_cache"] is False and plain_config["continuous"] is False
-    said = lambda ts: {t["claim_id"]: [turn["response"] for turn in t["turns"]] for t in ts}  # noqa: E731
+    keys = sorted(plain_convs)
+    assert sorted(convs) == keys and len(keys) == 9
+    nf4 = models.load_model(tiny, use_4bit=True)
+    ties = token_match.match_conversations(
+        nf4.model, nf4.tokenizer, [convs[k] for k in keys], [plain_convs[k] for k in keys],
+        names=[f"claim {claim} {role}" for claim, role in keys], groups=[claim for claim, _ in keys],
+        tolerance=token_match.NF4_TIE_TOLERANCE)
+    parted = {keys[i][0] for i in ties}
+    assert len(parted) < len(preds)  # at least one claim compared whole
+    said = lambda ts: {t["claim_id"]: [turn["response"] for turn in t["turns"]] for t in ts  # noqa: E731
+                       if t["claim_id"] not in parted}
+    same = lambda ps, key: [p[key] for p in ps if p["claim_id"] not in parted]  # noqa: E731
     assert said(transcripts) == said(plain_transcripts)
-    assert [p["label"] for p in preds] == [p["label"] for p in plain_preds]
+    assert same(preds, "label") == same(plain_preds, "label")
     # Two rounds and the final prompt: later turns found their conversation cached and encoded only what is new.
     assert all(p["rounds"] == 2 for p in preds + plain_preds)
     assert all(p["encoded_tokens"] < p["prompt_tokens"] for p in preds)
     assert all(p["encoded_tokens"] == p["prompt_tokens"] for p in plain_preds)
-    assert [p["completion_tokens"] for p in preds] == [p["completion_tokens"] for p in plain_preds]
+    assert same(preds, "completion_tokens") == same(plain_preds, "completion_tokens")
 
 
 def test_courtroom_and_madr_run_on_nf4_agents(tiny, tmp_path):
