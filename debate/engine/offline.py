@@ -14,6 +14,10 @@ def set_offline():
     """
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ[name] = "1"
+    # transformers 5.25 asks the `kernels` package for hub kernels on every load unless this says no, and with
+    # `kernels` kept out (below) it then refuses to load an NF4 model ("Kernels are not available"). Read at each
+    # load, so setting it here is in time.
+    os.environ["USE_HUB_KERNELS"] = "NO"
     # huggingface_hub reads the variable once, at import; if something imported it before us,
     # update the value it already read.
     constants = sys.modules.get("huggingface_hub.constants")
