@@ -322,14 +322,33 @@ def run_parser(description=None):
     return p
 
 
-def parse_run_args(argv=None, description=None):
-    """The RunConfig of `run_parser`'s flags (debate.pipeline.config.build): checked, derived defaults filled in."""
+def parse_run_args(argv=None, description=None, check=None):
+    """The RunConfig of `run_parser`'s flags (debate.pipeline.config.build): checked, derived defaults filled in.
+
+    `check(config, models=...)`: what the run needs and lacks (debate.pipeline.preflight.problems), refused with a
+    missing --model in one message, so a new user fixes everything in one go."""
     p = run_parser(description)
     args = p.parse_args(argv)
+    found = []
     try:
         built = config.build(**vars(args))
+    except config.NoModel as err:
+        if check is None:
+            p.error(str(err))
+        found.append(str(err))
+        # The rest is checked as if a model were named; the stand-in path is never looked at (models=False).
+        built = config.build(**dict(vars(args), model=NO_MODEL_YET))
     except ConfigError as err:
         p.error(str(err))
+    if check is not None:
+        found += check(built, models=not found)
+    if found:
+        from debate.pipeline import preflight
+
+        p.error(preflight.message(found))
     if built.data.split == config.DEMO_SPLIT and args.evidence == "retrieved":  # asked for, and not there
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built
+
+
+NO_MODEL_YET = "<no --model>"

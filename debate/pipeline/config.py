@@ -54,6 +54,10 @@ class ConfigError(ValueError):
     """Settings that make no run; the message names the flag."""
 
 
+class NoModel(ConfigError):
+    """No model named for a split that is not the demo's: the CLI says it together with what else is missing."""
+
+
 def identity(default: Any = None) -> Any:
     """A field that is part of the run's identity (see the module doc)."""
     return field(default=default, metadata={"identity": True})
@@ -406,7 +410,7 @@ def _fill_models(s: Dict[str, Any]) -> None:
         if not base and s["split"] != DEMO_SPLIT:
             missing = "--model" if not (s["debater_model"] or s["moderator_model"]) else \
                 "--moderator-model (nor --model)" if s["debater_model"] else "--debater-model (nor --model)"
-            raise ConfigError(no_model(s["split"], missing))
+            raise NoModel(no_model(s["split"], missing))
         if base in (None, DEMO_MODEL):
             base = demo_path()
     for name in MODEL_FIELDS[1:]:

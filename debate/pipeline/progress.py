@@ -24,7 +24,8 @@ import time
 
 from tqdm import tqdm
 
-from debate.methods import turns
+# debate.methods.turns (where a turn is reported) imports torch: it is imported when a bar starts, so the CLIs' lines
+# (`lines`) cost nothing before a command line is known to be sound.
 
 
 class Lines(logging.Handler):
@@ -122,11 +123,15 @@ class ClaimBar:
                 self._stop.set()
                 self.bar.close()
                 raise
+        from debate.methods import turns
+
         self._previous, turns.on_turn = turns.on_turn, self.turn
         self._show()
         return self
 
     def __exit__(self, *exc):
+        from debate.methods import turns
+
         turns.on_turn = self._previous
         self._stop.set()
         if self._ticker is not None and self._ticker.ident is not None:
