@@ -125,6 +125,8 @@ def main(argv=None):
     from debate.pipeline import progress, runner
     from train import loop, stages, syndec
 
+    runner.no_hub_kernels()  # before any model loads (debate/pipeline/runner.py says why)
+
     def go():
         try:
             return stages.run(args)

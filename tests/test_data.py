@@ -336,7 +336,7 @@ def test_demo_retrieved_condition_uses_golden_evidence():
 
 def test_real_dev_split_labels_and_retrieved_join():
     if not (SHARED / "dev.json").is_file():
-        missing(f"no AVeriTeC dev split at {SHARED}")
+        missing(f"no AVeriTeC dev split at {SHARED}", shared_data=True)
     claims = load_split("dev", SHARED)
     assert len(claims) == 500
     assert collections.Counter(c["label"] for c in claims) == {REFUTED: 305, SUPPORTED: 122, CEC: 38, NEE: 35}

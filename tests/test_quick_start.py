@@ -94,3 +94,20 @@ def test_a_model_path_is_judged_from_the_file_system_alone(tmp_path):
     assert preflight.model_problem(str(tmp_path / "m.gguf"), "--model") is None
     assert "not a model directory (no config.json)" in preflight.model_problem(str(tmp_path / "dir"), "--model")
     assert "not a GGUF file" in preflight.model_problem(str(tmp_path / "m.bin"), "--model")
+
+
+def test_a_turn_too_short_for_the_json_answer_is_refused_from_the_tokenizer_before_any_weight_loads(
+        tiny, tmp_path, capsys, monkeypatch):
+    import run_debate
+    from debate.engine import models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights loaded before the token budget was checked")
+
+    monkeypatch.setattr(models, "load_roles", refuse)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        run_debate.main(["--split", "demo", "--model", tiny, "--max-new-tokens", "2", "--limit", "1",
+                         "--output-dir", str(out)])
+    assert stop.value.code == 2 and "--max-new-tokens 2 is too small for the JSON answer" in capsys.readouterr().err
+    assert not out.exists()  # refused before the output directory was touched

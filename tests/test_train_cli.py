@@ -276,7 +276,7 @@ def test_synthesis_debates_on_a_retrieved_file_when_given_one(tiny, tmp_path):
     from tests.tiny_models import averitec_dir, missing
 
     if not (averitec_dir() / "dev.json").is_file():
-        missing(f"no AVeriTeC dev split at {averitec_dir()}")
+        missing(f"no AVeriTeC dev split at {averitec_dir()}", shared_data=True)
     dev = json.loads((averitec_dir() / "dev.json").read_text(encoding="utf-8"))
     retrieved = tmp_path / "retrieved.jsonl"
     mine = {i: [{"question": f"Marker question {i}?", "answer": f"Marker answer {i}.", "url": f"https://x/{i}"}]

@@ -309,6 +309,12 @@ def run_parser(description=None):
                    "whose next turn would pass it ends with a note in its record (default: the model's window, "
                    "max_position_embeddings; ours)")
 
+    g.add_argument("--threads", type=int,
+                   help="CPU threads of the model calls (default: OMP_NUM_THREADS where set, else the CPUs this "
+                   "process may use, by its affinity and cgroup quota as SLURM sets them, less those other work keeps "
+                   "busy; ours: torch's own default, every core of the machine, ran the demo 10x slower on a shared "
+                   "node)")
+
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "
                      "runs/<dataset>-<split>-... for a dataset other than AVeriTeC, ...-explain-<method> under "

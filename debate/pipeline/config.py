@@ -227,6 +227,9 @@ class Generation:
     gpu_memory_fraction: float = 0.9
     memory_gb: Optional[float] = None  # the budget in GiB on any device instead (ours)
     max_context: Optional[int] = identity()  # a conversation's longest context; None: the model's window (ours)
+    # CPU threads of the model calls; None: OMP_NUM_THREADS where set, else the CPUs this process may use and that
+    # other work leaves free (debate/pipeline/threads.py)
+    threads: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -494,6 +497,8 @@ def _check(s: Dict[str, Any]) -> None:
             raise ConfigError(f"{flag(name)} must be at least 1")
     if s["limit"] is not None and s["limit"] < 1:
         raise ConfigError("--limit must be at least 1")
+    if s["threads"] is not None and s["threads"] < 1:
+        raise ConfigError("--threads must be at least 1")
     if s["max_context"] is not None and s["max_context"] < 1:
         raise ConfigError("--max-context must be at least 1")
     if s["memory_gb"] is not None and not s["memory_gb"] > 0:

@@ -10,6 +10,8 @@ stay in runner.check_run, which runs once the run's modules are imported and sti
 
 Imports only the data wing and the config: nothing here may pull in the engine.
 """
+import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import Iterable, List, Optional
@@ -108,6 +110,23 @@ def output_problem(path: str, flag: str = "--output-dir") -> Optional[str]:
         return f"{path}: cannot write here{where}: a read-only disk or another user's folder; give {flag} DIR " \
                "on a writable disk"
     return None
+
+
+UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+@contextlib.contextmanager
+def writing_to(out_dir: str, flag: str = "--output-dir", error=ValueError):
+    """Around the writes into `out_dir`: an OS error refusing a write there (read-only, not ours, made so after the
+    check above) becomes `error` with one line suggesting `flag`, instead of the OS's traceback."""
+    try:
+        yield
+    except OSError as err:
+        name = getattr(err, "filename", None)
+        inside = name is not None and os.path.realpath(name).startswith(os.path.realpath(out_dir))
+        if err.errno not in UNWRITABLE or not inside:
+            raise
+        raise error(f"cannot write {name} ({err.strerror}); give {flag} DIR on a writable disk") from err
 
 
 def problems(config, models: bool = True) -> List[str]:
