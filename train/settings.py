@@ -104,13 +104,16 @@ def from_args(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser
     settings = TrainSettings(**given)
     if settings.max_new_tokens is None:
         settings = replace(settings, max_new_tokens=DEMO_TURN if settings.split == DEMO_SPLIT else FULL_TURN)
-    found = problems(settings) + (check(settings) if check else [])
+    own = problems(settings)
+    found = own + (check(settings) if check else [])
     if found:
         if parser is None:
             raise ValueError(found[0])
         from debate.pipeline import preflight
 
-        parser.error(preflight.message(found))
+        if found == own:
+            parser.error(preflight.message(found))  # the flags' values: the pointer to --help helps
+        parser.exit(2, f"error: {preflight.message(found)}\n")
     return settings
 
 

@@ -348,10 +348,10 @@ def parse_run_args(argv=None, description=None, check=None):
         p.error(str(err))
     if check is not None:
         found += check(built, models=not found)
-    if found:
+    if found:  # what is missing, not a flag misused: no pointer to --help
         from debate.pipeline import preflight
 
-        p.error(preflight.message(found))
+        p.exit(2, f"error: {preflight.message(found)}\n")
     if built.data.split == config.DEMO_SPLIT and args.evidence == "retrieved":  # asked for, and not there
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built
