@@ -218,7 +218,8 @@ class ClaimBar:
         self._show()
 
     def tokens_so_far(self):
-        """Tokens generated since the bar started: as the steps make them where they are counted, else as turns end."""
+        """Tokens generated since the bar started: as the steps make them where they are counted (a little ahead, see
+        runner.decode_tokens), never fewer than the ended turns' own count."""
         live = self.tokens_source() - self._tokens_before if self.tokens_source else 0
         return max(self.tokens, live)
 

@@ -327,8 +327,11 @@ def decode_steps(models):
 
 
 def decode_tokens(models):
-    """The tokens the models' decode steps have generated in this process (decode_step's count), for the bar."""
-    return sum(s.tokens for s in map(decode_step.stats_of, models) if s is not None)
+    """The tokens the models' decode steps are generating in this process, as they go, for the bar: the engine's rows
+    a step (decode_step's `row_steps`, one token a row a step). Its `tokens` would be exact but counts a reply only
+    when it ends; a row that stopped before its batch's last counts here until it leaves, so this runs a little
+    ahead of the replies' own count."""
+    return sum(s.row_steps for s in map(decode_step.stats_of, models) if s is not None)
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
