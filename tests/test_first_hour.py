@@ -58,3 +58,23 @@ def test_a_skip_for_missing_shared_data_names_the_test_and_the_variable(monkeypa
     assert reason.startswith("tests/test_data.py::test_real_dev: no AVeriTeC dev split at /x")
     assert "set DEBATECV_SHARED_DATA" in reason
     assert json.dumps(reason)  # one line
+
+
+def test_a_stop_says_what_is_kept_and_what_restarts(tmp_path):
+    from debate.pipeline import config, runner
+
+    cfg = config.build(split="demo", model="m", output_dir=str(tmp_path))
+    claims = [{"claim_id": k} for k in range(3)]
+    assert runner.kept_and_resume(cfg, claims) == (f"0 claims written to {tmp_path}: nothing to resume",
+                                                   "the 3 claims restart with the same command")
+    (tmp_path / records.PREDICTIONS).write_text(json.dumps({"claim_id": 1, "label": "Supported"}) + "\n")
+    assert runner.kept_and_resume(cfg, claims) == (
+        f"1 of 3 claims written to {tmp_path}",
+        "the same command resumes: the 2 claims not written restart from their first turn")
+    over = config.build(split="demo", model="m", output_dir=str(tmp_path / "new"), overwrite=True)
+    assert runner.kept_and_resume(over, claims) == (
+        f"0 claims written to {tmp_path / 'new'}: nothing to resume (an earlier run there is put back as it was)",
+        "the 3 claims restart with the same command")
+    over = config.build(split="demo", model="m", output_dir=str(tmp_path), overwrite=True)
+    assert runner.kept_and_resume(over, claims)[1] == ("the same command without --overwrite resumes; the 2 claims "
+                                                       "not written restart from their first turn")

@@ -177,12 +177,14 @@ def kept_and_resume(config, claims, world=shards.World()):
     rest = total - done
     restart = (f"the {rest} claims not written restart from their first turn" if rest != 1
                else "the 1 claim not written restarts from its first turn")
-    if config.output.overwrite:  # a stop before the first claim puts the earlier run back (records.RunDir)
+    all_restart = (f"the {total} claims restart with the same command" if total != 1
+                   else "the 1 claim restarts with the same command")
+    if not done:  # under --overwrite, a stop before the first claim puts the earlier run back (records.RunDir)
+        return f"0 claims written to {out}: nothing to resume" + (
+            " (an earlier run there is put back as it was)" if config.output.overwrite else ""), all_restart
+    if config.output.overwrite:
         return (f"{done} of {total} claims written to {out}",
-                "the same command without --overwrite resumes" + (f"; {restart}" if done and rest else ""))
-    if not done:
-        return f"0 claims written to {out}: nothing to resume", f"the {total} claim{'s' if total != 1 else ''} " \
-            "restart with the same command"
+                "the same command without --overwrite resumes" + (f"; {restart}" if rest else ""))
     if not rest:
         return f"all {total} claims written to {out}", "the same command finishes the run (scores and report)"
     return f"{done} of {total} claims written to {out}", f"the same command resumes: {restart}"
