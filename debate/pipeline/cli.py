@@ -331,7 +331,7 @@ def run_parser(description=None):
 def parse_run_args(argv=None, description=None, check=None):
     """The RunConfig of `run_parser`'s flags (debate.pipeline.config.build): checked, derived defaults filled in.
 
-    `check(config, models=...)`: what the run needs and lacks (debate.pipeline.preflight.problems), refused with a
+    `check(config)`: what the run needs and lacks (debate.pipeline.preflight.problems), refused with a
     missing --model in one message, so a new user fixes everything in one go."""
     p = run_parser(description)
     args = p.parse_args(argv)
@@ -342,12 +342,14 @@ def parse_run_args(argv=None, description=None, check=None):
         if check is None:
             p.error(str(err))
         found.append(str(err))
-        # The rest is checked as if a model were named; the stand-in path is never looked at (models=False).
-        built = config.build(**dict(vars(args), model=NO_MODEL_YET))
+        # The rest is checked as if a model were named; the stand-in path is never looked at (preflight skips it).
+        from debate.pipeline import preflight
+
+        built = config.build(**dict(vars(args), model=preflight.NO_MODEL_YET))
     except ConfigError as err:
         p.error(str(err))
     if check is not None:
-        found += check(built, models=not found)
+        found += check(built)
     if found:  # what is missing, not a flag misused: no pointer to --help
         from debate.pipeline import preflight
 
@@ -356,5 +358,3 @@ def parse_run_args(argv=None, description=None, check=None):
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built
 
-
-NO_MODEL_YET = "<no --model>"

@@ -19,6 +19,7 @@ from typing import Iterable, List, Optional
 from debate.data import datasets
 from debate.data.inputs import DataError
 
+NO_MODEL_YET = "<no --model>"  # the CLI's stand-in while it says a missing --model with the rest (cli.parse_run_args)
 GGUF_MAGIC = b"GGUF"  # a GGUF file's first bytes (the format's header); the engine's own check reads the same
 
 
@@ -48,7 +49,7 @@ def model_problems(models) -> List[str]:
     named = [(f"--{name.replace('_', '-')}", getattr(models, name)) for name in fields]
     named += [("--judge-models", path) for path in models.judge_models or ()]
     for flag, path in named:
-        if path and path not in seen:
+        if path and path != NO_MODEL_YET and path not in seen:
             seen.add(path)
             problem = model_problem(path, flag)
             if problem:
@@ -129,10 +130,9 @@ def writing_to(out_dir: str, flag: str = "--output-dir", error=ValueError):
         raise error(f"cannot write {name} ({err.strerror}); give {flag} DIR on a writable disk") from err
 
 
-def problems(config, models: bool = True) -> List[str]:
-    """Everything the run needs and does not have (`models`: its model paths too), one line each; [] when none."""
-    found = model_problems(config.models) if models else []
-    found += data_problems(config)
+def problems(config) -> List[str]:
+    """Everything the run needs and does not have, one line each; [] when none."""
+    found = model_problems(config.models) + data_problems(config)
     out = output_problem(config.output.output_dir)
     return found + ([out] if out else [])
 
