@@ -102,8 +102,10 @@ def test_a_training_stage_without_its_syndec_file_names_the_stages_that_write_it
     with pytest.raises(SystemExit) as exit:
         train_moderator.main(["--stage", stage, "--model", tiny, "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert exit.value.code == 2 and len(err.strip().splitlines()) == 1
+    # D-DPO also lacks the D-SFT adapter it starts from: both said in one message (issue 54), one line each.
+    assert exit.value.code == 2 and len(err.strip().splitlines()) == (1 if stage == "sft" else 3)
     assert "syndec.jsonl: no such SynDeC file" in err and "--stage synth" in err and "--stage all" in err
+    assert ("no D-SFT adapter at" in err) == (stage == "dpo")
 
 
 def test_the_parser_takes_every_default_from_the_training_settings():
