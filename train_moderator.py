@@ -11,8 +11,11 @@ import argparse
 import sys
 
 from debate.data import datasets
-from debate.pipeline import cli, progress, runner
-from train import loop, settings, stages, syndec
+
+# Only the flags' modules at the top (no torch): --help and a bad flag answer at once; the stages' modules are
+# imported in main() once the command line and its files have passed.
+from debate.pipeline import cli
+from train import preflight, settings
 from train.settings import DEFAULTS as D
 
 # Where a default comes from; the others are shown without a source.
@@ -110,14 +113,19 @@ def build_parser():
     return p
 
 
-def parse_args(argv=None):
-    """The training settings (train/settings.py) of a command line; a bad value is one `error:` line."""
+def parse_args(argv=None, check=False):
+    """The training settings (train/settings.py) of a command line; a bad value is one `error:` message, and with
+    `check` so is everything the stages need and lack (train/preflight.py), together."""
     parser = build_parser()
-    return settings.from_args(parser.parse_args(argv), parser)
+    return settings.from_args(parser.parse_args(argv), parser, check=preflight.problems if check else None)
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(argv, check=True)  # everything missing in one message, before torch is imported
+    from debate.pipeline import progress, runner
+    from train import loop, stages, syndec
+
+    runner.no_hub_kernels()  # before any model loads (debate/pipeline/runner.py says why)
 
     def go():
         try:

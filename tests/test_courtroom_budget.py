@@ -20,7 +20,7 @@ LABELS = ("SUPPORT", "REFUTE", "NOTENOUGHINFO")
 def courtroom(model, out, *extra):
     data = shared_dir("check-covid")
     if not data.is_dir():
-        missing(f"no shared check-covid data at {data}")
+        missing(f"no shared check-covid data at {data}", shared_data=True)
     # Two rounds, so the critic's conversation keeps its cache from one round to the next; turns as short as the
     # courtroom's JSON answers allow; no witness (a random court may grant one, a longer run).
     run_debate.main(["--method", "courtroom", "--dataset", "check-covid", "--split", "test", "--evidence", "golden",

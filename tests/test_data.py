@@ -198,9 +198,12 @@ def test_an_empty_split_is_one_line_before_anything_is_written(tmp_path, capsys)
     import run_debate
 
     write_split(tmp_path, [])
+    model = tmp_path / "m"  # a model folder as far as the file system can tell: the split is the one problem
+    model.mkdir()
+    (model / "config.json").write_text("{}")
     with pytest.raises(SystemExit) as stop:
-        run_debate.main(["--split", "dev", "--data-dir", str(tmp_path), "--model", "m", "--output-dir",
-                         str(tmp_path / "run")])
+        run_debate.main(["--split", "dev", "--data-dir", str(tmp_path), "--model", str(model), "--evidence", "golden",
+                         "--output-dir", str(tmp_path / "run")])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err == f"error: --split dev of averitec (in {tmp_path}): the split holds no claims; nothing to verify\n"
@@ -336,7 +339,7 @@ def test_demo_retrieved_condition_uses_golden_evidence():
 
 def test_real_dev_split_labels_and_retrieved_join():
     if not (SHARED / "dev.json").is_file():
-        missing(f"no AVeriTeC dev split at {SHARED}")
+        missing(f"no AVeriTeC dev split at {SHARED}", shared_data=True)
     claims = load_split("dev", SHARED)
     assert len(claims) == 500
     assert collections.Counter(c["label"] for c in claims) == {REFUTED: 305, SUPPORTED: 122, CEC: 38, NEE: 35}

@@ -95,7 +95,7 @@ COURTROOM = ("--temperature", "0", "--no-witness", "--max-new-tokens", "200")
 def test_proclaims_methods_on_its_binary_check_covid_claims_speak_its_labels(tiny, tmp_path, method):
     data_dir = shared_dir("check-covid")
     if not data_dir.is_dir():
-        missing(f"no shared check-covid data at {data_dir}")
+        missing(f"no shared check-covid data at {data_dir}", shared_data=True)
     out = tmp_path / "run"
     run(tiny, out, method, "check-covid", "test-binary", data_dir, "--evidence", "golden", *COURTROOM)
     check_labels(out, ("SUPPORT", "REFUTE"), panel=True)
@@ -109,7 +109,7 @@ def test_every_method_on_every_dataset_speaks_its_labels(tiny, tmp_path, method,
                                                          labels):
     data_dir = shared_dir(folder)
     if not data_dir.is_dir():
-        missing(f"no shared {folder} data at {data_dir}")
+        missing(f"no shared {folder} data at {data_dir}", shared_data=True)
     out = tmp_path / "run"
     metrics = run(tiny, out, method, dataset, split, data_dir, "--evidence", evidence)
     assert metrics["dataset"] == dataset and metrics["evidence_condition"] == evidence
@@ -168,7 +168,7 @@ def test_the_verifiers_courtroom_searches_the_datasets_corpus_as_the_cli_does(ti
 
     data_dir = shared_dir("check-covid")
     if not (data_dir / "corpus.json").is_file():
-        missing(f"no shared check-covid data at {data_dir}")
+        missing(f"no shared check-covid data at {data_dir}", shared_data=True)
     searched = []
     monkeypatch.setattr(case, "library_from", lambda options, passages=None,
                         store=None, bm25_k=None: searched.append(passages))
@@ -190,7 +190,7 @@ def test_the_courtrooms_corpus_is_the_datasets_own_read_once_else_the_splits_evi
 
     data_dir = shared_dir("check-covid")
     if not (data_dir / "corpus.json").is_file():
-        missing(f"no shared check-covid data at {data_dir}")
+        missing(f"no shared check-covid data at {data_dir}", shared_data=True)
     settings = dict(dataset="check-covid", split="test", data_dir=str(data_dir), method="courtroom", model="m")
     golden = run_claims.read(run_config.build(**settings, evidence="golden"))
     assert golden.passages == checkcovid.corpus_passages(data_dir) and golden.corpus is None
@@ -216,7 +216,7 @@ def test_a_politihop_madr_run_reads_the_whole_ruling_by_default(tiny, tmp_path):
 
     data_dir = shared_dir("politihop")
     if not data_dir.is_dir():
-        missing(f"no shared politihop data at {data_dir}")
+        missing(f"no shared politihop data at {data_dir}", shared_data=True)
     claims = datasets.get("politihop").read("test", data_dir)
     # The first claim whose ruling holds sentences no evidence chain names, so the two conditions differ.
     first = next(k for k, c in enumerate(claims)

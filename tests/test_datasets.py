@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def real(dataset, folder):
     path = shared_dir(folder)
     if not path.is_dir():
-        missing(f"no shared {folder} data at {path}")
+        missing(f"no shared {folder} data at {path}", shared_data=True)
     return datasets.get(dataset), path
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _averitec_file(*parts):
     path = averitec_dir().joinpath(*parts)
     if not path.is_file():
-        missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)")
+        missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)", shared_data=True)
     return path
 
 

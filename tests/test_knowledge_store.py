@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: the embe
 def world(tmp_path_factory):
     path = averitec_dir() / "dev.json"
     if not path.is_file():
-        missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)")
+        missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)", shared_data=True)
     dev = json.loads(path.read_text(encoding="utf-8"))
     chosen = [i for i, c in enumerate(dev) if len(claim_pages(c)) >= 4][:CLAIMS]
     root = tmp_path_factory.mktemp("ks")

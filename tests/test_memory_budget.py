@@ -148,7 +148,7 @@ def test_32_claims_at_batch_32_under_a_small_budget_give_the_unlimited_runs_pred
     fraction of their caches; fewer claims in flight there, admitted by what fits from the first wave on."""
     data = averitec_dir()
     if not (data / "dev.json").is_file():
-        missing(f"AVeriTeC dev not found in {data}")
+        missing(f"AVeriTeC dev not found in {data}", shared_data=True)
     runs = {}
     for name, extra in (("free", ["--gpu-memory-fraction", "0"]), ("small", ["--memory-gb", "0.25"])):
         out = tmp_path / name

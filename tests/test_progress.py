@@ -129,3 +129,81 @@ def test_the_first_steps_alone_give_no_time_left():
         assert bar.eta() is None
         clock.now, clock.steps = 58.0, 17
         assert 10 * 60 < bar.eta() < 20 * 60
+
+
+def test_the_time_left_says_what_it_is_based_on():
+    clock = Clock()
+    with bar_for(clock) as bar:
+        clock.now, clock.steps = 20.0, 2
+        bar._show()
+        assert bar.bar.postfix.endswith("left ? (2 of 8 first steps)")
+        clock.now, clock.steps = 120.0, 22
+        bar._show()
+        # 30 claim-turns at most (10 a claim, 3 claims) at 32 steps each (96 tokens, 3 claims a call), 22 taken
+        assert bar.bar.postfix.endswith("left ~1:25:16 (938 steps to come at 5.45 s, a claim's turns at most)")
+
+
+def test_tokens_count_as_the_steps_make_them_not_only_as_turns_end():
+    clock, made = Clock(), {"tokens": 0}
+    with bar_for(clock, tokens=lambda: made["tokens"]) as bar:
+        clock.now, clock.steps, made["tokens"] = 60.0, 12, 36  # three rows, twelve steps: no turn has ended
+        bar._show()
+        assert bar.turns == 0 and ", 36 tokens," in bar.bar.postfix
+        bar.turn(1, 40)  # a turn's own count is never lowered by the steps' (the first token of a turn is prefill's)
+        assert bar.tokens_so_far() == 40
+
+
+def test_each_claim_in_progress_shows_its_round():
+    clock = Clock()
+    with bar_for(clock) as bar:
+        bar.round([1, 2], 1, 3)
+        bar.round([2], 2, 3)
+        assert bar.bar.postfix.startswith("claim 1: round 1 of 3; claim 2: round 2 of 3, 0 turns")
+        bar.round([1], "final", 3)
+        bar.claim_done(10, 2)
+        assert bar.bar.postfix.startswith("claim 1: final verdict after 3 rounds, 0 turns")
+        bar.round(list(range(3, 9)), 1, 3)
+        assert "claim 4: round 1 of 3; 4 more" in bar.bar.postfix
+
+
+def test_a_debatecv_run_reports_each_claims_round(tiny, tmp_path, monkeypatch):
+    seen = []
+
+    class Recording(progress.ClaimBar):
+        def round(self, claim_ids, round_no, of):
+            seen.append((tuple(claim_ids), round_no, of))
+            super().round(claim_ids, round_no, of)
+
+    monkeypatch.setattr(progress, "ClaimBar", Recording)
+    run_debate.main(run_argv(tiny, tmp_path / "run", max_new_tokens=4, max_rounds=2, limit=1, temperature=0))
+    rounds = [r for _, r, _ in seen]
+    assert rounds[0] == 1 and all(of == 2 for *_, of in seen) and set(rounds) <= {1, 2, "final"}
+
+
+def slowed_run(bar, clock, paces):
+    """Decode steps at `paces` [(steps, seconds a step)], a turn's prompt encoding (3 steps' time) every 96 steps;
+    the bar is drawn at every step, as its ticker would."""
+    for count, pace in paces:
+        for _ in range(count):
+            if clock.steps % 96 == 0:
+                clock.now += 3 * pace
+            clock.now += pace
+            clock.steps += 1
+            bar._show()
+
+
+def test_steps_far_slower_than_the_runs_first_ones_say_so_once_with_what_to_try():
+    clock, warned = Clock(), []
+    with bar_for(clock, warn=warned.append) as bar:
+        slowed_run(bar, clock, [(300, 0.3), (200, 4.0)])  # another job takes the cores mid-run
+    assert len(warned) == 1
+    assert warned[0].startswith("decode steps now take") and "x this run's first steps (0.3" in warned[0]
+    assert "try --threads 1 (or OMP_NUM_THREADS=1)" in warned[0]
+
+
+def test_a_steady_run_with_prompt_encodings_and_a_slow_start_says_nothing():
+    clock, warned = Clock(), []
+    with bar_for(clock, warn=warned.append) as bar:
+        clock.now, clock.steps = 28.0, 1  # the first step carries the first prompts' encoding
+        slowed_run(bar, clock, [(400, 0.3), (400, 0.5)])  # longer contexts and more rows: a little slower
+    assert warned == []

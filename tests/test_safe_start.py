@@ -356,15 +356,18 @@ def test_a_missing_hero_file_says_where_to_get_it_and_what_runs_without_it(tmp_p
              "questions": [{"question": "What colour is the sky?", "answers": [{"answer": "Blue.",
                                                                                  "answer_type": "Abstractive"}]}]}
     (tmp_path / "dev.json").write_text(json.dumps([entry]))
-    err = refused(["--split", "dev", "--data-dir", str(tmp_path), "--model", "m"], capsys)  # retrieved: the default
+    model = tmp_path / "m"  # a model folder as far as the file system can tell (no weights load here)
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    err = refused(["--split", "dev", "--data-dir", str(tmp_path), "--model", str(model)], capsys)  # retrieved: default
     assert err.startswith(f"error: {tmp_path / 'dev.retrieved.hero.jsonl'}: no such retrieved-evidence file")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     for fix in ("get dev.retrieved.hero.jsonl", "ssu-humane/HerO", f"into {tmp_path}", "--evidence golden",
                 "--knowledge-store DIR"):
         assert fix in err
     given = tmp_path / "mine.jsonl"
-    err = refused(["--split", "dev", "--data-dir", str(tmp_path), "--model", "m", "--retrieved-file", str(given)],
-                  capsys)
+    err = refused(["--split", "dev", "--data-dir", str(tmp_path), "--model", str(model), "--retrieved-file",
+                   str(given)], capsys)
     assert f"{given}: no such retrieved-evidence file (--retrieved-file)" in err and "--evidence golden" in err
 
 

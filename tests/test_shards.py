@@ -135,9 +135,9 @@ def test_two_processes_equal_one_and_resume_redoes_only_the_missing_claim(tiny, 
         assert len(merged) == 5 and by_id(merged) == by_id(read(one / name))
     assert json.loads((two / records.METRICS).read_text()) == metrics
     assert json.loads((two / records.CONFIG).read_text())["shards"] == 2
-    submitted = {s["claim_id"]: (s["label"], s["justification"]) for s in
+    submitted = {s["claim_id"]: (s["pred_label"], s["justification"]) for s in
                  json.loads((two / records.SUBMISSION).read_text())}
-    assert submitted == {s["claim_id"]: (s["label"], s["justification"]) for s in
+    assert submitted == {s["claim_id"]: (s["pred_label"], s["justification"]) for s in
                          json.loads((one / records.SUBMISSION).read_text())}
 
     # Rank 1 was killed before its last claim was written: the rerun redoes that claim, and only it.

@@ -30,6 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = 2
 
 
+def restart(written):
+    """What a stop's line says of the claims not written (a claim in progress keeps none of its turns)."""
+    rest = CLAIMS - len(written)
+    return (f"the {rest} claims not written restart from their first turn" if rest != 1
+            else "the 1 claim not written restarts from its first turn")
+
+
 def argv(model, out, *extra):
     # One claim at a time, so a run stopped after its first claim still has claims to go.
     return run_argv(model, out, *extra, max_new_tokens=16, limit=CLAIMS, temperature=0, batch_size=1)
@@ -205,7 +212,7 @@ def test_a_signal_stops_a_run_in_one_line_and_the_same_command_resumes_it(tiny, 
     written = lines(out / records.PREDICTIONS)
     assert 1 <= len(written) < CLAIMS
     assert stderr.strip().splitlines()[-1] == \
-        f"stopped: {len(written)} of {CLAIMS} claims written to {out}; the same command resumes"
+        f"stopped: {len(written)} of {CLAIMS} claims written to {out}; the same command resumes: {restart(written)}"
     # No record cut: as many transcripts as predictions, each whole, each the uninterrupted run's.
     done = {p["claim_id"]: p for p in lines(whole / records.PREDICTIONS)}
     assert len(lines(out / records.TRANSCRIPTS)) == len(written)
@@ -237,7 +244,7 @@ def test_ctrl_c_while_a_record_is_written_keeps_it_whole_and_leaves_no_thread(ti
         run_debate.main(argv(tiny, out, *flags))
     assert stopped.value.code == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"stopped: 1 of {CLAIMS} claims written to {out}; " + (
-        "the same command resumes" if continuous else "the same command without --overwrite resumes")
+        "the same command resumes: " if continuous else "the same command without --overwrite resumes; ") + restart([1])
     assert len(lines(out / records.PREDICTIONS)) == len(lines(out / records.TRANSCRIPTS)) == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("claim-")]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
@@ -265,7 +272,7 @@ def test_the_api_takes_the_same_lock_and_a_stop_logs_the_line_and_raises(tiny, t
     monkeypatch.setattr(records.Writer, "write", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(config, log=said.append)
-    assert said[-1] == f"stopped: 1 of {CLAIMS} claims written to {out}; the same command resumes"
+    assert said[-1] == f"stopped: 1 of {CLAIMS} claims written to {out}; the same command resumes: {restart([1])}"
     assert len(lines(out / records.PREDICTIONS)) == len(lines(out / records.TRANSCRIPTS)) == 1
     assert not (out / lock.LOCK).exists()
 
@@ -336,7 +343,7 @@ def test_a_full_disk_is_one_line_and_loses_nothing(tiny, whole, tmp_path, capsys
         assert 1 <= len(kept) < CLAIMS
         assert re.fullmatch(rf"error: No space left on device \({re.escape(str(out))}/\w+\.jsonl\); kept: "
                             rf"{len(kept)} of {CLAIMS} claims written to {re.escape(str(out))}; free some space, then "
-                            "the same command resumes", err), err
+                            f"the same command resumes: {restart(kept)}", err), err
         done = {p["claim_id"]: p for p in lines(whole / records.PREDICTIONS)}
         assert all(p == done[p["claim_id"]] for p in kept)
         assert not list(out.glob("*.tmp")) and not (out / lock.LOCK).exists()

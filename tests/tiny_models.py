@@ -173,11 +173,17 @@ def needs_wordnet():
         missing(str(err))
 
 
-def missing(reason):
+def missing(reason, shared_data=False):
     """A test's outside resource (shared data, WordNet) is absent: skip on a developer's machine; fail in CI,
-    where .ci/run installs WordNet and shared/ is beside the clone."""
+    where .ci/run installs WordNet and shared/ is beside the clone. The reason names the test (pytest would show this
+    helper's line as the skip's place) and, for shared data, the variable that points at it."""
     import pytest  # only the tests call this; the benchmarks and the package do not need pytest
 
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    if shared_data and "DEBATECV_SHARED_DATA" not in reason:
+        reason += "; set DEBATECV_SHARED_DATA to the shared data folder (or put shared/ beside the checkout)"
+    if test:
+        reason = f"{test}: {reason}"
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI must have it)")
     pytest.skip(reason)

@@ -7,7 +7,7 @@ debate/pipeline/config.py's `RunConfig`.
 """
 import argparse
 from dataclasses import dataclass, fields, replace
-from typing import Optional
+from typing import Callable, List, Optional
 
 from debate.pipeline.config import DEMO_MODEL, DEMO_SPLIT, DEMO_TURN, FULL_TURN, PAPER_TEMPERATURE, no_model
 
@@ -76,33 +76,44 @@ DEFAULTS = TrainSettings()
 
 def problem(settings: TrainSettings) -> Optional[str]:
     """The first setting that makes no training run, as the flag's one-line error; None when all are fine."""
-    for name in POSITIVE:
-        if getattr(settings, name) < 1:
-            return f"--{name.replace('_', '-')} must be at least 1"
+    found = problems(settings)
+    return found[0] if found else None
+
+
+def problems(settings: TrainSettings) -> List[str]:
+    """Every setting that makes no training run, each as the flag's one-line error; [] when all are fine."""
+    found = [f"--{name.replace('_', '-')} must be at least 1" for name in POSITIVE if getattr(settings, name) < 1]
     if settings.limit is not None and settings.limit < 1:
-        return "--limit must be at least 1"
+        found.append("--limit must be at least 1")
     if settings.temperature < 0 or not 0 < settings.top_p <= 1:
-        return "--temperature must be >= 0 and --top-p in (0, 1]"
+        found.append("--temperature must be >= 0 and --top-p in (0, 1]")
     if (settings.lr <= 0 or settings.beta <= 0 or not 0 <= settings.warmup_ratio < 1
             or not 0 <= settings.lora_dropout < 1):
-        return "--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)"
+        found.append("--lr and --beta must be positive, --warmup-ratio and --lora-dropout in [0, 1)")
     if settings.model is None and settings.split != DEMO_SPLIT:
-        return no_model(settings.split, "--model") + " (the Moderator trained here)"
-    return None
+        found.append(no_model(settings.split, "--model") + " (the Moderator trained here)")
+    return found
 
 
-def from_args(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] = None) -> TrainSettings:
+def from_args(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] = None,
+              check: Optional[Callable[[TrainSettings], List[str]]] = None) -> TrainSettings:
     """The settings of parsed flags, the per-split turn length filled in; a bad value is the parser's one
-    `error:` line (a ValueError without a parser)."""
+    `error:` message (a ValueError without a parser). `check(settings)`: what the stages need and lack
+    (train/preflight.py), said in the same message."""
     given = {f.name: getattr(args, f.name) for f in fields(TrainSettings) if hasattr(args, f.name)}
     settings = TrainSettings(**given)
     if settings.max_new_tokens is None:
         settings = replace(settings, max_new_tokens=DEMO_TURN if settings.split == DEMO_SPLIT else FULL_TURN)
-    message = problem(settings)
-    if message:
+    own = problems(settings)
+    found = own + (check(settings) if check else [])
+    if found:
         if parser is None:
-            raise ValueError(message)
-        parser.error(message)
+            raise ValueError(found[0])
+        from debate.pipeline import preflight
+
+        if found == own:
+            parser.error(preflight.message(found))  # the flags' values: the pointer to --help helps
+        parser.exit(2, f"error: {preflight.message(found)}\n")
     return settings
 
 

@@ -27,25 +27,13 @@ from tqdm import tqdm
 from debate.data import prompts
 from debate.engine import engine, errors, gguf, models, offline
 from debate.pipeline import config, config_file, lock, method_table, records, run_claims, runner, stops
-from train import corrector, examples, loop, lora, losses, syndec
+from train import corrector, examples, loop, lora, losses, preflight, syndec
+from train.preflight import missing_syndec, paths, syndec_source
 from train.settings import STAGES, TrainSettings, uses_demo_model, with_models
 
 # What the stages say goes to this logger; train_moderator.py prints it as plain lines on stdout.
 log = logging.getLogger(__name__)
 REPLACED = ".replaced"  # under OUT: a stage's earlier outputs while --overwrite redoes it
-
-
-def paths(out: Union[str, os.PathLike]) -> Dict[str, Path]:
-    out = Path(out)
-    return {"debates": out / "debates", "syndec": out / "syndec.jsonl", "corrections": out / "corrections.jsonl",
-            "corrected": out / "syndec.corrected.jsonl", "sft": out / "sft", "dpo": out / "dpo"}
-
-
-def done(stage: str, out: Union[str, os.PathLike]) -> bool:
-    p = paths(out)
-    return {"synth": p["syndec"].exists(), "correct": p["corrected"].exists(),
-            "sft": (p["sft"] / "adapter" / "adapter_config.json").exists(),
-            "dpo": (p["dpo"] / "adapter" / "adapter_config.json").exists()}[stage]
 
 
 def outputs(stage: str, out: Union[str, os.PathLike]) -> List[Path]:
@@ -170,13 +158,10 @@ def correct(settings: TrainSettings) -> None:
 
 def _records(settings: TrainSettings) -> Tuple[Path, List[dict]]:
     """The SynDeC file a training stage reads: --syndec, else the corrected one, else the uncorrected one."""
-    p = paths(settings.out)
-    source = Path(settings.syndec) if settings.syndec else p["corrected"] if p["corrected"].exists() else p["syndec"]
+    source = syndec_source(settings)
     if not settings.syndec and not source.exists():
         # A training stage run alone on a fresh OUT: say which stages write what it reads.
-        raise syndec.SynDeCError(
-            f"{source}: no such SynDeC file; --stage synth writes it (then --stage correct the corrected one), "
-            f"--stage all runs every stage in order, or give --syndec FILE")
+        raise syndec.SynDeCError(missing_syndec(source))
     return source, syndec.load(source)
 
 
@@ -364,7 +349,7 @@ def run(settings: TrainSettings) -> None:
     offline.set_offline()
     settings = with_models(settings, gguf.default_model_path() if uses_demo_model(settings) else None)
     wanted = STAGES if settings.stage == "all" else (settings.stage,)
-    todo = [stage for stage in wanted if settings.overwrite or not done(stage, settings.out)]
+    todo = preflight.todo(settings)
     for stage in wanted:
         if stage not in todo:
             log.info(f"{stage}: already done in {settings.out}, skipped (--overwrite redoes it)")

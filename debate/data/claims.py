@@ -17,6 +17,7 @@ An evidence item is a question-answer pair {"question", "answer", "url"} (AVeriT
 problem in an input file raises `DataError`, whose message names the file, the entry (index, line or
 claim_id) and the field.
 """
+import difflib
 import json
 import os
 from pathlib import Path
@@ -99,8 +100,17 @@ def expect(path: PathArg, where: str, field: str, value: Any, types: Types) -> A
 def required(path: PathArg, where: str, obj: Dict[str, Any], key: str, types: Types, prefix: str = "") -> Any:
     """obj[key], which must be there and of `types`; errors name the field as prefix + key."""
     if key not in obj:
-        raise DataError(f"{path}: {where}: missing field '{prefix}{key}'")
+        raise DataError(f"{path}: {where}: missing field '{prefix}{key}'{misspelled(obj, key, prefix)}")
     return expect(path, where, prefix + key, obj[key], types)
+
+
+def misspelled(obj: Dict[str, Any], key: str, prefix: str = "") -> str:
+    """"; it has 'cliam': did you mean 'claim'?" where a key of `obj` is close to the missing `key` (a typo in the
+    file); else "". The file's other keys are not known to be wrong, so only the nearest one is named."""
+    # A typo keeps about the key's length; a longer name that contains it ('claim_id' for 'claim') is another field.
+    typos = [k for k in obj if isinstance(k, str) and abs(len(k) - len(key)) <= 2 and key not in k]
+    near = difflib.get_close_matches(key, typos, n=1, cutoff=0.7)
+    return f"; it has '{prefix}{near[0]}': did you mean '{prefix}{key}'?" if near else ""
 
 
 def split_file(path: PathArg, dataset: str, source: str, holding: Optional[str] = None) -> Path:

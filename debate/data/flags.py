@@ -5,6 +5,8 @@ It sits in the data wing because every wing, eval/ and train/ may import data: e
 without importing the pipeline wing (eval reads runs, it never starts them).
 """
 import argparse
+import difflib
+import re
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -32,4 +34,26 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message):
-        self.exit(2, f"error: {message}\n(see `{self.prog} --help` for every flag and its default)\n")
+        self.exit(2, f"error: {message}{self.suggestion(message)}\n"
+                  f"(see `{self.prog} --help` for every flag and its default)\n")
+
+    def suggestion(self, message):
+        """"; did you mean --limit?" for the flag or choice argparse's `message` refuses, when one is close; else "".
+        Python 3.11's argparse offers none, and a typo otherwise costs a trip through --help."""
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            given = [word.split("=")[0] for word in unknown.group(1).split() if word.startswith("-")]
+            meant = [(word, close(word, flags)) for word in given]
+            return "".join(f"; {word}: did you mean {m}?" for word, m in meant if m)
+        choice = re.match(r"argument .*: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            meant = close(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+            return f"; did you mean {meant}?" if meant else ""
+        return ""
+
+
+def close(word, candidates):
+    """The candidate nearest `word` when one is near enough to be a typo of it (difflib's ratio, 0.6), else None."""
+    found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return found[0] if found else None

@@ -103,6 +103,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
     for round_no in range(1, max_rounds + 1):
         if not active:
             break
+        shared.round_begins([d.claim for d in active], round_no, max_rounds)
         # The evidence admitted this round, shown above each of the round's prompts ("" without a source).
         shown = _search(agents, active, round_no, max_rounds, settings, generator, limits) if source else {}
         if round_no == 1:
@@ -141,6 +142,7 @@ def run_batch(agents, claims, settings, max_rounds=3, streams=None, on_finish=No
 
     final += active
     if final:
+        shared.round_begins([d.claim for d in final], "final", max_rounds)
         prompts = [render("moderator_final", affirmative_argument=d.arguments["affirmative"],
                           negative_argument=d.arguments["negative"], claim=d.claim["claim"], **answer) for d in final]
         replies = _speak(agents, "moderator", final, prompts, "final", settings, generator, "moderator_final")

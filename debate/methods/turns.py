@@ -43,6 +43,18 @@ def stream(agents, streams, seed, settings):
     return (streams or Streams(device_of(agents)))(seed)
 
 
+# Called as on_round(claim_ids, round_no, max_rounds) when claims begin a round (round_no "final": the verdict turn
+# after the last round); the progress bar shows each claim's round. None: nobody listens.
+on_round = None
+
+
+def round_begins(claims, round_no, max_rounds):
+    """Tell the run's bar (`on_round`) that `claims` begin round `round_no` of `max_rounds`."""
+    listening = on_round
+    if listening is not None and claims:
+        listening([c["claim_id"] for c in claims], round_no, max_rounds)
+
+
 # Called as on_turn(n, tokens) after every batched turn, n = the conversations that spoke, tokens = what they generated;
 # the run's progress bar sets it (debate/pipeline/progress.py), so no protocol has to report its own turns.
 on_turn = None

@@ -309,6 +309,12 @@ def run_parser(description=None):
                    "whose next turn would pass it ends with a note in its record (default: the model's window, "
                    "max_position_embeddings; ours)")
 
+    g.add_argument("--threads", type=int,
+                   help="CPU threads of the model calls (default: OMP_NUM_THREADS where set, else the CPUs this "
+                   "process may use, by its affinity and cgroup quota as SLURM sets them, less those other work keeps "
+                   "busy; ours: torch's own default, every core of the machine, ran the demo 10x slower on a shared "
+                   "node)")
+
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "
                      "runs/<dataset>-<split>-... for a dataset other than AVeriTeC, ...-explain-<method> under "
@@ -322,14 +328,33 @@ def run_parser(description=None):
     return p
 
 
-def parse_run_args(argv=None, description=None):
-    """The RunConfig of `run_parser`'s flags (debate.pipeline.config.build): checked, derived defaults filled in."""
+def parse_run_args(argv=None, description=None, check=None):
+    """The RunConfig of `run_parser`'s flags (debate.pipeline.config.build): checked, derived defaults filled in.
+
+    `check(config)`: what the run needs and lacks (debate.pipeline.preflight.problems), refused with a
+    missing --model in one message, so a new user fixes everything in one go."""
     p = run_parser(description)
     args = p.parse_args(argv)
+    found = []
     try:
         built = config.build(**vars(args))
+    except config.NoModel as err:
+        if check is None:
+            p.error(str(err))
+        found.append(str(err))
+        # The rest is checked as if a model were named; the stand-in path is never looked at (preflight skips it).
+        from debate.pipeline import preflight
+
+        built = config.build(**dict(vars(args), model=preflight.NO_MODEL_YET))
     except ConfigError as err:
         p.error(str(err))
+    if check is not None:
+        found += check(built)
+    if found:  # what is missing, not a flag misused: no pointer to --help
+        from debate.pipeline import preflight
+
+        p.exit(2, f"error: {preflight.message(found)}\n")
     if built.data.split == config.DEMO_SPLIT and args.evidence == "retrieved":  # asked for, and not there
         print("the demo set has no retrieved evidence: using its golden evidence")
     return built
+

@@ -54,6 +54,10 @@ class ConfigError(ValueError):
     """Settings that make no run; the message names the flag."""
 
 
+class NoModel(ConfigError):
+    """No model named for a split that is not the demo's: the CLI says it together with what else is missing."""
+
+
 def identity(default: Any = None) -> Any:
     """A field that is part of the run's identity (see the module doc)."""
     return field(default=default, metadata={"identity": True})
@@ -223,6 +227,9 @@ class Generation:
     gpu_memory_fraction: float = 0.9
     memory_gb: Optional[float] = None  # the budget in GiB on any device instead (ours)
     max_context: Optional[int] = identity()  # a conversation's longest context; None: the model's window (ours)
+    # CPU threads of the model calls; None: OMP_NUM_THREADS where set, else the CPUs this process may use and that
+    # other work leaves free (debate/pipeline/threads.py)
+    threads: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -406,7 +413,7 @@ def _fill_models(s: Dict[str, Any]) -> None:
         if not base and s["split"] != DEMO_SPLIT:
             missing = "--model" if not (s["debater_model"] or s["moderator_model"]) else \
                 "--moderator-model (nor --model)" if s["debater_model"] else "--debater-model (nor --model)"
-            raise ConfigError(no_model(s["split"], missing))
+            raise NoModel(no_model(s["split"], missing))
         if base in (None, DEMO_MODEL):
             base = demo_path()
     for name in MODEL_FIELDS[1:]:
@@ -490,6 +497,8 @@ def _check(s: Dict[str, Any]) -> None:
             raise ConfigError(f"{flag(name)} must be at least 1")
     if s["limit"] is not None and s["limit"] < 1:
         raise ConfigError("--limit must be at least 1")
+    if s["threads"] is not None and s["threads"] < 1:
+        raise ConfigError("--threads must be at least 1")
     if s["max_context"] is not None and s["max_context"] < 1:
         raise ConfigError("--max-context must be at least 1")
     if s["memory_gb"] is not None and not s["memory_gb"] > 0:

@@ -1,7 +1,10 @@
 """Each method's row: the function that verifies a batch of claims, its roles and the model flag of each, its
 keyword options from the config, the JSON answers it asks for and the most turns a claim can take; and the
 agents a run loads for those roles."""
-from debate.engine import engine, models
+import os
+from types import SimpleNamespace
+
+from debate.engine import engine, gguf, models
 from debate.methods import baselines, debatecv, explain, madr, proclaim_baselines, turns
 from debate.methods.courtroom import case as courtroom_case, trial as courtroom
 from debate.pipeline import grown_evidence
@@ -126,3 +129,31 @@ def check_schemas(config, agents, settings, labels):
     table = EXPLAIN_SCHEMAS if config.method.task == "explain" else SCHEMAS
     names = table[config.method.method] + (madr.SCHEMAS if config.method.refine == "madr" else ())
     turns.check_schemas(agents, names, settings, labels)
+
+
+def tokenizers_of(config):
+    """{role: an object with only `tokenizer`} for the roles whose model's tokenizer can be read without its weights
+    (a model directory, or a GGUF already converted in the cache); the others are left out, for the check after the
+    weights load to cover."""
+    from transformers import AutoTokenizer
+
+    role_paths, _ = role_models(config, model_roles(config))
+    read, out = {}, {}
+    for role, path in role_paths.items():
+        folder = path if os.path.isdir(path) else gguf.converted_dir(path)
+        if folder not in read:
+            try:
+                read[folder] = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(folder, local_files_only=True))
+            except Exception:  # no tokenizer there yet (a GGUF not converted): the later check covers it
+                read[folder] = None
+        if read[folder] is not None:
+            out[role] = read[folder]
+    return out
+
+
+def check_schemas_early(config, labels):
+    """`check_schemas` from the tokenizers alone, before any weight loads (docs/averitec.md: such checks run before),
+    so a --max-new-tokens too short for a JSON answer costs a second, not the loading of every model."""
+    tokenizers = tokenizers_of(config)
+    if tokenizers:
+        check_schemas(config, tokenizers, settings_of(config), labels)

@@ -24,7 +24,8 @@ import time
 
 from tqdm import tqdm
 
-from debate.methods import turns
+# debate.methods.turns (where a turn is reported) imports torch: it is imported when a bar starts, so the CLIs' lines
+# (`lines`) cost nothing before a command line is known to be sound.
 
 
 class Lines(logging.Handler):
@@ -80,22 +81,74 @@ def _clock(seconds):
         else f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
+log = logging.getLogger(__name__)
+
 # Decode steps before the pace is trusted: the first includes the first prompts' encoding (28 s against 3 s a step on
 # a busy 2-core machine), so one step alone would put the time left at hours.
 MIN_STEPS = 8
+
+
+# A slow-down is judged over this many decode steps (a turn's prompt encoding between two steps is small beside them),
+# and said once the steps take this many times what the run's own first ones took: a step costs a little more as the
+# context grows and rows join, never several times more, unless the CPU is shared (issue 54: 4 s a step, not 0.3).
+PACE_WINDOW, SLOW_FACTOR = 64, 3.0
+
+
+class SlowSteps:
+    """One warning line when decode steps run far slower than the run's own first ones, and what to try.
+
+    Fed (time, decode steps so far) each time the bar is drawn; the first pace is taken over the PACE_WINDOW steps
+    after the first MIN_STEPS (those include the first prompts' encoding), the recent one over the last PACE_WINDOW.
+    The steps are the engine's own count (debate.engine.decode_step.stats_of); nothing here reaches into the engine."""
+
+    def __init__(self, window=PACE_WINDOW, factor=SLOW_FACTOR):
+        self.window, self.factor = window, factor
+        self.samples = []  # (time, steps) since the first pace's start
+        self.first = None  # seconds a step, over the run's first steps
+        self.warned = False
+
+    def sample(self, now, steps):
+        """The warning line, the first time the steps run slow; else None."""
+        if steps < MIN_STEPS or self.warned:
+            return None
+        if not self.samples or steps > self.samples[-1][1]:
+            self.samples.append((now, steps))
+        start_time, start_steps = self.samples[0]
+        if self.first is None:
+            if steps - start_steps >= self.window:
+                self.first = (now - start_time) / (steps - start_steps)
+                self.samples = self.samples[-1:]
+            return None
+        past = [(t, n) for t, n in self.samples if n <= steps - self.window]
+        if not past or self.first <= 0:
+            return None
+        self.samples = self.samples[len(past) - 1:]  # older samples are no longer needed
+        then, before = past[-1]
+        recent = (now - then) / (steps - before)
+        if recent < self.factor * self.first:
+            return None
+        self.warned = True
+        return (f"decode steps now take {recent:.2f} s each, {recent / self.first:.0f}x this run's first steps "
+                f"({self.first:.2f} s): the CPU is shared with other work, or runs more threads than it has free "
+                "cores; try --threads 1 (or OMP_NUM_THREADS=1), or a less busy machine")
 
 
 class ClaimBar:
     """A context manager: a tqdm bar over claims whose postfix shows the turns spoken, the tokens they generated, the
     decode steps and their pace, and the time left; it is drawn again every `tick` seconds (None: only on events).
 
-    `steps`: a callable giving the run's decode steps so far (counted from the bar's start); `max_new_tokens`: the
-    most steps a turn takes; `side_by_side`: the claims that share a model call at most (the batch size)."""
+    `steps`: a callable giving the run's decode steps so far (counted from the bar's start); `tokens`: one giving the
+    tokens those steps generated, so the count moves inside a turn; `max_new_tokens`: the most steps a turn takes;
+    `side_by_side`: the claims that share a model call at most (the batch size). `warn(line)`: where the slow-steps
+    line goes (SlowSteps; default: this module's logger, the run's stderr)."""
 
     def __init__(self, total, done=0, desc=None, turns_hint=None, clock=time.monotonic, steps=None,
-                 max_new_tokens=None, side_by_side=1, tick=2.0):
+                 max_new_tokens=None, side_by_side=1, tick=2.0, tokens=None, warn=None):
         self.total, self.done, self.desc, self.turns_hint, self.clock = total, done, desc, turns_hint, clock
         self.steps_source, self.max_new_tokens, self.side_by_side, self.tick = steps, max_new_tokens, side_by_side, tick
+        self.tokens_source, self.warn = tokens, warn or log.warning
+        self.slow = SlowSteps()
+        self.rounds = {}  # claim id -> (round, of) of the claims in progress that said so (debate.methods.turns)
         self.claims_finished = 0  # claims written by this process
         self.turns = 0  # claim-turns spoken by this process (a batched turn over n claims counts n)
         self.tokens = 0  # tokens those turns generated
@@ -111,6 +164,7 @@ class ClaimBar:
     def __enter__(self):
         self.start = self.clock()
         self._steps_before = self.steps_source() if self.steps_source else 0
+        self._tokens_before = self.tokens_source() if self.tokens_source else 0
         self.bar = tqdm(total=self.total, initial=self.done, unit="claim", desc=self.desc, dynamic_ncols=True,
                         bar_format="{desc}: {n_fmt}/{total_fmt} claims |{bar}| {elapsed}{postfix}")
         self._ticker = None
@@ -122,12 +176,17 @@ class ClaimBar:
                 self._stop.set()
                 self.bar.close()
                 raise
+        from debate.methods import turns
+
         self._previous, turns.on_turn = turns.on_turn, self.turn
+        self._previous_round, turns.on_round = turns.on_round, self.round
         self._show()
         return self
 
     def __exit__(self, *exc):
-        turns.on_turn = self._previous
+        from debate.methods import turns
+
+        turns.on_turn, turns.on_round = self._previous, self._previous_round
         self._stop.set()
         if self._ticker is not None and self._ticker.ident is not None:
             self._ticker.join()
@@ -152,8 +211,21 @@ class ClaimBar:
         self.steps_at_turn = steps
         self._show()
 
-    def claim_done(self, turns_taken):
+    def round(self, claim_ids, round_no, of):
+        """Claims begin round `round_no` ("final": the verdict after the last) of `of`."""
+        for claim_id in claim_ids:
+            self.rounds[claim_id] = (round_no, of)
+        self._show()
+
+    def tokens_so_far(self):
+        """Tokens generated since the bar started: as the steps make them where they are counted (a little ahead, see
+        runner.decode_tokens), never fewer than the ended turns' own count."""
+        live = self.tokens_source() - self._tokens_before if self.tokens_source else 0
+        return max(self.tokens, live)
+
+    def claim_done(self, turns_taken, claim_id=None):
         """A claim is written; it spoke `turns_taken` turns (its transcript's)."""
+        self.rounds.pop(claim_id, None)
         self.claims_finished += 1
         self.finished_turns += turns_taken
         self.bar.update(1)
@@ -190,30 +262,47 @@ class ClaimBar:
         """Seconds left, or None until the pace is known: the decode steps to come (the turns left's, less the steps
         already taken inside the turns in progress) at the seconds a step has taken; without steps, the turns left
         at the turn rate."""
+        return self.estimate()[0]
+
+    def estimate(self):
+        """(seconds left or None, what it is based on, in words): `eta` and its basis for the bar."""
         elapsed = self.clock() - self.start
         left = self.turns_left()
         if left is None or elapsed <= 0:
-            return None
+            return None, "no turn measured yet"
         steps, per_turn = self.steps(), self.steps_per_turn()
+        # The turns a claim takes: measured once one is written, else the most the method can take.
+        per_claim = "" if self.claims_finished else ", a claim's turns at most"
         if steps >= MIN_STEPS and per_turn:
-            to_come = left * per_turn - (steps - self.steps_at_turn)
-            return max(0.0, to_come) * elapsed / steps
+            to_come = max(0.0, left * per_turn - (steps - self.steps_at_turn))
+            return to_come * elapsed / steps, f"{to_come:,.0f} steps to come at {elapsed / steps:.2f} s{per_claim}"
         if not self.turns:
-            return None
-        return left / (self.turns / elapsed)
+            return None, f"{steps} of {MIN_STEPS} first steps" if self.steps_source else "no turn ended yet"
+        return left / (self.turns / elapsed), f"{left:,.0f} turns to come at {elapsed / self.turns:.0f} s{per_claim}"
+
+    def rounds_text(self, shown=3):
+        """Each claim's round, for the claims in progress that report one: "claim 2: round 2 of 3", the first few."""
+        items = list(self.rounds.items())
+        texts = [f"claim {claim_id}: " + (f"final verdict after {of} rounds" if r == "final" else f"round {r} of {of}")
+                 for claim_id, (r, of) in items[:shown]]
+        return "; ".join(texts) + (f"; {len(items) - shown} more" if len(items) > shown else "")
 
     def _show(self):
         if self.bar is None:
             return
         with self._lock:
             elapsed, steps = self.clock() - self.start, self.steps()
-            parts = [f"{self.turns} turn{'' if self.turns == 1 else 's'}", f"{self.tokens:,} tokens"]
+            parts = [self.rounds_text()] if self.rounds else []
+            parts += [f"{self.turns} turn{'' if self.turns == 1 else 's'}", f"{self.tokens_so_far():,} tokens"]
             if steps and elapsed > 0:
                 pace = elapsed / steps
                 parts.append(f"{steps:,} steps at {pace:.1f} s" if pace >= 1 else f"{steps:,} steps, {1 / pace:.1f}/s")
             elif self.turns and elapsed > 0:
                 rate = self.turns / elapsed
                 parts.append(f"{rate:.2f} turn/s" if rate >= 1 else f"{1 / rate:.1f} s/turn")
-            eta = self.eta()
-            parts.append("left ?" if eta is None else f"left ~{_clock(eta)}")
-            self.bar.set_postfix_str(", ".join(parts), refresh=True)
+            eta, basis = self.estimate()
+            parts.append(f"left {'?' if eta is None else '~' + _clock(eta)} ({basis})")
+            self.bar.set_postfix_str(", ".join(p for p in parts if p), refresh=True)
+            slow = self.slow.sample(self.clock(), steps)
+        if slow:
+            self.warn(slow)

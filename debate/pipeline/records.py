@@ -233,8 +233,9 @@ def submission(predictions, claims):
         rows.append({
             "claim_id": p["claim_id"],
             "claim": claim["claim"],
+            # The predicted label under the official shape's key only: a second "label" key (it was there until
+            # issue 54) read as the gold label beside dev.json's. eval.averitec still reads old files' "label".
             "pred_label": p["label"],
-            "label": p["label"],
             "justification": p["justification"],
             # What the scorer reports for our own runs: rounds, tokens, how the verdict was read.
             **{k: p[k] for k in ("rounds", "parse_status", "prompt_tokens", "encoded_tokens",

@@ -24,6 +24,7 @@ from debate.data import averitec, claims as records, datasets
 from debate.data.inputs import DataError
 from debate.engine import retrieval
 from debate.pipeline.config import COURTROOM_METHODS
+from debate.pipeline.preflight import missing_retrieved
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +81,6 @@ def read(config):
         own = corpus if corpus is not None else own_corpus(dataset, d.data_dir)  # read once where retrieval used it
         inputs.passages = own if own is not None else pooled(records.attach_evidence(split, d.evidence, path))
     return inputs
-
-
-def missing_retrieved(path, dataset, where, given):
-    """The line refusing a retrieved-evidence file that is not there: where to get it (the dataset's default file)
-    and what else runs without it."""
-    if given or not dataset.retrieved_source:
-        fix = "give a file that exists"
-    else:
-        fix = f"the file is not shipped: get {path.name} for {where} from {dataset.retrieved_source} into {path.parent}"
-    return (f"{path}: no such retrieved-evidence file{' (--retrieved-file)' if given else ''}; {fix}, or run with "
-            "--evidence golden (the annotated evidence), or with --knowledge-store DIR to retrieve the evidence from "
-            "each claim's store (docs/retrieval.md)")
 
 
 def own_corpus(dataset, data_dir=None):

@@ -6,6 +6,7 @@ and reports are scoring.py."""
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -19,13 +20,25 @@ from debate.engine import decode_step, errors, kv_pool, models, offline, retriev
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema_program import SchemaBudgetError
 from debate.methods import madr, turns
-from debate.pipeline import grown_evidence, lock, progress, records, run_claims, shards, stops, store_retrieval
+from debate.pipeline import (
+    grown_evidence,
+    lock,
+    preflight,
+    progress,
+    records,
+    run_claims,
+    shards,
+    stops,
+    store_retrieval,
+    threads,
+)
 from debate.pipeline.config import COURTROOM_METHODS, ConfigError
 from debate.pipeline.config_file import config_json, saved_config
 from debate.pipeline.method_table import (
     EXPLAIN_TURNS_AT_MOST,
     TURNS_AT_MOST,
     check_schemas,
+    check_schemas_early,
     load_agents,
     method_entry,
     method_options,
@@ -79,6 +92,8 @@ def run(config):
     only rank 0 returns the metrics; the others return None.
     """
     offline.set_offline()
+    no_hub_kernels()
+    threads.apply(config.generation.threads)  # before any model call: torch's default is every core of the machine
     world = shards.world()
     if world.size > 1 and config.models.device_map:
         raise ConfigError("--device-map auto spreads one model over the node's GPUs; it cannot run under a "
@@ -92,6 +107,19 @@ def run(config):
         return _run_checked(config, prompt_set.info(), world)
 
 
+def no_hub_kernels():
+    """Keep transformers from kernelizing a model with the Hub's `kernels` (USE_HUB_KERNELS=NO) before any loads.
+
+    The engine's offline switches hide the `kernels` package (debate/engine/offline.py: bitsandbytes must not fetch
+    its CPU kernel from the Hub). transformers 5.x asks for hub kernels by default at every load and refuses the load
+    ("Kernels are not available") when it finds the package hidden; it found it visible, and so loaded, only where it
+    happened to be imported before the switches were set. Since issue 54 the CLI imports the engine later (the demo
+    model's path is found first), so the order no longer hides the conflict: the Hub's kernels are never the toolkit's
+    to use, so they are switched off outright. (This belongs beside the other switches in the engine; it is set here
+    while the engine is being rewritten.)"""
+    os.environ["USE_HUB_KERNELS"] = "NO"
+
+
 def _run_checked(config, prompt_info, world):
     """`run` once its prompts are checked and in use."""
     # Validate, then write: every check runs before the output directory is touched or a weight loads.
@@ -100,6 +128,7 @@ def _run_checked(config, prompt_info, world):
     check_run(config, inputs.claims, encoder_needed=inputs.corpus is not None or store is not None
               or config.debate.debate_retrieval)
     grown_evidence.check(config, inputs.claims)  # a store searched only during the debate, before any model loads
+    check_schemas_early(config, inputs.labels)  # the JSON answers' token budget, from the tokenizers alone
     retrieval.set_cache_limit(config.retrieval.embedding_cache_mb)
     if store:
         if world.size > 1:
@@ -112,7 +141,8 @@ def _run_checked(config, prompt_info, world):
         log.info(f"note: {note}")
     # One writer per directory, refused before any weight loads (debate/pipeline/lock.py). Rank 0 holds the
     # top directory it merges into; every rank holds the shard it writes (_run_one).
-    with lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
+    with preflight.writing_to(config.output.output_dir, error=ConfigError), \
+            lock.hold(config.output.output_dir) if not world.rank else contextlib.nullcontext():
         inputs = run_claims.retrieve(inputs, config)
         if store and config.retrieval.retrieve_only:
             return score_retrieved(config, inputs.claims)
@@ -125,9 +155,8 @@ def _run_checked(config, prompt_info, world):
                 log.info(retrieval.cache_summary())  # what the courtroom's searches left in the embedding cache
             return metrics
         except BaseException as err:  # a stop, a full disk, any error: say what is kept (debate/pipeline/stops.py)
-            # The same command with --overwrite would start over; without it, it resumes what is kept.
-            stops.note(err, kept(config, inputs.claims, world), resume="the same command without --overwrite "
-                       "resumes" if config.output.overwrite else stops.RESUME)
+            # Say exactly what is kept and what starts again: a claim in progress keeps none of its turns.
+            stops.note(err, *kept_and_resume(config, inputs.claims, world))
             raise
         finally:
             shards.stop(world)
@@ -136,6 +165,33 @@ def _run_checked(config, prompt_info, world):
 def kept(config, claims, world=shards.World()):
     """What a run that ends early keeps, in words: "3 of 8 claims written to DIR" for the directory it was
     writing (the last trial begun, this rank's shard)."""
+    done, total, out = _written(config, claims, world)
+    return f"{done} of {total} claims written to {out}"
+
+
+def kept_and_resume(config, claims, world=shards.World()):
+    """(what is kept, what the same command does next), for a stop's one line: "0 claims written: nothing to resume",
+    "the 3 claims restart"; the claims not written restart from their first turn (no turn of a claim in progress
+    is kept: a claim's record is written whole, once it is decided)."""
+    done, total, out = _written(config, claims, world)
+    rest = total - done
+    restart = (f"the {rest} claims not written restart from their first turn" if rest != 1
+               else "the 1 claim not written restarts from its first turn")
+    all_restart = (f"the {total} claims restart with the same command" if total != 1
+                   else "the 1 claim restarts with the same command")
+    if not done:  # under --overwrite, a stop before the first claim puts the earlier run back (records.RunDir)
+        return f"0 claims written to {out}: nothing to resume" + (
+            " (an earlier run there is put back as it was)" if config.output.overwrite else ""), all_restart
+    if config.output.overwrite:
+        return (f"{done} of {total} claims written to {out}",
+                "the same command without --overwrite resumes" + (f"; {restart}" if rest else ""))
+    if not rest:
+        return f"all {total} claims written to {out}", "the same command finishes the run (scores and report)"
+    return f"{done} of {total} claims written to {out}", f"the same command resumes: {restart}"
+
+
+def _written(config, claims, world):
+    """(claims written, claims of the run, the directory): the last trial begun, this rank's shard."""
     out = Path(config.output.output_dir)
     if config.generation.trials > 1:
         begun = [k for k in range(1, config.generation.trials + 1) if (out / f"trial-{k}").is_dir()]
@@ -147,7 +203,7 @@ def kept(config, claims, world=shards.World()):
         done = {p["claim_id"] for p in records.read_jsonl(out / records.PREDICTIONS, repair=False)} & wanted
     except (records.RunConflict, OSError):
         done = set()
-    return f"{len(done)} of {len(claims)} claims written to {out}"
+    return len(done), len(claims), out
 
 
 def _run_trials(config, inputs, prompt_info, world):
@@ -244,6 +300,7 @@ def _verify(config, claims, inputs, prompt_info, agents):
             config.method.method) if config.method.refine == "none" else None
         bar = progress.ClaimBar(total=len(claims), done=len(claims) - len(todo), desc=config.method.method,
                                 turns_hint=hint and hint(config), steps=lambda: decode_steps(distinct),
+                                tokens=lambda: decode_tokens(distinct),
                                 max_new_tokens=config.generation.max_new_tokens,
                                 side_by_side=config.generation.batch_size)
         start = time.time()
@@ -252,7 +309,7 @@ def _verify(config, claims, inputs, prompt_info, agents):
             def write(record):
                 with stops.deferred():  # a record is written whole or not at all, Ctrl-C or not
                     out.write(record)
-                bar.claim_done(len(record["transcript"].get("turns", ())))
+                bar.claim_done(len(record["transcript"].get("turns", ())), record["prediction"]["claim_id"])
 
             in_flight = verify_claims(config, agents, todo, settings, streams, kwargs, write)
         log.info(f"verified {len(todo)} claims in {time.time() - start:.1f}s")
@@ -269,6 +326,14 @@ def _verify(config, claims, inputs, prompt_info, agents):
 def decode_steps(models):
     """The decode steps the models have taken in this process (debate.engine.decode_step's count), for the bar."""
     return sum(s.steps + s.eager_steps for s in map(decode_step.stats_of, models) if s is not None)
+
+
+def decode_tokens(models):
+    """The tokens the models' decode steps are generating in this process, as they go, for the bar: the engine's rows
+    a step (decode_step's `row_steps`, one token a row a step). Its `tokens` would be exact but counts a reply only
+    when it ends; a row that stopped before its batch's last counts here until it leaves, so this runs a little
+    ahead of the replies' own count."""
+    return sum(s.row_steps for s in map(decode_step.stats_of, models) if s is not None)
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):

@@ -147,6 +147,7 @@ def finish(config, claims, labels=None):
 
 def next_step(out):
     """The demo's last line: where its outputs are, how to see them, how to run on one's own claims and model."""
-    return (f"next: outputs in {out} (predictions.jsonl, transcripts.jsonl, metrics.json); see them with "
+    written = ", ".join(name for name in records.RUN_FILES if (Path(out) / name).exists())
+    return (f"next: outputs in {out} ({written}); see them with "
             f"`python -m eval.view {out} -o report.html`; your own claims and model: `python run_debate.py "
             "--dataset jsonl --data-dir DIR --split NAME --model PATH` (DIR/NAME.jsonl beside a card.json)")
