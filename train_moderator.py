@@ -122,10 +122,11 @@ def parse_args(argv=None, check=False):
 
 def main(argv=None):
     args = parse_args(argv, check=True)  # everything missing in one message, before torch is imported
+    from debate.engine import offline
     from debate.pipeline import progress, runner
     from train import loop, stages, syndec
 
-    runner.no_hub_kernels()  # before any model loads (debate/pipeline/runner.py says why)
+    offline.set_offline()  # before any model loads: hub kernels off among the switches (debate/engine/offline.py)
 
     def go():
         try:

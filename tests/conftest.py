@@ -9,13 +9,10 @@ import pytest
 import torch
 
 from debate.engine import offline
-from debate.pipeline import runner
 
 # The switches a run sets before any model loads (runner.run), set for every test, whatever order the test imports
-# torch, transformers and the engine in: the offline ones, and transformers' hub kernels off (runner.no_hub_kernels:
-# with them on, a model loads or not depending on which module imported transformers first).
+# torch, transformers and the engine in: the offline ones, transformers' hub kernels off among them.
 offline.set_offline()
-runner.no_hub_kernels()
 
 from tests.tiny_models import build_tiny_llama  # noqa: E402
 

@@ -15,6 +15,7 @@ difference to weight rounding. The default tiny model (N(0, 0.2), peaked logits 
 more sensitive (max 4.8): its debates are compared by structure, not by token.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,8 @@ def test_4bit_loads_in_a_process_that_imports_only_the_loader(tiny):
     for hub kernels on every load unless told not to, and the `kernels` package is kept out offline."""
     code = ("import sys; from debate.engine import models; loaded = models.load_model(sys.argv[1], use_4bit=True); "
             "print(loaded.quantized)")
-    done = subprocess.run([sys.executable, "-c", code, tiny], cwd=Path(__file__).resolve().parents[1],
+    env = {k: v for k, v in os.environ.items() if k != "USE_HUB_KERNELS"}  # the loader must set it itself
+    done = subprocess.run([sys.executable, "-c", code, tiny], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "True"

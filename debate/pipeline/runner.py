@@ -6,7 +6,6 @@ and reports are scoring.py."""
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -91,8 +90,7 @@ def run(config):
     Under torchrun (WORLD_SIZE > 1) each process verifies its share of the claims (debate/pipeline/shards.py) and
     only rank 0 returns the metrics; the others return None.
     """
-    offline.set_offline()
-    no_hub_kernels()
+    offline.set_offline()  # hub kernels off too: transformers 5.25 refuses an NF4 load otherwise (offline.py)
     threads.apply(config.generation.threads)  # before any model call: torch's default is every core of the machine
     world = shards.world()
     if world.size > 1 and config.models.device_map:
@@ -105,19 +103,6 @@ def run(config):
     # The memory budget it decides once its models are loaded is its own (debate/engine/kv_pool.py).
     with prompts.using(prompts.checked_set(config.method.prompts)) as prompt_set, kv_pool.kept_budgets():
         return _run_checked(config, prompt_set.info(), world)
-
-
-def no_hub_kernels():
-    """Keep transformers from kernelizing a model with the Hub's `kernels` (USE_HUB_KERNELS=NO) before any loads.
-
-    The engine's offline switches hide the `kernels` package (debate/engine/offline.py: bitsandbytes must not fetch
-    its CPU kernel from the Hub). transformers 5.x asks for hub kernels by default at every load and refuses the load
-    ("Kernels are not available") when it finds the package hidden; it found it visible, and so loaded, only where it
-    happened to be imported before the switches were set. Since issue 54 the CLI imports the engine later (the demo
-    model's path is found first), so the order no longer hides the conflict: the Hub's kernels are never the toolkit's
-    to use, so they are switched off outright. (This belongs beside the other switches in the engine; it is set here
-    while the engine is being rewritten.)"""
-    os.environ["USE_HUB_KERNELS"] = "NO"
 
 
 def _run_checked(config, prompt_info, world):
