@@ -279,8 +279,11 @@ def test_a_bad_file_stops_the_cli_before_any_model_loads_and_writes_nothing(tmp_
                            str(folder), "--model", str(tmp_path / "no-such-model"), "--output-dir", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and not out.exists()
+    # Everything that stops the run in one message (issue 54): the model path and the file's line, each named.
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "past the end of abstract c1" in lines[0]
+    assert lines[0] == "error: 2 things stop this run before it starts:", done.stderr
+    assert any("no-such-model" in line for line in lines[1:])
+    assert any("line 1" in line and "past the end of abstract c1" in line for line in lines[1:])
 
 
 @pytest.mark.parametrize("settings, message", [

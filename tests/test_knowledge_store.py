@@ -18,7 +18,7 @@ from debate.data.knowledge_store import StoreError
 from debate.methods import hero_retrieval
 from debate.pipeline import store_retrieval
 from eval import evidence_score as evidence_scores
-from tests.tiny_models import averitec_dir, build_tiny_llama, claim_pages, missing
+from tests.tiny_models import averitec_dir, build_tiny_llama, claim_pages, missing, needs_wordnet
 
 CLAIMS = 5  # claims of the test split; the last has no store file
 RERANK_K = 3
@@ -32,6 +32,7 @@ def world(tmp_path_factory):
     path = averitec_dir() / "dev.json"
     if not path.is_file():
         missing(f"real AVeriTeC data not found at {path} (set DEBATECV_SHARED_DATA)", shared_data=True)
+    needs_wordnet()  # a run over a store scores the evidence it retrieved with METEOR (pipeline/scoring.py)
     dev = json.loads(path.read_text(encoding="utf-8"))
     chosen = [i for i, c in enumerate(dev) if len(claim_pages(c)) >= 4][:CLAIMS]
     root = tmp_path_factory.mktemp("ks")
