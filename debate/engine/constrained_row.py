@@ -13,6 +13,14 @@ from debate.engine import schema_program
 from debate.engine.sampling import host_pick, next_tokens
 
 
+def resumed(program: Any, value: Any) -> Tuple[Any, Any]:
+    """(the program's next op, None) after sending it `value`, or (None, its result) once it has returned."""
+    try:
+        return program.send(value), None
+    except StopIteration as done:
+        return None, done.value
+
+
 class SchemaRow:
     """Drives one row's schema program (debate.engine.schema_program.program) step by step: forced ids one per step,
     masked free text, numbers sampled inside their value trie, whole-value choices scored by
@@ -28,10 +36,8 @@ class SchemaRow:
         self._send(None)
 
     def _send(self, value: Any) -> None:
-        try:
-            self.op = self.program.send(value)
-        except StopIteration as done:
-            self.op, self.result = None, done.value
+        self.op, self.result = resumed(self.program, value)
+        if self.op is None:
             return
         if self.op[0] == "force":
             self.queue = list(self.op[1])
@@ -136,10 +142,7 @@ class SchemaDriver:
         self._send(None)
 
     def _send(self, value: Any) -> None:
-        try:
-            self.op = self.program.send(value)
-        except StopIteration as done:
-            self.op, self.result = None, done.value
+        self.op, self.result = resumed(self.program, value)
 
     def _choose(self, candidates: Any, logits: torch.Tensor, count: int) -> Tuple[int, List[float]]:
         # As SchemaRow: the totals as float32 (the greedy pick among them, ties to the first), their softmax.
