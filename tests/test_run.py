@@ -92,7 +92,8 @@ def test_rerun_after_crash_continues_without_duplicates_and_matches_uninterrupte
     preds = read(out, records.PREDICTIONS)
     assert sorted(p["claim_id"] for p in preds) == list(range(8))
     assert responses(out) == responses(full_run[0])
-    strip = lambda rows: {p["claim_id"]: {k: v for k, v in p.items()} for p in rows}  # noqa: E731
+    # encoded_tokens left out: a resumed claim finds other pages shared than it found in one run (kv_pool)
+    strip = lambda rows: {p["claim_id"]: {k: v for k, v in p.items() if k != "encoded_tokens"} for p in rows}  # noqa: E731
     assert strip(preds) == strip(read(full_run[0], records.PREDICTIONS))
 
     # Rerunning a finished run debates nothing and changes nothing.
