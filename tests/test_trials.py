@@ -164,8 +164,10 @@ def test_an_override_with_the_wrong_placeholders_is_refused_before_any_model_loa
     with pytest.raises(SystemExit) as stop:
         run_debate.main(argv(str(missing_model), tmp_path / "run", "--prompts", str(mine)))
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
-    assert re.search(message, err) and str(missing_model) not in err
+    # Said with the missing model, in one message, before anything loads (issue 54's preflight).
+    assert stop.value.code == 2 and err.startswith("error: 2 things stop this run")
+    assert len(err.strip().splitlines()) == 3
+    assert re.search(message, err) and str(missing_model) in err
     assert not (tmp_path / "run").exists()
 
 

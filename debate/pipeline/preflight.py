@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from debate.data import datasets
+from debate.data import datasets, prompts
 from debate.data.inputs import DataError
 
 NO_MODEL_YET = "<no --model>"  # the CLI's stand-in while it says a missing --model with the rest (cli.parse_run_args)
@@ -94,6 +94,11 @@ def data_problems(config) -> List[str]:
         found.append(f"--corpus {config.courtroom.corpus}: no such file (JSONL passages)")
     if config.method.prompts and not Path(config.method.prompts).is_dir():
         found.append(f"--prompts {config.method.prompts}: no such directory")
+    elif config.method.prompts:
+        try:  # the override files' names and placeholders: text alone, said with the rest
+            prompts.checked_set(config.method.prompts)
+        except prompts.PromptError as err:
+            found.append(str(err))
     return found
 
 
