@@ -388,8 +388,8 @@ class Batch:
         fed = self.live[:in_use].clone()
         self.lengths[:in_use] += fed
         self._pick(logits, 0, in_use, fed)
+        self.step.clock.stop(timing)  # before the packet's event: once that is done, so is the step's end event
         packet = self._packet(in_use)
-        self.step.clock.stop(timing)
         self.step.stats.row_steps += in_use
         self.step.stats.launch_seconds += time.perf_counter() - began
         for row in self.active.values():
