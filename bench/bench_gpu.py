@@ -214,6 +214,48 @@ class EngineClock:
         return timed
 
 
+class ForwardCount:
+    """Every forward of the run's models, counted from outside the engine by its inputs: decode steps (one token a
+    row), forwards that carry prompt tokens beside decode rows (a mixed forward, decode_step.Mix) and forwards of
+    prompt tokens alone (a prefill piece, or a mixed forward with no decode row), and the prompt tokens they carry.
+    The same count on the commit before (copy this script into its tree): there every prompt runs alone."""
+
+    def __init__(self):
+        self.decode = self.mixed = self.prefill_only = self.prompt_tokens = self.mixed_rows = 0
+        self._hooked = set()
+
+    def note(self, module, args, kwargs):
+        from debate.engine import decode_step
+
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            return
+        mix = getattr(decode_step, "_mix", None)
+        if mix is not None:
+            self.prompt_tokens += ids.shape[1] - mix.rows
+            self.mixed_rows += mix.rows
+            if mix.rows:
+                self.mixed += 1
+            else:
+                self.prefill_only += 1
+        elif ids.shape[1] == 1:
+            self.decode += 1
+        else:
+            self.prefill_only += 1
+            self.prompt_tokens += ids.numel()
+
+    def hook(self, models):
+        for model in models:
+            if id(model) not in self._hooked:
+                self._hooked.add(id(model))
+                model.register_forward_pre_hook(self.note, with_kwargs=True)
+
+    def as_record(self):
+        return {"forwards": self.decode + self.mixed + self.prefill_only, "decode_only": self.decode,
+                "mixed": self.mixed, "mixed_decode_rows": self.mixed_rows, "prefill_only": self.prefill_only,
+                "prompt_tokens": self.prompt_tokens}
+
+
 def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None):
     argv = ["--split", "dev", "--data-dir", args.data_dir, "--evidence", "retrieved", "--method", "debatecv",
             "--model", str(path), "--limit", str(args.claims), "--batch-size", str(args.batch_size),
@@ -227,6 +269,16 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
     clock = EngineClock()
     original = engine.generate
     engine.generate = clock.wrap(original)
+    from debate.engine import models as engine_models
+
+    count, load_roles = ForwardCount(), engine_models.load_roles
+
+    def counted_roles(*a, **kw):
+        roles = load_roles(*a, **kw)
+        count.hook({id(r.model): r.model for r in roles.values()}.values())
+        return roles
+
+    engine_models.load_roles = counted_roles
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -236,6 +288,7 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
             code = run_debate.main(argv)
     finally:
         engine.generate = original
+        engine_models.load_roles = load_roles
     seconds = time.perf_counter() - start
     preds = [json.loads(line) for line in (Path(out_dir) / "predictions.jsonl").read_text().splitlines()]
     completion = sum(p["completion_tokens"] for p in preds)
@@ -254,6 +307,7 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
         "model_calls": clock.calls,
         "turn_lengths": args.turn_lengths,
         "occupancy": occupancy(out_dir),
+        "forwards": count.as_record(),
     }
 
 

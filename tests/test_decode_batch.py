@@ -16,7 +16,7 @@ from debate.engine import (
     reference,
     schema_program,
 )
-from tests.tiny_models import build_random_lora, build_tiny_llama, cpu_budget
+from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama, cpu_budget
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +38,30 @@ def alone(model, tok, system, prompt, tokens, generate=reference.generate, **set
     return conv.generated[0]
 
 
-def decode_rows(model, run):
-    """run() with a hook counting the rows of every one-token forward (the decode steps)."""
-    rows = []
-    hook = model.register_forward_pre_hook(
-        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] == 1 else None,
-        with_kwargs=True)
+def batch_forwards(model, run):
+    """run() with a hook noting every forward of the batch: (decode rows, prompt tokens) of a decode step (one token a
+    row) or of a mixed forward (decode_step.Mix: the decode rows' tokens, then the joining rows' prompt pieces)."""
+    forwards = []
+
+    def note(module, args, kwargs):
+        ids = kwargs["input_ids"]
+        if decode_step._mix is not None:
+            forwards.append((decode_step._mix.rows, ids.shape[1] - decode_step._mix.rows))
+        elif ids.shape[1] == 1:
+            forwards.append((ids.shape[0], 0))
+
+    hook = model.register_forward_pre_hook(note, with_kwargs=True)
     try:
         out = run()
     finally:
         hook.remove()
-    return out, rows
+    return out, forwards
+
+
+def decode_rows(model, run):
+    """run() with a hook counting the decode rows of every forward that carries any (decode steps and mixed ones)."""
+    out, forwards = batch_forwards(model, run)
+    return out, [rows for rows, _ in forwards if rows]
 
 
 @pytest.fixture
@@ -72,15 +85,19 @@ def test_a_row_joins_at_the_step_after_a_slot_frees_and_a_step_runs_only_the_row
     monkeypatch.setattr(kv_pool, "place_geometry", lambda widths, wanted, tokens: (2, 256))
     with cpu_budget(None):
         before = decode_step.stats_for(model).tokens, decode_step.stats_for(model).row_steps
-        _, rows = decode_rows(model, lambda: engine.generate(model, tok, convs, [prompt] * 3,
-                                                             engine.Settings(max_new_tokens=12)))
+        _, rows = batch_forwards(model, lambda: engine.generate(model, tok, convs, [prompt] * 3,
+                                                                engine.Settings(max_new_tokens=12)))
     assert [c.generated[0] for c in convs] == want
-    # a: its first id from the prefill, its last picked at step 2; the host reads that once step 3 is launched (the
-    # lookahead: a runs step 3 masked), so c joins at step 4 in a's slot and picks its last id at step 7, as b does;
-    # both run step 8 masked and leave. By the turn, c would have started after step 8.
-    assert rows == [2] * 8
+    # (decode rows, prompt tokens) of each forward. 1: a's and b's prompts in one forward (nothing decodes yet), their
+    # first ids picked from it; a picks its last id at step 3, which the host reads once step 4 is launched (the
+    # lookahead: a runs step 4 masked); c joins then and its prompt rides in step 5 beside b, which does not wait for
+    # it (before, a prompt ran in a forward of its own: 11 forwards, here 10); c decodes from step 6, b leaves after its
+    # last id (step 8) is read, and c runs alone in its slot until its own last one (step 9) is read.
+    prompts = [len(chat.context_ids(tok, engine.Conversation(s, [{"role": "user", "content": prompt}])))
+               for s in SYSTEMS[:3]]
+    assert rows == [(0, prompts[0] + prompts[1])] + [(2, 0)] * 3 + [(2, prompts[2])] + [(2, 0)] * 4 + [(1, 0)]
     stats = decode_step.stats_for(model)
-    assert (stats.tokens - before[0], stats.row_steps - before[1]) == (sum(lengths) - 3, 16)
+    assert (stats.tokens - before[0], stats.row_steps - before[1]) == (sum(lengths) - 3, 17)
 
 
 def test_schema_rows_sampled_rows_and_greedy_rows_share_a_step_each_with_its_own_tokens(tiny, monkeypatch):
@@ -199,6 +216,43 @@ def test_a_row_wider_than_a_slot_waits_for_the_place_to_empty_and_the_slots_are_
     # the short rows first, together (their last ids picked at step 5, read once step 6 is launched), then the long
     # one alone (its last at step 5 of its own, read at step 6)
     assert rows == [3] * 6 + [1] * 6
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """Gemma 3's shape: sliding-window layers (window 16) beside a full-attention one."""
+    path = build_tiny_gemma(tmp_path_factory.mktemp("gemma"), seed=0)
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize("family", ["tiny", "gemma"])
+def test_a_long_prompt_rides_beside_decoding_rows_over_several_steps_and_no_row_waits(family, request):
+    """A joining row's prompt is fed inside the decode steps, at most Settings.prefill_tokens a step: a row that
+    decodes feeds a token at every step while a longer prompt is spread over several, and each row gets the tokens it
+    gets alone (Gemma 3's sliding layers: pieces that cross its 16-token window)."""
+    model, tok = request.getfixturevalue(family)
+    systems = ["Claim.", "Debate claim 9. Evidence: " + "the report says so, and the data agree. " * 12]
+    prompts = ["Open.", "Argue the claim at length."]
+    budget = 48
+    want = [alone(model, tok, s, p, 10) for s, p in zip(systems, prompts)]
+    contexts = [len(chat.context_ids(tok, engine.Conversation(s, [{"role": "user", "content": p}])))
+                for s, p in zip(systems, prompts)]
+    assert contexts[0] < budget < 3 * budget < contexts[1]  # the short prompt fits a step, the long one takes several
+    convs = [engine.Conversation(system=s) for s in systems]
+    with cpu_budget(None):
+        _, forwards = batch_forwards(model, lambda: engine.generate(
+            model, tok, convs, prompts, engine.Settings(max_new_tokens=10, prefill_tokens=budget)))
+    assert [c.generated[0] for c in convs] == want
+    assert sum(tokens for _, tokens in forwards) == sum(contexts)
+    assert all(tokens <= budget for _, tokens in forwards)
+    # The first forward carries the short prompt whole and the long one's first piece; from then on the short row
+    # decodes at every step, beside the long prompt's pieces, until that prompt is fed and both decode.
+    feeding = [i for i, (_, tokens) in enumerate(forwards) if tokens]
+    assert forwards[0] == (0, budget) and len(feeding) == -(-sum(contexts) // budget)
+    assert all(forwards[i][0] >= 1 for i in feeding[1:])
+    assert feeding == list(range(len(feeding)))  # no step without a piece while a prompt is left: none idles
+    stats = decode_step.stats_for(model)
+    assert stats.mixed >= len(feeding) - 1 and stats.prefill_tokens >= sum(contexts)
 
 
 def test_with_lookahead_rows_leave_a_step_later_with_the_same_tokens(tiny, caps, monkeypatch):

@@ -244,14 +244,14 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
         hook.remove()
     assert all(rows <= 2 for rows, _ in calls)
     steps = max(c.completion_tokens for c in convs)
-    prefills, rest = calls[:2], calls[2:]  # each row's prefill into its slot, as the two join together
-    assert [rows for rows, _ in prefills] == [1, 1] and all(width > compiled.scratch_columns for _, width in prefills)
+    prefill, rest = calls[0], calls[1:]  # both rows' prompts in one forward, as the two join together
+    assert prefill[0] == 1 and prefill[1] > 2 * compiled.scratch_columns
     side = [shape for shape in rest if shape[1] > 1]  # list go-on/close choices: one row, a few tokens each
     assert all(rows == 1 and width <= compiled.scratch_columns for rows, width in side)
-    # The prefills, one step per generated token after the first, a pass per list decision (at most 2 per row), and
+    # The prefill, one step per generated token after the first, a pass per list decision (at most 2 per row), and
     # an idle step a row each time the host plans for it (its first plan, at the start, costs none): the three
     # 0.00-1.00 scores add their few digits, not 101 candidates each.
-    assert len(calls) <= 2 + (steps - 1) + 2 * 2 + (len(plans) - 2)
+    assert len(calls) <= 1 + (steps - 1) + 2 * 2 + (len(plans) - 2)
     for conv in convs:
         for key in ("Logic", "Novelty", "Rebuttal"):
             assert 0 <= conv.structured["fields"][key] <= 1 and key not in conv.structured["probs"]

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.engine import chat, engine, errors, kv_pool, kv_store, ram
+from debate.engine import chat, decode_step, engine, errors, kv_pool, kv_store, ram
 from tests.tiny_models import averitec_dir, build_wide_llama, cpu_budget, missing
 
 
@@ -229,8 +229,9 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
     convs = [engine.Conversation(system="s"), engine.Conversation(system=SYSTEMS[5])]
     doomed = len(chat.context_ids(tok, engine.Conversation(SYSTEMS[5], [{"role": "user", "content": "go"}])))
 
-    def prefill_fails(*args, **kw):  # the second row's prefill, every time
-        if kw["input_ids"].shape[1] == doomed:
+    def prefill_fails(*args, **kw):  # every forward that carries the second row's prompt (its prefill inside a step)
+        mix = decode_step._mix
+        if mix is not None and any(end - first == doomed for _, first, end in mix.pieces):
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
 

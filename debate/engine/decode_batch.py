@@ -4,13 +4,20 @@ One batch per model, kept for the run, over the model's Memory (debate.engine.kv
 arena of pages, allocated once). A row is one conversation's turn: its context's ids, its settings, its random
 stream's key, its schema or none, its adapter or none. `advance()` is one step of the batch, as Orca, vLLM and
 SGLang schedule:
-1. join: waiting rows take free slots, oldest first. A row's cached prefix is copied from its pages into its slot
-   (once a turn), its new tokens are prefilled there in pieces (debate.engine.generator.prefill), and its first token
-   is picked on the device from the prefill's logits; it decodes with the others from the next step;
-2. step: every row in use feeds one token (debate.engine.decode_step: compiled and replayed per bucket where asked),
-   and every row's next token is picked on the device (`_pick`): greedy rows by argmax, sampled rows by the
-   exponential race over their own random stream (debate.engine.sampling), schema rows by their device state (ids
-   forced from a queue, free text under a mask until a closing id or a cap, or a wait for the host);
+1. join: waiting rows take free slots, oldest first, and wait there for their prompts to be fed;
+2. step: one forward of the model carries every decoding row's one token AND up to Settings.prefill_tokens prompt
+   tokens of joining rows (Sarathi-Serve's and vLLM's chunked prefill: several joining rows share a forward, a long
+   prompt is spread over steps, no decoding row waits for another row's prefill; a forward is all prompt only when
+   nothing decodes). Such a forward is one sequence, each token written at its own slot and column and attending to
+   its own slot (decode_step.Mix, kv_store.MixedLayer; eager, as vLLM ran its mixed batches outside CUDA graphs);
+   a step with no prompt token is the decode step (debate.engine.decode_step: compiled and replayed per bucket where
+   asked). A joining row's cached prefix is copied from its pages into its slot when it is first given a piece, its
+   full pages are published as they are written (kv_pool), and a row whose next page another joining row is writing
+   waits for it instead of encoding it too. Every row's next token is picked on the device (`_pick`): greedy rows by
+   argmax, sampled rows by the exponential race over their own random stream (debate.engine.sampling), schema rows
+   by their device state (ids forced from a queue, free text under a mask until a closing id or a cap, or a wait for
+   the host); a row whose last prompt piece ran picks its first token from that piece's last logits and decodes from
+   the next step;
 3. the step's packet: each row's count of picked ids, its last two ids, whether it ended and how often it waited,
    copied towards the host in one small tensor. The host reads the packet of the step BEFORE, once the next step is
    launched (the lookahead: on CUDA the device never waits for the host between steps; on a CPU the same code runs
@@ -22,8 +29,9 @@ SGLang schedule:
 
 What still synchronises with the device (docs/layout.md says the same): the packet's read, once a step and a step
 behind; a schema row's wait (a choice's scoring pass reads its totals once, a number's next id reads that row's
-allowed logits once: a few times a Moderator reply, each costing that row one idle step); a join's prefill where
-transformers checks its mask. Host-to-device writes go through pinned memory without waiting (`_upload`).
+allowed logits once: a few times a Moderator reply, each costing that row one idle step). A prompt fed inside a step
+reads nothing back (the mixed forward's attention is given no mask for transformers to check). Host-to-device writes
+go through pinned memory without waiting (`_upload`).
 
 The batch's state lives on the device for the run, one entry a slot (`_STATE`). A row's sampled tokens depend only on
 its own logits and its key (never on the rows beside it or the step the host reads), and a row that waits for the host
@@ -88,6 +96,11 @@ class Row:
     ids: List[int] = field(default_factory=list)  # the ids picked so far, as the packets tell them
     waits: int = 0  # the device's waits the host has answered
     driver: Optional[SchemaDriver] = None
+    # While its prompt is fed (debate.engine.decode_batch.Batch.joining): the columns written so far, whether its
+    # cached prefix is in its slot, and the keys of the pages it will write that no one has (kv_pool.page_keys).
+    fed: int = 0
+    loaded: bool = False
+    writes: set = field(default_factory=set)
     table: int = 0  # its tokenizer's first row in the batch's mask tables (a schema row)
     result: Optional[RowResult] = None
     error: Optional[str] = None
@@ -159,6 +172,8 @@ class Batch:
         self.step = decode_step.Step(model, decode_step.layer_windows(model), self.dtype)
         self.queue: Deque[Row] = collections.deque()
         self.active: Dict[int, Row] = {}
+        self.joining: Dict[int, Row] = {}  # slot -> a row whose prompt the next steps feed, in the order they joined
+        self.solo = False  # one prompt a step, after a step of several ran out of memory twice, until none joins
         self.lookahead = LOOKAHEAD
         # The schema rows' mask tables (schema_program.masks stacked: MODES entries per tokenizer and stop ids) and
         # the logits a waiting row holds for the host: made when the first schema row joins.
@@ -197,25 +212,26 @@ class Batch:
 
     @torch.inference_mode()
     def cancel(self, rows: Sequence[Row]) -> None:
-        """Take rows out, waiting or running (their turn is given up: an error or an interrupt elsewhere)."""
+        """Take rows out, waiting, feeding their prompt or running (their turn is given up: an error or an interrupt
+        elsewhere)."""
         doomed = {id(r) for r in rows}
         self.queue = collections.deque(r for r in self.queue if id(r) not in doomed)
-        for slot, row in list(self.active.items()):
+        for slot, row in [*self.active.items(), *self.joining.items()]:
             if id(row) in doomed:
                 self._free(slot)
 
     def busy(self) -> bool:
-        return bool(self.queue or self.active)
+        return bool(self.queue or self.active or self.joining)
 
     @torch.inference_mode()  # its tensors are made in inference mode (batch_for), and only updated in it
     def advance(self) -> List[Row]:
         """Join, one step, the packet of the step before, pack (module doc); the rows done since the last call."""
         done = self._join()
-        if self.active:
+        if self.active or self.joining:
             try:
-                packet = self._step()
+                packet = self._step(done)
             except torch.OutOfMemoryError:  # twice: the rows of this step end their claims, the others go on
-                for slot, row in list(self.active.items()):
+                for slot, row in [*self.active.items(), *self.joining.items()]:
                     row.error = "its decode step ran out of memory twice"
                     self._free(slot)
                     done.append(row)
@@ -224,7 +240,7 @@ class Batch:
             pending, self._pending = self._pending, packet
             if pending is not None:
                 done += self._read(pending)
-            if not self.lookahead:
+            if not self.lookahead and packet is not None:
                 self._pending = None
                 done += self._read(packet)
         if not self.active:
@@ -234,9 +250,10 @@ class Batch:
         return done
 
     def _join(self) -> List[Row]:
+        """Waiting rows into free slots, oldest first; their prompts are fed by the next steps (`_pieces`)."""
         done: List[Row] = []
         mem = self.memory
-        if not self.active and self.queue and mem.reshape([r.width for r in self.queue]):
+        if not self.active and not self.joining and self.queue and mem.reshape([r.width for r in self.queue]):
             self._state()
         while self.queue:
             row = self.queue[0]
@@ -251,28 +268,67 @@ class Batch:
             if slot is None:
                 break  # every slot taken, or the first in line waits for the place to empty (then it is reshaped)
             self.queue.popleft()
-            self._prefill(row, slot)
-            if row.done:
-                done.append(row)
+            row.slot, row.loaded, row.fed, row.writes = slot, False, 0, set()
+            self.adapters.assign(slot, row.adapter)
+            # Zeroed before anything is written: a column is zeroed once, the first time a row may reach it.
+            mem.store.ready(min(row.width, mem.store.columns))
+            self._upload(slot, live=False, ended=False, kind=FREE, lengths=0)
+            self.joining[slot] = row
         return done
 
-    def _prefill(self, row: Row, slot: int) -> None:
-        """The row into `slot`: its cached prefix copied in, its new tokens fed, its first token picked (on the
-        device, as every later one)."""
-        mem = self.memory
-        row.slot = slot
-        self.adapters.assign(slot, row.adapter)
-        # Zeroed before anything is written: a column is zeroed once, the first time a row may reach it.
-        mem.store.ready(min(row.width, mem.store.columns))
-        try:
-            row.reused = mem.load(row.conv, row.target, slot, row.settings.reuse_cache, row.adapter)
-            logits = self._retried(lambda: self._feed(row))
-            if row.settings.reuse_cache:
-                mem.publish(slot, row.target, row.adapter)
-        except torch.OutOfMemoryError:
-            row.error = f"one conversation of {len(row.target)} context tokens ran out of memory in its prefill twice"
-            self._free(slot)
+    def _pieces(self) -> List[Tuple[Row, int, int]]:
+        """This step's prompt pieces, (row, first column, end column): the joining rows' next tokens, oldest row
+        first, up to the step's budget of prompt tokens (Settings.prefill_tokens; a long prompt spreads over steps).
+        A row's cached prefix is copied into its slot when it is first given a piece. A row whose context's next page
+        another joining row is writing now waits for it (the courtroom's judge seats read one case file: the first
+        writes its pages, the others take them once published, rather than each encoding the file)."""
+        budget = min(r.settings.prefill_tokens for r in self.joining.values())
+        pieces: List[Tuple[Row, int, int]] = []
+        writing = {key for r in self.joining.values() for key in r.writes}
+        for row in list(self.joining.values()):
+            if budget <= 0:
+                break
+            if not row.loaded:
+                if row.settings.reuse_cache and self._waits(row, writing):
+                    continue
+                row.reused = self.memory.load(row.conv, row.target, cast(int, row.slot), row.settings.reuse_cache,
+                                              row.adapter)
+                row.fed, row.loaded = row.reused, True
+                if row.settings.reuse_cache:  # the pages it will write that no one has
+                    full = len(row.target) // kv_store.PAGE
+                    keys = kv_pool.page_keys(row.target, row.adapter, full)
+                    row.writes = {k for k in keys[row.reused // kv_store.PAGE:] if k not in self.memory.index}
+                    writing |= row.writes
+            n = min(len(row.target) - row.fed, budget)
+            pieces.append((row, row.fed, row.fed + n))
+            budget -= n
+            if self.solo:
+                break
+        return pieces
+
+    def _waits(self, row: Row, writing: set) -> bool:
+        """Whether the page after the longest run of `row`'s context the index has is being written by another
+        joining row (and its own cache holds no more)."""
+        if not writing:
+            return False
+        keys = kv_pool.page_keys(row.target, row.adapter, (len(row.target) - 1) // kv_store.PAGE)
+        run = next((i for i, key in enumerate(keys) if key not in self.memory.index), len(keys))
+        if run == len(keys) or keys[run] not in writing:
+            return False
+        return self.memory.usable(row.conv, row.target) <= run * kv_store.PAGE
+
+    def _fed(self, row: Row, end: int, logits: Optional[torch.Tensor]) -> None:
+        """A row's prompt written up to column `end`: its full pages published; when that is its whole prompt, it
+        decodes from the next step, its first token picked now from `logits` (its last prompt token's)."""
+        mem, slot = self.memory, cast(int, row.slot)
+        row.fed = end
+        if row.settings.reuse_cache:
+            mem.publish(slot, row.target[:end], row.adapter)
+        if end < len(row.target):
             return
+        assert logits is not None
+        row.writes = set()
+        del self.joining[slot]
         row.length = len(row.target)
         row.ids, row.waits = [], 0
         self.active[slot] = row
@@ -294,12 +350,6 @@ class Batch:
             row.driver = None
             self._upload(slot, kind=FREE)
         self._pick(logits[None], slot, slot + 1, self.live[slot:slot + 1].clone())
-
-    def _feed(self, row: Row) -> torch.Tensor:
-        slot = cast(int, row.slot)
-        cache = self.memory.store.slot_cache(slot, row.reused)
-        with self.adapters.over(slot, slot + 1):
-            return gen.prefill(self.model, cache, row.target[row.reused:], row.reused)
 
     def _scorer(self, row: Row) -> Callable[[Any, torch.Tensor], List[float]]:
         """A choice's scoring for a schema row: its tree fed over its slot past the row's end, wherever the row is."""
@@ -363,38 +413,109 @@ class Batch:
 
     # -- the step --------------------------------------------------------------------------------------------------
 
-    def _step(self) -> Tuple[Any, torch.Tensor, List[Optional[Row]], Any]:
-        """One step launched: the forward, every row's pick and state; its packet on its way to the host."""
+    def _step(self, done: List[Row]) -> Optional[Tuple[Any, torch.Tensor, List[Optional[Row]], Any]]:
+        """One step launched: the forward (the decode rows' tokens, and the joining rows' prompt pieces beside them:
+        a mixed forward), every row's pick and state; its packet on its way to the host (None: no row has picked)."""
         place = self.memory.store
-        in_use = max(self.active) + 1
-        columns = min(max(row.length for row in self.active.values()) + 1, place.columns)
-        compiled = decode_step.compiling(self.model, next(iter(self.active.values())).settings)
+        self.solo = self.solo and bool(self.joining)
+        pieces = self._pieces() if self.joining else []
+        in_use = max(self.active) + 1 if self.active else 0
+        # A joining row below the last decode row feeds no token, but a step writes one for every row in its range: at
+        # the column after its prompt's piece, which its next piece or first token overwrites before anything reads it.
+        after = {cast(int, row.slot): end for row, _, end in pieces}
+        for slot, row in self.joining.items():
+            if slot < in_use:
+                self._upload(slot, lengths=after.get(slot, row.fed))
+        lengths = [r.length for r in self.active.values()] + [after.get(s, r.fed) for s, r in self.joining.items()
+                                                              if s < in_use]
+        columns = min(max(lengths, default=0) + 1, place.columns)
+        settings = next(iter({**self.active, **self.joining}.values())).settings
+        compiled = not pieces and decode_step.compiling(self.model, settings)
         if compiled:
             in_use = decode_step.bucket_rows(in_use, place.rows)
             columns = decode_step.bucket_columns(columns, place.columns)
         place.ready(columns)
-        timing = self.step.clock.start()
+        timing = self.step.clock.start(mixed=bool(pieces))
         began = time.perf_counter()
-        cache = place.decode_cache(in_use, columns, self.lengths, keep=compiled)
         # Eagerly on a CPU each row attends to its own columns (decode_step._rows_alone): the host's lengths are exact
         # for every row that feeds a token; a row that does not (a free slot, one the host knows stopped) reads none.
         ends = None
         if not compiled and self.device.type == "cpu":
             ends = [min(self.active[slot].length + 1, columns) if slot in self.active else 0 for slot in range(in_use)]
-        with self.adapters.over(0, in_use), decode_step.decoding(self.model, ends):
-            logits = self._retried(lambda: self.step.run(
-                compiled, gen.cache_kwarg(self.model, cache), self.tokens[:in_use], self.lengths[:in_use],
-                self.live[:in_use], self.columns[:columns]))
-        fed = self.live[:in_use].clone()
-        self.lengths[:in_use] += fed
-        self._pick(logits, 0, in_use, fed)
+        if pieces:
+            try:
+                logits = self._retried(lambda: self._mixed(in_use, columns, ends, pieces))
+            except torch.OutOfMemoryError:
+                # Twice. With several prompts in it, the next steps feed one at a time (whichever one it was fails
+                # alone then); with one, its row ends its claim. The decode rows picked nothing: they run again.
+                if len(pieces) > 1:
+                    self.solo = True
+                    return None
+                row = pieces[0][0]
+                row.error = (f"one conversation of {len(row.target)} context tokens ran out of memory in its "
+                             "prefill twice")
+                self._free(cast(int, row.slot))
+                done.append(row)
+                return None
+        else:
+            cache = place.decode_cache(in_use, columns, self.lengths, keep=compiled)
+            with self.adapters.over(0, in_use), decode_step.decoding(self.model, ends):
+                logits = self._retried(lambda: self.step.run(
+                    compiled, gen.cache_kwarg(self.model, cache), self.tokens[:in_use], self.lengths[:in_use],
+                    self.live[:in_use], self.columns[:columns]))
+        stepped = list(self.active.values())
+        if in_use:
+            fed = self.live[:in_use].clone()
+            self.lengths[:in_use] += fed
+            self._pick(logits[:in_use], 0, in_use, fed)
+        at = in_use
+        for row, first, end in pieces:
+            last = end == len(row.target)
+            self._fed(row, end, logits[at] if last else None)
+            at += last
         self.step.clock.stop(timing)  # before the packet's event: once that is done, so is the step's end event
-        packet = self._packet(in_use)
-        self.step.stats.row_steps += in_use
-        self.step.stats.launch_seconds += time.perf_counter() - began
-        for row in self.active.values():
+        stats = self.step.stats
+        if pieces:
+            stats.prefill_tokens += sum(end - first for _, first, end in pieces)
+            if stepped:
+                stats.mixed += 1
+                stats.mixed_rows += len(stepped)
+            else:
+                stats.prefill_only += 1
+        stats.row_steps += in_use
+        stats.launch_seconds += time.perf_counter() - began
+        for row in stepped:
             row.length += 1  # exact for a row that fed a token; corrected for one that did not (`_read`)
-        return (*packet, timing)
+        if not self.active:
+            self.step.clock.add(timing)
+            return None
+        return (*self._packet(max(self.active) + 1), timing)
+
+    def _mixed(self, in_use: int, columns: int, ends: Optional[List[int]],
+               pieces: List[Tuple[Row, int, int]]) -> torch.Tensor:
+        """A mixed forward's logits: the decode rows [0, in_use) one token each, then the pieces' prompt tokens, in
+        one sequence (decode_step.Mix); the logits of the decode rows and of each prompt's last token."""
+        ids: List[int] = []
+        slots: List[int] = []
+        positions: List[int] = []
+        keep = list(range(in_use))
+        for row, first, end in pieces:
+            ids += row.target[first:end]
+            slots += [cast(int, row.slot)] * (end - first)
+            positions += range(first, end)
+            if end == len(row.target):
+                keep.append(in_use + len(ids) - 1)
+        host = kv_store.to_device([ids, slots, positions], self.device)
+        index = kv_store.to_device(keep or [in_use + len(ids) - 1], self.device)  # one at least: a tensor of ints
+        slot_of = torch.cat([self.columns[:in_use], host[1]])  # self.columns is an arange: the decode rows' slots
+        tokens = torch.cat([self.tokens[:in_use, 0], host[0]])
+        at = torch.cat([self.lengths[:in_use], host[2]])
+        mix = decode_step.Mix(in_use, self.lengths[:in_use], self.live[:in_use], columns, ends,
+                              [(cast(int, row.slot), first, end) for row, first, end in pieces])
+        cache = self.memory.store.mixed_cache(slot_of, at)
+        with self.adapters.tokens(slot_of), decode_step.mixing(self.model, mix):
+            return decode_step.mixed_forward(self.model, gen.cache_kwarg(self.model, cache), tokens, at, index,
+                                             self.dtype)
 
     def _pick(self, logits: torch.Tensor, lo: int, hi: int, fed: torch.Tensor) -> None:
         """Rows lo..hi-1's next ids from their logits, on the device, and their state after it (module doc, 2)."""
@@ -505,9 +626,9 @@ class Batch:
         return row
 
     def _free(self, slot: int) -> None:
-        row = self.active.pop(slot, None)
+        row = self.active.pop(slot, None) or self.joining.pop(slot, None)
         if row is not None:
-            row.slot = None
+            row.slot, row.writes = None, set()
         self._upload(slot, live=False, ended=False, lengths=0, tokens=0, kind=FREE)
         # lengths 0: a free slot's step writes at column 0 (masked, overwritten by the next row)
         self.memory.give_slot(slot)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -61,11 +62,31 @@ def bucket_columns(columns: int, most: int) -> int:
 _row_ends: Optional[List[int]] = None
 
 
+@dataclass
+class Mix:
+    """A mixed forward's layout (debate.engine.decode_batch): one sequence whose first `rows` tokens are the decode
+    rows' (slot r's token at column lengths[r]), then each prefill piece's tokens in order, (slot, first column, end
+    column): a piece's tokens are its row's columns first..end-1 and attend to its slot's columns before them."""
+
+    rows: int
+    lengths: torch.Tensor  # the decode rows' write columns, on the device
+    live: torch.Tensor  # whether each decode row feeds a token
+    columns: int  # the decode rows' columns in use at most (the masked path's width)
+    ends: Optional[List[int]]  # on a CPU each decode row's columns in use (_rows_alone); None: masked by lengths
+    pieces: List[Tuple[int, int, int]]
+
+
+_mix: Optional[Mix] = None
+
+
 def _decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
                       **kwargs: Any) -> Any:
     """sdpa, except that one token's queries are regrouped by key head (heads h*g .. h*g+g-1 read key head h, as
-    transformers' repeat_kv orders them), so no key or value is repeated."""
+    transformers' repeat_kv orders them), so no key or value is repeated; a mixed forward's tokens each attend to their
+    own slot (_mixed_attention)."""
+    if _mix is not None:
+        return _mixed_attention(module, query, key, value, _mix, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     if query.shape[2] != 1 or (groups == 1 and _row_ends is None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -73,27 +94,69 @@ def _decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     rows, heads, _, dim = query.shape
     grouped = query.reshape(rows, heads // groups, groups, dim)
     if _row_ends is not None and len(_row_ends) == rows:
-        out = _rows_alone(grouped, key, value, getattr(module, "sliding_window", None), scaling)
+        out = _rows_alone(grouped, key, value, getattr(module, "sliding_window", None), scaling, _row_ends)
     else:
         out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(rows, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
 def _rows_alone(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: Optional[int],
-                scaling: Optional[float]) -> torch.Tensor:
+                scaling: Optional[float], ends: List[int]) -> torch.Tensor:
     """Each row's attention over its own columns only (a sliding window's last `window` of them), no mask: the
     rows of a step have different lengths (a Moderator's context beside a Debater's), and one batched call reads every
     row's keys and values to the longest row's end, masked. Eagerly on a CPU, where reading is the step's cost, this
     reads a fifth to a third less (the rows' lengths vary that much in a debate); a row that reads nothing (a free
     slot, a row that has stopped) gets zeros, never read."""
-    assert _row_ends is not None
     out = grouped.new_zeros(grouped.shape)
-    for row, end in enumerate(_row_ends):
+    for row, end in enumerate(ends):
         if end > 0:
             start = max(0, end - window) if window else 0
             out[row] = F.scaled_dot_product_attention(grouped[row:row + 1], key[row:row + 1, :, start:end],
                                                       value[row:row + 1, :, start:end], scale=scaling)[0]
     return out
+
+
+def _mixed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mix: Mix,
+                     scaling: Optional[float]) -> torch.Tensor:
+    """A mixed forward's attention, (1, tokens, heads, dim): `key`/`value` are the whole place (slots, kv_heads,
+    columns, dim), every token's keys already written at its (slot, column) (kv_store.MixedLayer). The decode rows as a
+    decode step attends them; each piece over its own slot alone: its columns before it in full and its own causally
+    (the lower-right causal bias: no mask is made, and grouped-query attention reads each key head once where the
+    kernel allows), a sliding-window layer over its window only, under a band mask of piece x (piece + window)."""
+    heads, dim = query.shape[1], query.shape[3]
+    groups = getattr(module, "num_key_value_groups", 1)
+    window = getattr(module, "sliding_window", None)
+    out = query.new_empty((query.shape[2], heads, dim))
+    if mix.rows:
+        rows = mix.rows
+        grouped = query[0, :, :rows].transpose(0, 1).reshape(rows, heads // groups, groups, dim)
+        if mix.ends is not None:
+            done = _rows_alone(grouped, key[:rows], value[:rows], window, scaling, mix.ends)
+        else:
+            kind = "sliding_attention" if window else "full_attention"
+            columns = torch.arange(mix.columns, device=query.device)
+            mask = masks(mix.lengths, mix.live, columns, {kind: window}, query.dtype)[kind]
+            done = F.scaled_dot_product_attention(grouped, key[:rows, :, :mix.columns], value[:rows, :, :mix.columns],
+                                                  attn_mask=mask, scale=scaling)
+        out[:rows] = done.reshape(rows, heads, dim)
+    at = mix.rows
+    for slot, first, end in mix.pieces:
+        n = end - first
+        q = query[:, :, at:at + n]
+        if window and end > window:
+            lo = max(0, first - window + 1)
+            column = torch.arange(lo, end, device=query.device)
+            position = torch.arange(first, end, device=query.device)[:, None]
+            band = (column[None] <= position) & (column[None] > position - window)
+            piece = F.scaled_dot_product_attention(q, key[slot:slot + 1, :, lo:end], value[slot:slot + 1, :, lo:end],
+                                                   attn_mask=band, scale=scaling, enable_gqa=groups > 1)
+        else:
+            piece = F.scaled_dot_product_attention(q, key[slot:slot + 1, :, :end], value[slot:slot + 1, :, :end],
+                                                   attn_mask=causal_lower_right(n, end), scale=scaling,
+                                                   enable_gqa=groups > 1)
+        out[at:at + n] = piece[0].transpose(0, 1)
+        at += n
+    return out[None]
 
 
 AttentionInterface.register(DECODE_ATTENTION, _decode_attention)
@@ -123,6 +186,29 @@ def decoding(model: torch.nn.Module, row_ends: Optional[List[int]] = None) -> It
             config._attn_implementation = "sdpa"
 
 
+@contextlib.contextmanager
+def mixing(model: torch.nn.Module, mix: Mix) -> Iterator[None]:
+    """The model's attention as a mixed forward's (`mix`) while it runs."""
+    global _mix
+    with decoding(model):
+        _mix = mix
+        try:
+            yield
+        finally:
+            _mix = None
+
+
+def mixed_forward(model: torch.nn.Module, cache_kwarg: Dict[str, Any], tokens: torch.Tensor, positions: torch.Tensor,
+                  keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A mixed forward's logits at the positions `keep` (the decode rows', and each prompt's last token's) of one
+    sequence of `tokens` at `positions` (under `mixing`). The attention mask given is a placeholder, never read:
+    transformers then makes none of its own (a 4-D mask is taken as given)."""
+    placeholder = torch.zeros((1, 1, 1, 1), dtype=dtype, device=tokens.device)
+    out = model(input_ids=tokens[None], position_ids=positions[None], use_cache=True, attention_mask=placeholder,
+                logits_to_keep=keep, **cache_kwarg)
+    return out.logits[0]
+
+
 def layer_windows(model: torch.nn.Module) -> Dict[str, Optional[int]]:
     """{attention type: its sliding window or None} of the model's layers (one entry where all are alike)."""
     config = _configs(model)[-1]
@@ -148,10 +234,17 @@ class Stats:
     # wall time), for ms a step; and the host's time launching them (on CUDA the kernels may still run after it).
     seconds: float = 0.0
     launch_seconds: float = 0.0
+    mixed_seconds: float = 0.0  # the same for the forwards that carried prompt tokens (below)
     # Occupancy: tokens the decode steps produced over the rows they ran (a row that has stopped, an empty slot below
     # the last row in use, or a bucket's padding runs and produces nothing).
     tokens: int = 0
     row_steps: int = 0
+    # Forwards that carried prompt tokens (debate.engine.decode_batch's prefill inside the step): beside decode rows
+    # (`mixed`, with `mixed_rows` decode rows in all) or alone (`prefill_only`: nothing decoded), and their tokens.
+    mixed: int = 0
+    mixed_rows: int = 0
+    prefill_only: int = 0
+    prefill_tokens: int = 0
 
     @property
     def occupancy(self) -> Optional[float]:
@@ -162,7 +255,14 @@ class Stats:
                 "decode_tokens": self.tokens, "decode_row_steps": self.row_steps,
                 "occupancy": None if self.occupancy is None else round(self.occupancy, 4),
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
-                "eager_steps": self.eager_steps, **({"fallback": self.failed} if self.failed else {})}
+                "eager_steps": self.eager_steps, "mixed_forwards": self.mixed, "mixed_decode_rows": self.mixed_rows,
+                "prefill_only_forwards": self.prefill_only, "prefill_tokens": self.prefill_tokens,
+                **({"fallback": self.failed} if self.failed else {})}
+
+    @property
+    def forwards(self) -> int:
+        """The model's forwards of the batch: decode steps alone, mixed ones and prefill-only ones."""
+        return self.steps + self.eager_steps + self.mixed + self.prefill_only
 
 
 class Clock:
@@ -172,16 +272,17 @@ class Clock:
     def __init__(self, stats: Stats, device: torch.device) -> None:
         self.stats, self.cuda = stats, device.type == "cuda"
 
-    def start(self) -> Any:
+    def start(self, mixed: bool = False) -> Any:
+        """A step's timing begun; `mixed`: a forward that carries prompt tokens (counted apart)."""
         if not self.cuda:
-            return time.perf_counter()
+            return [time.perf_counter(), mixed]
         began = torch.cuda.Event(enable_timing=True)
         began.record()
-        return [began, None]
+        return [began, None, mixed]
 
     def stop(self, timing: Any) -> None:
         if not self.cuda:
-            self.stats.seconds += time.perf_counter() - timing
+            self._count(timing[1], time.perf_counter() - timing[0])
             return
         timing[1] = torch.cuda.Event(enable_timing=True)
         timing[1].record()
@@ -189,7 +290,14 @@ class Clock:
     def add(self, timing: Any) -> None:
         """The step's device time, once its packet is read (its events are then done)."""
         if self.cuda and timing is not None:
-            self.stats.seconds += timing[0].elapsed_time(timing[1]) / 1000
+            timing[1].synchronize()  # done already where a packet was read after it
+            self._count(timing[2], timing[0].elapsed_time(timing[1]) / 1000)
+
+    def _count(self, mixed: bool, seconds: float) -> None:
+        if mixed:
+            self.stats.mixed_seconds += seconds
+        else:
+            self.stats.seconds += seconds
 
 
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., torch.Tensor]]" = weakref.WeakKeyDictionary()
@@ -364,4 +472,9 @@ def summary(models: Any) -> str:
                          f"eager steps{ms}" + (f" (compiling failed: {stats.failed})" if stats.failed else ""))
         else:
             parts.append(f"{name} eager, {stats.eager_steps} steps{ms}")
+        if stats.mixed or stats.prefill_only:
+            beside = f" beside {stats.mixed_rows / stats.mixed:.1f} decode rows on average" if stats.mixed else ""
+            parts[-1] += (f"; prompts fed in {stats.mixed} steps{beside} and {stats.prefill_only} forwards of "
+                          f"prompt tokens alone ({stats.prefill_tokens:,} tokens, "
+                          f"{stats.mixed_seconds / (stats.mixed + stats.prefill_only) * 1000:.1f} ms a forward)")
     return "; ".join(parts) or "no decode step"

@@ -52,6 +52,9 @@ class Settings:
     max_context: Optional[int] = None
     # Decode steps through torch.compile (debate.engine.decode_step), replayed as CUDA graphs on CUDA.
     compile: bool = False
+    # Prompt tokens a decode step carries beside its decode rows at most (debate.engine.decode_batch: a joining row's
+    # prompt is fed inside the steps, a long one over several; docs/BENCHMARKS.md measures the default).
+    prefill_tokens: int = 512
 
 
 @dataclass

@@ -106,6 +106,29 @@ class DecodeLayer(DynamicLayer):
         return self.view_keys.shape[2]
 
 
+class MixedLayer(DynamicLayer):
+    """One layer of a mixed forward (debate.engine.decode_step.Mix): one sequence of tokens of several slots, each
+    written at its own (slot, column) of the whole place; the attention reads the place by slot."""
+
+    is_compileable = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, columns: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.slots, self.columns = keys, values, slots, columns
+        self.view_keys, self.view_values = keys, values
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        # (1, heads, tokens, dim) written token by token at (slot, column), by the same direct path as DecodeLayer.
+        self.view_keys.permute(0, 2, 1, 3)[self.slots, self.columns] = key_states[0].transpose(0, 1)
+        self.view_values.permute(0, 2, 1, 3)[self.slots, self.columns] = value_states[0].transpose(0, 1)
+        return self.view_keys, self.view_values
+
+    def get_seq_length(self) -> int:
+        return 0  # no position is derived from it: a mixed forward's positions are given
+
+
 def cache_of(layers: Sequence[DynamicLayer]) -> DynamicCache:
     """A transformers cache made of these layers."""
     cache = DynamicCache.__new__(DynamicCache)
@@ -177,6 +200,10 @@ class Store:
             if keep:
                 self._decode[key] = cache
         return cache
+
+    def mixed_cache(self, slots: torch.Tensor, columns: torch.Tensor) -> DynamicCache:
+        """The cache of a mixed forward: every token written at its (slot, column) of the place."""
+        return cache_of([MixedLayer(k, v, slots, columns) for k, v in self.layers])
 
     def forget_views(self) -> None:
         self._decode.clear()

@@ -77,8 +77,25 @@ class RowAdapters:
         key = (start, stop)
         if key not in self._views:  # the same view objects every time: a compiled step sees the same inputs
             self._views[key] = [{n: t[start:stop] for n, t in own.items()} for own in self.of_layer]
+        with self._scaled(self._views[key]):
+            yield
+
+    @contextlib.contextmanager
+    def tokens(self, slots: torch.Tensor) -> Iterator[None]:
+        """A mixed forward, one sequence whose token i is of slot slots[i]: each token gets its slot's adapter (a
+        scaling of shape (1, tokens, 1))."""
+        if not self.names:
+            yield
+            return
+        picked = {key: t.index_select(0, slots.to(t.device)).reshape(1, -1, 1) for key, t in self.tensors.items()}
+        by_tensor = {id(t): picked[key] for key, t in self.tensors.items()}
+        with self._scaled([{n: by_tensor[id(t)] for n, t in own.items()} for own in self.of_layer]):
+            yield
+
+    @contextlib.contextmanager
+    def _scaled(self, scalings: List[Dict[str, torch.Tensor]]) -> Iterator[None]:
         saved = [(layer._active_adapter, layer._disable_adapters, dict(layer.scaling)) for layer in self.layers]
-        for layer, views in zip(self.layers, self._views[key]):
+        for layer, views in zip(self.layers, scalings):
             layer._active_adapter = list(views)
             layer._disable_adapters = False
             layer.scaling.update(views)

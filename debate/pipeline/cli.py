@@ -308,6 +308,10 @@ def run_parser(description=None):
                    help="the longest context (tokens, a turn's new ones included) a conversation may reach; a claim "
                    "whose next turn would pass it ends with a note in its record (default: the model's window, "
                    "max_position_embeddings; ours)")
+    g.add_argument("--prefill-tokens", type=int,
+                   help="the most prompt tokens a decode step carries beside the rows that decode: a turn's prompt is "
+                   "fed inside the steps (a long one over several), so no decoding row waits for it; more: prompts "
+                   "in fewer forwards, each step slower while they run (default 512; ours)")
 
     g.add_argument("--threads", type=int,
                    help="CPU threads of the model calls (default: OMP_NUM_THREADS where set, else the CPUs this "

@@ -227,6 +227,8 @@ class Generation:
     gpu_memory_fraction: float = 0.9
     memory_gb: Optional[float] = None  # the budget in GiB on any device instead (ours)
     max_context: Optional[int] = identity()  # a conversation's longest context; None: the model's window (ours)
+    # prompt tokens a decode step carries beside its decode rows at most (debate/engine/decode_batch.py; ours)
+    prefill_tokens: int = 512
     # CPU threads of the model calls; None: OMP_NUM_THREADS where set, else the CPUs this process may use and that
     # other work leaves free (debate/pipeline/threads.py)
     threads: Optional[int] = None
@@ -431,8 +433,8 @@ def _fill_models(s: Dict[str, Any]) -> None:
     s["witness_model"] = s["witness_model"] or s["debater_model"]
 
 
-POSITIVE = ("batch_size", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations", "trials", "evidence_k",
-            "self_refine_iterations", "hyde_max_tokens", "rerank_k", "question_max_tokens")
+POSITIVE = ("batch_size", "prefill_tokens", "max_new_tokens", "max_rounds", "voters", "top_k", "madr_iterations",
+            "trials", "evidence_k", "self_refine_iterations", "hyde_max_tokens", "rerank_k", "question_max_tokens")
 FRACTIONS = ("novelty_threshold", "novelty_stop", "plateau_delta", "admit_threshold", "dispute_threshold",
              "gpu_memory_fraction")
 

@@ -121,7 +121,7 @@ def settings_of(config, agents=None):
         compile_steps = bool(agents) and all(next(a.model.parameters()).device.type == "cuda" for a in agents.values())
     return engine.Settings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, seed=g.seed,
                            reuse_cache=g.reuse_cache, structured=g.structured, max_context=g.max_context,
-                           compile=compile_steps)
+                           compile=compile_steps, prefill_tokens=g.prefill_tokens)
 
 
 def check_schemas(config, agents, settings, labels):

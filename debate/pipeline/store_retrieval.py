@@ -257,7 +257,8 @@ def _engine_settings(config):
     from debate.engine import engine
 
     g = config.generation
-    return engine.Settings(seed=g.seed, reuse_cache=False, structured=False, max_context=g.max_context)
+    return engine.Settings(seed=g.seed, reuse_cache=False, structured=False, max_context=g.max_context,
+                           prefill_tokens=g.prefill_tokens)
 
 
 def status_path(config, claim):
