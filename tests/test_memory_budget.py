@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.engine import chat, decode_step, engine, errors, kv_pool, kv_store, ram
+from debate.engine import chat, decode_step, engine, errors, kv_pool, kv_store, memory, ram
 from tests.tiny_models import averitec_dir, build_wide_llama, cpu_budget, missing
 
 
@@ -240,3 +240,37 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
         engine.generate(model, tok, convs, ["go", "go"], engine.Settings(max_new_tokens=4))
     assert list(err.value.failed) == [1] and "ran out of memory in its prefill twice" in err.value.failed[1]
     assert isinstance(err.value.replies[0], str) and convs[1].messages == [] and convs[1].kv is None
+
+
+def test_the_reserve_is_sized_to_the_rows_not_the_window_and_grows_for_a_wider_row(wide):
+    """A Memory's reserve is planned for the widest slot its rows may take (twice the widest row, rounded up), not
+    for the model's 32k window, so its keys and values get the rest of the budget; a later row wider than that grows
+    the reserve when the place is seen anew for it, the store giving up its last pages, still within the budget; the
+    conversations whose caches waited in pages meanwhile get the tokens of a run without a budget."""
+    model, tok = wide
+    budget = 256 * 2 ** 20
+    settings = engine.Settings(max_new_tokens=8)
+
+    def turns(pool=None):
+        short = [engine.Conversation(system=s) for s in SYSTEMS[:3]]
+        engine.generate(model, tok, short, ["Go."] * 3, settings)
+        seen = None
+        if pool is not None:
+            mem = pool.memories[model]
+            seen = dict(mem.plan), mem.store.tokens, mem
+        long = engine.Conversation(system="long " * 700)
+        engine.generate(model, tok, [long], ["Go."], settings)
+        engine.generate(model, tok, short, ["Again."] * 3, settings)
+        return [c.generated for c in short + [long]], seen
+
+    with cpu_budget(None):
+        want, _ = turns()
+    with cpu_budget(budget) as pool:
+        got, (first, tokens, mem) = turns(pool)
+    assert got == want
+    window = memory.kv_plan(mem.shape, mem.size, budget, mem.rows_planned, 32768 + 8, 8, mem.fused, 0)
+    assert first["width"] <= 2 * memory.COLUMN_BUCKET  # the short rows' widest slot, not 32k columns
+    assert first["reserve"] < window["reserve"] / 4 and tokens > window["tokens"]
+    wide_row = len(chat.context_ids(tok, engine.Conversation("long " * 700, [{"role": "user", "content": "Go."}])))
+    assert mem.plan["width"] >= wide_row + 8 > first["width"] and mem.plan["reserve"] > first["reserve"]
+    assert mem.store.tokens < tokens and mem.nbytes() + mem.plan["reserve"] <= budget

@@ -673,7 +673,11 @@ def batch_for(model: torch.nn.Module, rows: Sequence[Row]) -> Batch:
     pool = kv_pool.pool_for(gen.model_device(model))
     new_tokens = max((r.settings.max_new_tokens for r in rows), default=1)
     trie = max((r.schema.scratch_columns for r in rows if r.schema is not None), default=0)
-    memory = pool.memory_of(model, [r.width for r in rows] or [1], new_tokens, trie)
+    # The widest a row may be by the run's settings (--max-context, a turn's new tokens included, and a choice's
+    # tree past it); None where one has none: the model's window.
+    limits = [r.settings.max_context for r in rows]
+    longest = max(limits) + trie if limits and None not in limits else None
+    memory = pool.memory_of(model, [r.width for r in rows] or [1], new_tokens, trie, longest)
     if memory.batch is None:
         memory.batch = Batch(model, memory)
     return memory.batch

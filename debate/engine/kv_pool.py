@@ -142,21 +142,23 @@ class Memory:
     """One model's KV memory within its share of the budget: the store (place and pages), and what holds which."""
 
     def __init__(self, pool: "Pool", model: torch.nn.Module, share: Optional[int], rows: int, widths: Sequence[int],
-                 new_tokens: int, trie: int) -> None:
+                 new_tokens: int, trie: int, longest: Optional[int] = None) -> None:
         self.pool = pool
         dtype = dtype_of(model)
         self.shape = memory.shape(model.config)
         self.size = torch.tensor([], dtype=dtype).element_size()
         self.token_bytes = memory.kv_bytes_per_token(self.shape, self.size)
         self.budget = share if share is not None else _free_memory(next(model.parameters()).device)
-        # The widest a row may ever be, for the reserve: the model's window with a turn's new tokens, as far as the
-        # budget goes.
-        widest = max(widths)
+        # The reserve is sized to the widest slot the place may take for these rows (place_geometry's columns: twice
+        # the widest row at most), not to the model's window: on Llama-3.1-8B the window's reserve held 3.46 GiB of a
+        # 12 GiB budget where a debate's rows needed 0.45 GiB. A later row wider than that grows the reserve when
+        # the place is seen anew for it, the store giving up its last pages (`reshape`). Never past the longest
+        # context the settings allow (`longest`: --max-context, else the model's window, with a turn's new tokens).
         window = _window(model)
-        if window:
-            widest = max(widest, min(window + new_tokens + trie, self.budget // max(self.token_bytes, 1)))
-        fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
-        self.plan = memory.kv_plan(self.shape, self.size, self.budget, rows, widest, new_tokens, fused, trie)
+        self.longest = min(x for x in (longest, window and window + new_tokens + trie, 1 << 62) if x)
+        self.fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
+        self.new_tokens, self.trie, self.rows_planned = new_tokens, trie, rows
+        self.plan = self._plan(self._reserve_width(max(widths)))
         self.wanted_rows = rows
         tokens = self.plan["tokens"] // kv_store.PAGE * kv_store.PAGE
         rows, columns = place_geometry(widths, rows, tokens) or (1, 0)
@@ -171,11 +173,29 @@ class Memory:
         self.batch: Any = None  # the model's decode batch over this memory (debate.engine.decode_batch)
         pool.note_memory(self)
 
+    # -- the reserve -----------------------------------------------------------------------------------------------
+
+    def _reserve_width(self, widest: int) -> int:
+        """The columns the reserve is sized for, rows up to `widest` columns waiting: the widest slot place_geometry
+        may give them (twice the widest, rounded up), within the longest context allowed and the budget."""
+        roomy = 2 * (-(-widest // COLUMN_BUCKET) * COLUMN_BUCKET)
+        return max(widest, min(roomy, self.longest, self.budget // max(self.token_bytes, 1)))
+
+    def _plan(self, width: int) -> Dict[str, int]:
+        plan = memory.kv_plan(self.shape, self.size, self.budget, self.rows_planned, width, self.new_tokens,
+                              self.fused, self.trie)
+        plan["width"] = width
+        return plan
+
     # -- the place -------------------------------------------------------------------------------------------------
 
     def fits(self, width: int) -> bool:
-        """Whether a row of `width` columns can ever run here (the whole memory as its slot)."""
-        return place_geometry([width], 1, self.store.tokens) is not None
+        """Whether a row of `width` columns can ever run here (the whole memory as its slot, the reserve grown for
+        it where it must be)."""
+        tokens = self.store.tokens
+        if width > self.plan["width"]:
+            tokens = min(tokens, self._plan(self._reserve_width(width))["tokens"] // kv_store.PAGE * kv_store.PAGE)
+        return place_geometry([width], 1, tokens) is not None
 
     def take_slot(self, width: int) -> Optional[int]:
         """The lowest free slot for a row of `width` columns, or None (every slot taken, or the slots too narrow)."""
@@ -197,27 +217,38 @@ class Memory:
         caches in the pages it grows over are moved to free pages past it, or dropped (newest first) where too few
         are free; whether it changed."""
         assert self.empty()
-        geometry = place_geometry(widths, max(self.wanted_rows, len(widths)), self.store.tokens)
+        wanted = max(self.wanted_rows, len(widths))
+        tokens, plan = self.store.tokens, self.plan
+        if widths[0] > self.store.columns and widths[0] > plan["width"]:
+            # The reserve grows for the wider rows; the store gives up pages for it (its last ones).
+            plan = self._plan(self._reserve_width(widths[0]))
+            tokens = min(tokens, plan["tokens"] // kv_store.PAGE * kv_store.PAGE)
+        geometry = place_geometry(widths, wanted, tokens)
         if geometry is None:
             return False  # no place holds it: the row fails when it joins
         rows, columns = geometry
         if widths[0] <= self.store.columns and rows <= self.store.rows:
             return False
-        first = -(-rows * columns // kv_store.PAGE)
+        first, last = -(-rows * columns // kv_store.PAGE), tokens // kv_store.PAGE
         self._forget_cached()  # a place seen anew is rare: the pages nobody holds are not worth moving
-        free_above = [p for p in self.free_pages if p >= first]
-        in_the_way = sorted(p for p in self.holders if p < first)
+
+        def outside(page: int) -> bool:
+            return page < first or page >= last
+
+        def room() -> Tuple[List[int], List[int]]:
+            return ([p for p in self.free_pages if not outside(p)], sorted(p for p in self.holders if outside(p)))
+
+        free_above, in_the_way = room()
         for ref, entry in sorted(self.entries.values(), key=lambda item: -item[1].birth):
             if len(free_above) >= len(in_the_way):
                 break
             other = ref()
-            if other is not None and entry.pages and any(p < first for p in entry.pages):
+            if other is not None and entry.pages and any(outside(p) for p in entry.pages):
                 self.evict(other)
                 self._forget_cached()
-                free_above = [p for p in self.free_pages if p >= first]
-                in_the_way = sorted(p for p in self.holders if p < first)
+                free_above, in_the_way = room()
         self.pool.moved += len(in_the_way)
-        for page in in_the_way:  # each cache's pages past the new end, its tokens moved there
+        for page in in_the_way:  # each cache's pages out of the new place's way and the store's end, moved within
             target = free_above.pop()
             self.store.move_page(page, target)
             holding = self.holders[target] = self.holders.pop(page)
@@ -229,6 +260,11 @@ class Memory:
                 self.index[key] = target
         log.debug("decode place: %d slots of %d columns (was %d of %d)", rows, columns, self.store.rows,
                   self.store.columns)
+        if tokens < self.store.tokens:
+            log.debug("reserve grown to %s for rows of %d columns; keys and values %d tokens (were %d)",
+                      size(plan["reserve"]), plan["width"], tokens, self.store.tokens)
+            self.store.shrink(tokens)
+        self.plan = plan
         self.store.view(rows, columns)
         self.free_slots = list(range(rows))
         self.free_pages = [p for p in range(first, self.store.pages) if p not in self.holders]
@@ -459,12 +495,14 @@ class Pool:
     def share(self) -> Optional[int]:
         return None if self.budget is None else self.budget // max(1, self.models)
 
-    def memory_of(self, model: torch.nn.Module, widths: Sequence[int], new_tokens: int, trie: int) -> Memory:
+    def memory_of(self, model: torch.nn.Module, widths: Sequence[int], new_tokens: int, trie: int,
+                  longest: Optional[int] = None) -> Memory:
         """The model's Memory, made on first use for the run's rows at once (where it said; else as many as its first
-        rows, of `widths` columns)."""
+        rows, of `widths` columns; `longest`: the widest a row may be by the run's settings, None: the model's
+        window)."""
         mem = self.memories.get(model)
         if mem is None:
-            mem = Memory(self, model, self.share(), max(len(widths), self.rows), widths, new_tokens, trie)
+            mem = Memory(self, model, self.share(), max(len(widths), self.rows), widths, new_tokens, trie, longest)
             self.memories[model] = mem
         return mem
 

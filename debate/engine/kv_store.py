@@ -148,8 +148,10 @@ class Store:
         self.shapes = list(shapes)
         self.pages = tokens // PAGE
         self.tokens = self.pages * PAGE
-        self.flat = [tuple(torch.empty(self.tokens * h * d, dtype=t, device=dev) for _ in range(2))
-                     for h, d, t, dev in self.shapes]
+        self.flat: List[Tuple[torch.Tensor, torch.Tensor]] = [
+            (torch.empty(self.tokens * h * d, dtype=t, device=dev), torch.empty(self.tokens * h * d, dtype=t,
+                                                                                 device=dev))
+            for h, d, t, dev in self.shapes]
         self.page_layers = [(k.view(self.pages, h, PAGE, d), v.view(self.pages, h, PAGE, d))
                             for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
         self.rows = self.columns = 0
@@ -173,6 +175,21 @@ class Store:
                         v[:rows * h * columns * d].view(rows, h, columns, d))
                        for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
         self.zeroed = 0  # what was a page's may be anything
+        self._decode.clear()
+
+    def shrink(self, tokens: int) -> None:
+        """Keep only the first `tokens` tokens (a multiple of PAGE): each layer's storage made anew, one at a time,
+        with its first tokens copied over, so the memory past them goes back to the allocator (for the reserve) and the
+        copy's peak is one layer's. Only with no row in the place; the pages past the end hold nothing any more."""
+        self.layers, self.page_layers = [], []  # views of the old storage: it is freed layer by layer below
+        self._decode.clear()
+        for i, (h, d, _, _) in enumerate(self.shapes):
+            keys, values = self.flat[i]
+            self.flat[i] = (keys[:tokens * h * d].clone(), values[:tokens * h * d].clone())
+            del keys, values
+        self.pages, self.tokens = tokens // PAGE, tokens
+        self.page_layers = [(k.view(self.pages, h, PAGE, d), v.view(self.pages, h, PAGE, d))
+                            for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
         self._decode.clear()
 
     def ready(self, columns: int) -> None:
