@@ -266,6 +266,7 @@ def run_once(path, args, reuse, four_bit, turn_tokens, out_dir, continuous=None)
     argv += [] if args.structured else ["--no-structured"]
     argv += [] if continuous is None else ["--continuous" if continuous else "--no-continuous"]
     argv += ["--gpu-memory-fraction", str(args.gpu_memory_fraction)] if args.gpu_memory_fraction is not None else []
+    argv += ["--prefill-tokens", str(args.prefill_tokens)] if args.prefill_tokens is not None else []
     clock = EngineClock()
     original = engine.generate
     engine.generate = clock.wrap(original)
@@ -396,6 +397,8 @@ def build_parser():
                    help="continuous batching, fixed batches, both, or the run's default without the flag "
                    "(for code from before --continuous existed)")
     p.add_argument("--gpu-memory-fraction", type=float, help="passed to the run (default: the run's own)")
+    p.add_argument("--prefill-tokens", type=int, help="passed to the run (default: the run's own; the commit before "
+                   "issue 53 has no such flag)")
     p.add_argument("--preset", choices=("compile",), help="compile: the compiled decode step's check (module doc) "
                    "instead of the matrix (default: the matrix)")
     p.add_argument("--eager-claims", type=int, default=32, help="--preset compile: claims of the eager rows")

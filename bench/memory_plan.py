@@ -47,7 +47,8 @@ from debate.engine.memory import GIB, shape  # noqa: E402
 CARDS = {40: 42_405_855_232}
 CUDA_CONTEXT_GIB = 0.5
 LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
+                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+                   max_position_embeddings=131072)
 # The largest choice trie of the project's schemas is the labels' (a few tokens a label, plus the closing
 # quote); 64 distinct tokens is a generous bound for any label set, and the pass is a few MiB per token.
 TRIE_TOKENS = 64
@@ -73,19 +74,27 @@ def card_budget(gpu_gb, s, nf4):
     return int(FRACTION * CARDS.get(gpu_gb, gpu_gb * GIB) - quantised - rest - CUDA_CONTEXT_GIB * GIB)
 
 
-def in_flight_table(s, args):
+def in_flight_table(s, args, window=None):
+    """Claims in flight per card, and where the model's `window` is given, beside it what the engine kept before
+    issue 53 (its reserve planned for the whole window with a turn's new tokens, not for the rows' widest slot)."""
     context = debatecv_context(args.turn_tokens, args.rounds, args.evidence_tokens)
     lines = [f"DebateCV, {args.rounds} rounds + final, {args.turn_tokens}-token turns, {args.evidence_tokens} tokens "
              f"of evidence: a claim's longest conversation {context:,} tokens, its {args.conversations} caches "
              f"{args.conversations * context * memory.kv_bytes_per_token(s) / GIB:.2f} GiB at most",
              "| card | weights | budget (0.9 of the card less weights and CUDA context) | claims in flight, all caches "
-             "kept |", "|---|---|---:|---:|"]
+             "kept |" + (f" with the reserve for the {window:,}-token window (before issue 53) |" if window else ""),
+             "|---|---|---:|---:|" + ("---:|" if window else "")]
     for gpu_gb in CARD_GB:
         for nf4 in (True, False):
             budget = card_budget(gpu_gb, s, nf4)
             n = memory.claims_in_flight(s, 2, budget, args.conversations, context, args.turn_tokens,
                                         trie=args.trie_tokens)
-            lines.append(f"| {gpu_gb} GB | {'NF4' if nf4 else 'bf16'} | {max(budget, 0) / GIB:.1f} GiB | {n} |")
+            line = f"| {gpu_gb} GB | {'NF4' if nf4 else 'bf16'} | {max(budget, 0) / GIB:.1f} GiB | {n} |"
+            if window:
+                whole = min(window + args.turn_tokens + args.trie_tokens,
+                            max(budget, 0) // memory.kv_bytes_per_token(s))
+                line += f" {memory.claims_in_flight(s, 2, budget, args.conversations, context, args.turn_tokens, trie=args.trie_tokens, reserve_width=whole)} |"  # noqa: E501
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -294,7 +303,7 @@ def main():
           f"{memory.lora_params(s, args.lora_r) / 1e6:.0f}M parameters")
     print(table(s, args))
     print()
-    print(in_flight_table(s, args))
+    print(in_flight_table(s, args, config.get("max_position_embeddings")))
     if args.check_cpu:
         check_cpu(args)
 

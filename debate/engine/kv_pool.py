@@ -178,8 +178,7 @@ class Memory:
     def _reserve_width(self, widest: int) -> int:
         """The columns the reserve is sized for, rows up to `widest` columns waiting: the widest slot place_geometry
         may give them (twice the widest, rounded up), within the longest context allowed and the budget."""
-        roomy = 2 * (-(-widest // COLUMN_BUCKET) * COLUMN_BUCKET)
-        return max(widest, min(roomy, self.longest, self.budget // max(self.token_bytes, 1)))
+        return max(widest, min(memory.reserve_columns(widest, self.longest), self.budget // max(self.token_bytes, 1)))
 
     def _plan(self, width: int) -> Dict[str, int]:
         plan = memory.kv_plan(self.shape, self.size, self.budget, self.rows_planned, width, self.new_tokens,

@@ -208,15 +208,25 @@ def kv_plan(s, size, budget, rows, widest, new_tokens, fused=False, trie=0):
     return {"reserve": reserve, "tokens": max(0, budget - reserve) // per_token}
 
 
+def reserve_columns(widest, longest=None):
+    """The columns the engine's reserve is planned for (debate.engine.kv_pool.Memory): the widest slot the place may
+    give rows of `widest` columns, twice that rounded up to COLUMN_BUCKET, within `longest` (the longest context the
+    run's settings allow: --max-context, else the model's window, with a turn's new tokens)."""
+    roomy = 2 * (-(-widest // COLUMN_BUCKET) * COLUMN_BUCKET)
+    return max(widest, min(roomy, longest or roomy))
+
+
 def claims_in_flight(s, size, budget, conversations, context, new_tokens, chunk=PREFILL_CHUNK, trie=0, fused=True,
-                     rows=32):
-    """How many claims fit `budget` bytes with every cache kept, as the engine's memory authority uses it (kv_plan,
-    and kv_pool.place_geometry's slots of `rows` rows at most): each claim decodes one row of `context` + `new_tokens`
-    columns (rounded up to COLUMN_BUCKET) in the place, which takes PLACE_SHARE of the memory at most, and keeps its
-    other `conversations` - 1 caches of `context` tokens in pages. `chunk` is unused (every prefill piece is
-    PREFILL_CHUNK tokens). 0: not even one claim."""
+                     rows=32, reserve_width=None):
+    """How many claims fit `budget` bytes with every cache kept, as the engine's memory authority uses it (kv_plan
+    for reserve_columns, and kv_pool.place_geometry's slots of `rows` rows at most): each claim decodes one row of
+    `context` + `new_tokens` columns (rounded up to COLUMN_BUCKET) in the place, which takes PLACE_SHARE of the memory
+    at most, and keeps its other `conversations` - 1 caches of `context` tokens in pages. `reserve_width`: the
+    reserve's columns instead (the engine before issue 53 planned it for the model's whole window). `chunk` is unused
+    (every prefill piece is PREFILL_CHUNK tokens). 0: not even one claim."""
     del chunk
-    plan = kv_plan(s, size, budget, rows, context + new_tokens + trie, new_tokens, fused, trie)
+    widest = context + new_tokens + trie
+    plan = kv_plan(s, size, budget, rows, reserve_width or reserve_columns(widest), new_tokens, fused, trie)
     tokens = plan["tokens"]
     width = -(-(context + new_tokens + trie) // COLUMN_BUCKET) * COLUMN_BUCKET
     waiting = -(-context // PAGE) * PAGE * max(0, conversations - 1)
