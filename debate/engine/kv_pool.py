@@ -262,7 +262,7 @@ class Memory:
         if tokens < self.store.tokens:
             log.debug("reserve grown to %s for rows of %d columns; keys and values %d tokens (were %d)",
                       size(plan["reserve"]), plan["width"], tokens, self.store.tokens)
-            self.store.shrink(tokens)
+            self.store.shrink(tokens, sorted(self.holders))
         self.plan = plan
         self.store.view(rows, columns)
         self.free_slots = list(range(rows))

@@ -177,20 +177,28 @@ class Store:
         self.zeroed = 0  # what was a page's may be anything
         self._decode.clear()
 
-    def shrink(self, tokens: int) -> None:
-        """Keep only the first `tokens` tokens (a multiple of PAGE): each layer's storage made anew, one at a time,
-        with its first tokens copied over, so the memory past them goes back to the allocator (for the reserve) and the
-        copy's peak is one layer's. Only with no row in the place; the pages past the end hold nothing any more."""
+    def shrink(self, tokens: int, keep: Sequence[int]) -> None:
+        """Keep only the first `tokens` tokens (a multiple of PAGE), and of them only pages `keep` (the caches' pages;
+        the place is empty): each layer's storage made anew, one at a time, with those pages copied over, so the
+        memory past the end goes back to the allocator (for the reserve), the copy's peak is one layer's and, on a
+        CPU, storage nothing was written to stays untouched. Only with no row in the place."""
         self.layers, self.page_layers = [], []  # views of the old storage: it is freed layer by layer below
         self._decode.clear()
-        for i, (h, d, _, _) in enumerate(self.shapes):
-            keys, values = self.flat[i]
-            self.flat[i] = (keys[:tokens * h * d].clone(), values[:tokens * h * d].clone())
-            del keys, values
-        self.pages, self.tokens = tokens // PAGE, tokens
+        pages = tokens // PAGE
+        index: Optional[torch.Tensor] = None
+        for i, (h, d, dtype, device) in enumerate(self.shapes):
+            old = self.flat[i]
+            new = tuple(torch.empty(tokens * h * d, dtype=dtype, device=device) for _ in range(2))
+            if keep:
+                if index is None or index.device != device:
+                    index = to_device(list(keep), device)
+                for source, target in zip(old, new):
+                    target.view(pages, h, PAGE, d)[index] = source.view(self.pages, h, PAGE, d)[index]
+            self.flat[i] = (new[0], new[1])
+            del old
+        self.pages, self.tokens = pages, tokens
         self.page_layers = [(k.view(self.pages, h, PAGE, d), v.view(self.pages, h, PAGE, d))
                             for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
-        self._decode.clear()
 
     def ready(self, columns: int) -> None:
         """Columns [0, columns) of every slot finite from now on: those not yet zeroed are, once."""
