@@ -126,3 +126,23 @@ def test_block_masks_list_each_rows_blocks_and_mask_as_the_additive_masks_do():
         for row in range(len(lengths)):
             listed = set(mask.kv_indices[row, 0, 0, :int(mask.kv_num_blocks[row, 0, 0])].tolist())
             assert listed == {int(c) // block for c in torch.nonzero(seen[row])[:, 0]}
+
+
+def test_a_flex_kernel_that_fails_falls_back_to_the_masked_step_once(tmp_path, monkeypatch, caplog):
+    """Where flex attention cannot run (a torch whose CPU kernel does not compile, say), the model's compiled step
+    attends under the additive mask from then on, said once, and gives the eager logits."""
+    path = build_tiny_llama(tmp_path / "llama", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()  # a model of its own: its compile state is new
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated flex failure")
+
+    monkeypatch.setattr(decode_step, "flex_attention", broken)
+    place = Place(model, lengths=(300, 12))
+    with caplog.at_level("WARNING", logger="debate.engine.decode_step"):
+        compiled = place.run(2, 512, compiled=True)
+        place.run(2, 512, compiled=True)
+    assert caplog.text.count("flex attention failed") == 1  # dynamo's words about the error come first in the line
+    stats = decode_step.stats_of(model)
+    assert not place.step.flex and stats.flex_failed and stats.failed is None and stats.steps == 2
+    assert torch.allclose(compiled, place.run(2, 512, compiled=False), atol=1e-4)
