@@ -86,6 +86,15 @@ def check(model):
     return place, rows, columns, compiled
 
 
+@pytest.fixture(scope="module", autouse=True)
+def room_for_more_models():
+    """dynamo's recompile limit (8) counts the graphs of decode_step.forward for every model the process has compiled
+    it for: after tests/test_compiled_decode.py's models, this module's would reach it (a run compiles it for a few
+    models at most)."""
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     path = build_tiny_llama(tmp_path_factory.mktemp("llama"), seed=0)
