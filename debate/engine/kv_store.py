@@ -93,13 +93,17 @@ class DecodeLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        # Written as (rows, columns, heads, dim): the row and column indices side by side take index_put's direct
-        # path; (rows, heads, columns) indexed [rows, :, columns] copied the whole view first (7 ms a layer, 32 rows).
-        # The permuted views are made here, not kept: two inputs of a compiled step aliasing one storage, one of them
-        # written, send aot_autograd down a path that fails under dynamic shapes ("size_bytes_is_heap_allocated").
+        # One in-place index_put_ with the row, head and column indices broadcast side by side: each row's token at
+        # its own column. Written through a permuted view instead ((rows, columns, heads, dim) indexed [rows, columns],
+        # as before issue 53), inductor copied the whole rows x columns view in and back at every layer of a compiled
+        # step (21 ms against 0.03 ms for one layer's keys at 32 x 4,096, bench/bench_row_attention.py), so a step
+        # cost grew with the longest row whatever the attention read. No permuted view is kept on the layer either:
+        # two inputs of a compiled step aliasing one storage, one of them written, send aot_autograd down a path that
+        # fails under dynamic shapes ("size_bytes_is_heap_allocated").
         keys, values = self.view_keys, self.view_values
-        keys.permute(0, 2, 1, 3)[self.rows, self.columns] = key_states[:, :, 0]
-        values.permute(0, 2, 1, 3)[self.rows, self.columns] = value_states[:, :, 0]
+        index = (self.rows[:, None], torch.arange(keys.shape[1], device=keys.device)[None], self.columns[:, None])
+        keys.index_put_(index, key_states[:, :, 0])
+        values.index_put_(index, value_states[:, :, 0])
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -120,9 +124,11 @@ class MixedLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        # (1, heads, tokens, dim) written token by token at (slot, column), by the same direct path as DecodeLayer.
-        self.view_keys.permute(0, 2, 1, 3)[self.slots, self.columns] = key_states[0].transpose(0, 1)
-        self.view_values.permute(0, 2, 1, 3)[self.slots, self.columns] = value_states[0].transpose(0, 1)
+        # (1, heads, tokens, dim) written token by token at (slot, column), in place as DecodeLayer writes.
+        index = (self.slots[:, None], torch.arange(self.view_keys.shape[1], device=self.view_keys.device)[None],
+                 self.columns[:, None])
+        self.view_keys.index_put_(index, key_states[0].transpose(0, 1))
+        self.view_values.index_put_(index, value_states[0].transpose(0, 1))
         return self.view_keys, self.view_values
 
     def get_seq_length(self) -> int:
