@@ -677,7 +677,9 @@ def batch_for(model: torch.nn.Module, rows: Sequence[Row]) -> Batch:
     # tree past it); None where one has none: the model's window.
     limits = [r.settings.max_context for r in rows]
     longest = max(limits) + trie if limits and None not in limits else None
-    memory = pool.memory_of(model, [r.width for r in rows] or [1], new_tokens, trie, longest)
+    piece = max((r.settings.prefill_tokens for r in rows), default=kv_pool.memory.PREFILL_CHUNK)
+    memory = pool.memory_of(model, [r.width for r in rows] or [1], new_tokens, trie, longest,
+                            max(piece, kv_pool.memory.PREFILL_CHUNK))
     if memory.batch is None:
         memory.batch = Batch(model, memory)
     return memory.batch

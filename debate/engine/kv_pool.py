@@ -142,7 +142,8 @@ class Memory:
     """One model's KV memory within its share of the budget: the store (place and pages), and what holds which."""
 
     def __init__(self, pool: "Pool", model: torch.nn.Module, share: Optional[int], rows: int, widths: Sequence[int],
-                 new_tokens: int, trie: int, longest: Optional[int] = None) -> None:
+                 new_tokens: int, trie: int, longest: Optional[int] = None,
+                 piece: int = memory.PREFILL_CHUNK) -> None:
         self.pool = pool
         dtype = dtype_of(model)
         self.shape = memory.shape(model.config)
@@ -157,7 +158,7 @@ class Memory:
         window = _window(model)
         self.longest = min(x for x in (longest, window and window + new_tokens + trie, 1 << 62) if x)
         self.fused = memory.attention_is_fused(getattr(model.config, "_attn_implementation", None))
-        self.new_tokens, self.trie, self.rows_planned = new_tokens, trie, rows
+        self.new_tokens, self.trie, self.rows_planned, self.piece = new_tokens, trie, rows, piece
         self.plan = self._plan(self._reserve_width(max(widths)))
         self.wanted_rows = rows
         tokens = self.plan["tokens"] // kv_store.PAGE * kv_store.PAGE
@@ -182,7 +183,7 @@ class Memory:
 
     def _plan(self, width: int) -> Dict[str, int]:
         plan = memory.kv_plan(self.shape, self.size, self.budget, self.rows_planned, width, self.new_tokens,
-                              self.fused, self.trie)
+                              self.fused, self.trie, self.piece)
         plan["width"] = width
         return plan
 
@@ -495,13 +496,14 @@ class Pool:
         return None if self.budget is None else self.budget // max(1, self.models)
 
     def memory_of(self, model: torch.nn.Module, widths: Sequence[int], new_tokens: int, trie: int,
-                  longest: Optional[int] = None) -> Memory:
+                  longest: Optional[int] = None, piece: int = memory.PREFILL_CHUNK) -> Memory:
         """The model's Memory, made on first use for the run's rows at once (where it said; else as many as its first
         rows, of `widths` columns; `longest`: the widest a row may be by the run's settings, None: the model's
         window)."""
         mem = self.memories.get(model)
         if mem is None:
-            mem = Memory(self, model, self.share(), max(len(widths), self.rows), widths, new_tokens, trie, longest)
+            mem = Memory(self, model, self.share(), max(len(widths), self.rows), widths, new_tokens, trie, longest,
+                         piece)
             self.memories[model] = mem
         return mem
 

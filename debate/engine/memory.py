@@ -188,23 +188,25 @@ PAGE = 64
 COLUMN_BUCKET = 256
 
 
-def reserve_bytes(s, size, rows, columns, new_tokens, fused=False, trie=0):
-    """What a model's persistent decode batch needs besides its KV memory, at most: a prefill piece of one row
-    (PREFILL_CHUNK tokens attending to `columns`), the decode step of `rows` rows over `columns` columns with its
-    masks, structured decoding's extras for every row and one choice's tree pass, the rows' pick history. On CUDA the
-    step's transients stay in the captured graphs' pool, so the prefill's and the step's are added, not maxed."""
-    prefill = prefill_bytes(s, 1, min(columns, PREFILL_CHUNK), max(0, columns - PREFILL_CHUNK), size, fused)
+def reserve_bytes(s, size, rows, columns, new_tokens, fused=False, trie=0, piece=PREFILL_CHUNK):
+    """What a model's persistent decode batch needs besides its KV memory, at most: the prompt tokens a step carries
+    (`piece`, --prefill-tokens: counted as one row's piece attending to `columns`, the most any piece of them can
+    attend to), the decode step of `rows` rows over `columns` columns with its masks, structured decoding's extras for
+    every row and one choice's tree pass, the rows' pick history. On CUDA the step's transients stay in the captured
+    graphs' pool, so the prefill's and the step's are added, not maxed (a mixed forward carries both)."""
+    prefill = prefill_bytes(s, 1, min(columns, piece), max(0, columns - piece), size, fused, piece)
     step = (decode_step_bytes(s, rows, columns, size, fused) + decode_masks_bytes(s, rows, columns, size, new_tokens)
             + structured_step_bytes(s, rows, size) + choice_pass_bytes(s, trie, columns, size, fused))
     return prefill + step
 
 
-def kv_plan(s, size, budget, rows, widest, new_tokens, fused=False, trie=0):
+def kv_plan(s, size, budget, rows, widest, new_tokens, fused=False, trie=0, piece=PREFILL_CHUNK):
     """How a model's `budget` bytes split (debate.engine.kv_pool): {"reserve", "tokens"}: the reserve for `rows` rows
-    of at most `widest` columns, and the tokens of keys and values the rest holds (the place's and the pages')."""
+    of at most `widest` columns and steps carrying `piece` prompt tokens, and the tokens of keys and values the rest
+    holds (the place's and the pages')."""
     per_token = kv_bytes_per_token(s, size)
     columns = max(1, min(widest, budget // max(per_token, 1)))
-    reserve = reserve_bytes(s, size, rows, columns, new_tokens, fused, trie)
+    reserve = reserve_bytes(s, size, rows, columns, new_tokens, fused, trie, piece)
     return {"reserve": reserve, "tokens": max(0, budget - reserve) // per_token}
 
 
