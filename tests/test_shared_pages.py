@@ -65,14 +65,17 @@ def test_a_context_that_starts_like_another_takes_its_pages_and_gets_the_plain_p
         assert mem.held() == 0 and len(mem.cached) >= shared  # nobody holds them; still indexed
 
 
-def test_rows_joining_in_one_step_take_the_pages_the_first_ones_prefill_published(tiny):
+@pytest.mark.parametrize("budget", [512, 64])
+def test_rows_joining_in_one_step_take_the_pages_the_first_ones_prefill_published(tiny, budget):
+    """Three seats joining together: the first encodes the shared pages, the others wait while it writes them (its
+    prompt over several steps at a budget of 64 prompt tokens a step) and take them once published."""
     model, tok = tiny
     prompts = ["Judge seat 1: your verdict?", "Judge seat 2: your verdict?", "Judge seat 3: your verdict?"]
     shared = min(common_pages(context(tok, prompts[0]), context(tok, p)) for p in prompts[1:])
     assert shared >= 4
     with cpu_budget(None) as pool:
         convs = [engine.Conversation(SYSTEM) for _ in prompts]
-        engine.generate(model, tok, convs, prompts, engine.Settings(max_new_tokens=6))  # one call: one step's joins
+        engine.generate(model, tok, convs, prompts, engine.Settings(max_new_tokens=6, prefill_tokens=budget))
         assert [c.prompt_tokens - c.encoded_tokens for c in convs] == [0, shared * PAGE, shared * PAGE]
         assert pool.shared == 2 * shared * PAGE
         for conv in convs:
