@@ -191,17 +191,14 @@ class Store:
         self.layers, self.page_layers = [], []  # views of the old storage: it is freed layer by layer below
         self._decode.clear()
         pages = tokens // PAGE
-        index: Optional[torch.Tensor] = None
         for i, (h, d, dtype, device) in enumerate(self.shapes):
-            old = self.flat[i]
-            new = tuple(torch.empty(tokens * h * d, dtype=dtype, device=device) for _ in range(2))
-            if keep:
-                if index is None or index.device != device:
-                    index = to_device(list(keep), device)
-                for source, target in zip(old, new):
-                    target.view(pages, h, PAGE, d)[index] = source.view(self.pages, h, PAGE, d)[index]
-            self.flat[i] = (new[0], new[1])
-            del old
+            for which in range(2):  # keys, then values: one tensor's old storage freed before the next is made
+                source = self.flat[i][which]
+                target = torch.empty(tokens * h * d, dtype=dtype, device=device)
+                for page in keep:  # page by page: no gathered copy of every kept page beside both storages
+                    target.view(pages, h, PAGE, d)[page].copy_(source.view(self.pages, h, PAGE, d)[page])
+                self.flat[i] = (target, self.flat[i][1]) if which == 0 else (self.flat[i][0], target)
+                del source
         self.pages, self.tokens = pages, tokens
         self.page_layers = [(k.view(self.pages, h, PAGE, d), v.view(self.pages, h, PAGE, d))
                             for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
