@@ -101,6 +101,7 @@ class Row:
     fed: int = 0
     loaded: bool = False
     writes: set = field(default_factory=set)
+    page_keys: Optional[List[bytes]] = None  # its context's full pages' keys (kv_pool.page_keys), made once a turn
     table: int = 0  # its tokenizer's first row in the batch's mask tables (a schema row)
     result: Optional[RowResult] = None
     error: Optional[str] = None
@@ -268,7 +269,7 @@ class Batch:
             if slot is None:
                 break  # every slot taken, or the first in line waits for the place to empty (then it is reshaped)
             self.queue.popleft()
-            row.slot, row.loaded, row.fed, row.writes = slot, False, 0, set()
+            row.slot, row.loaded, row.fed, row.writes, row.page_keys = slot, False, 0, set(), None
             self.adapters.assign(slot, row.adapter)
             # Zeroed before anything is written: a column is zeroed once, the first time a row may reach it.
             mem.store.ready(min(row.width, mem.store.columns))
@@ -295,8 +296,7 @@ class Batch:
                                               row.adapter)
                 row.fed, row.loaded = row.reused, True
                 if row.settings.reuse_cache:  # the pages it will write that no one has
-                    full = len(row.target) // kv_store.PAGE
-                    keys = kv_pool.page_keys(row.target, row.adapter, full)
+                    keys = self._page_keys(row)
                     row.writes = {k for k in keys[row.reused // kv_store.PAGE:] if k not in self.memory.index}
                     writing |= row.writes
             n = min(len(row.target) - row.fed, budget)
@@ -311,11 +311,18 @@ class Batch:
         joining row (and its own cache holds no more)."""
         if not writing:
             return False
-        keys = kv_pool.page_keys(row.target, row.adapter, (len(row.target) - 1) // kv_store.PAGE)
+        keys = self._page_keys(row)[:(len(row.target) - 1) // kv_store.PAGE]
         run = next((i for i, key in enumerate(keys) if key not in self.memory.index), len(keys))
         if run == len(keys) or keys[run] not in writing:
             return False
         return self.memory.usable(row.conv, row.target) <= run * kv_store.PAGE
+
+    @staticmethod
+    def _page_keys(row: Row) -> List[bytes]:
+        """The keys of the row's context's full pages, hashed once while it waits and joins (not at every step)."""
+        if row.page_keys is None:
+            row.page_keys = kv_pool.page_keys(row.target, row.adapter, len(row.target) // kv_store.PAGE)
+        return row.page_keys
 
     def _fed(self, row: Row, end: int, logits: Optional[torch.Tensor]) -> None:
         """A row's prompt written up to column `end`: its full pages published; when that is its whole prompt, it

@@ -297,11 +297,6 @@ class Stats:
                 "prefill_only_forwards": self.prefill_only, "prefill_tokens": self.prefill_tokens,
                 **({"fallback": self.failed} if self.failed else {})}
 
-    @property
-    def forwards(self) -> int:
-        """The model's forwards of the batch: decode steps alone, mixed ones and prefill-only ones."""
-        return self.steps + self.eager_steps + self.mixed + self.prefill_only
-
 
 class Clock:
     """A step's time as the device spends it: on CUDA a pair of timing events around the step, added once the host
