@@ -143,9 +143,10 @@ def structured_step_bytes(s, rows, size):
     """Structured decoding's and sampling's extras in a decode step (debate.engine.decode_batch._pick): the masks over
     the vocabulary (two modes, banned and closing, one byte a token, kept for the run), and for each row the logits a
     waiting schema row holds for the host (float32, kept), the masked copy of its logits and the bytes of the mask
-    gathered for it, and the sampler's float32 softmax with the counter-based draws: an int64 hash a token, two at
-    once, and their float32 uniforms and exponentials (debate.engine.sampling)."""
-    return 4 * s["vocab"] + rows * s["vocab"] * (4 + size + 1 + 4 + 2 * 8 + 2 * 4)
+    gathered for it, and the sampler's float32 scaled logits and nucleus weights with the counter-based draws: an
+    int64 hash a token, two at once, and their float32 Gumbel noise (debate.engine.sampling's dense race, a GPU's;
+    a CPU's pruned race hashes only the tokens that can win)."""
+    return 4 * s["vocab"] + rows * s["vocab"] * (4 + size + 1 + 4 + 4 + 2 * 8 + 4)
 
 
 def choice_pass_bytes(s, trie, context, size, fused=False):

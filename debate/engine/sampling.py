@@ -3,22 +3,51 @@
 A sampled reply draws from a stream of its own, keyed by the run's seed and the reply's identity (`reply_key`:
 what it continues, its settings, and which of identical rows it is), never from a stream shared with the rows beside
 it. Draw n of a row is a pure function of (its key, n, the token id): a counter-based hash (splitmix64's finaliser,
-as Philox and JAX's threefry are counter-based), computed on the device for every row and token at once
-(`uniforms`). A token is then picked by the exponential race (Gumbel-max): argmax of p_i / E_i with E_i = -log U_i,
-which draws token i with probability p_i. So a row's tokens depend on its logits alone: not on which rows run beside
-it, in what order, at what batch size, or how many steps the host lags behind the device; a resumed run or another
---batch-size draws the same tokens from the same logits.
+as Philox and JAX's threefry are counter-based). A token is then picked by the Gumbel-max race: the argmax over the
+row's nucleus of s_i + g_i, with s_i = logit_i / temperature and g_i = -log(-log u_i) the Gumbel noise of its
+uniform u_i, which draws token i with probability softmax(s)_i over the nucleus. So a row's tokens depend on its
+logits alone: not on which rows run beside it, in what order, at what batch size, or how many steps the host lags
+behind the device; a resumed run or another --batch-size draws the same tokens from the same logits.
+
+What is exact (tests/test_sampling.py checks each against the distribution it states):
+- A uniform is (BITS bits of the hash + 1/2) / 2**BITS, strictly inside (0, 1) and a float32 exactly (with 24 bits
+  the largest would round to 1.0, its noise to +inf, and a token of probability 0 would score NaN and win argmax).
+  So every g_i is finite: a token whose logit is -inf (a schema's banned ids) or outside the nucleus scores -inf and
+  never wins while any token may.
+- The race works on logits, never on probabilities: no probability underflows to 0 and wins by a 0/0. Its one
+  approximation is the draws' resolution: g lies in [G_LOW, G_HIGH], so a token whose s is more than SPREAD (19.4)
+  below its row's best, probability under 4e-9 of the best's, is never drawn.
+- The nucleus (top_p < 1) is the tokens whose probability is at least its threshold: the smallest set of the most
+  probable tokens whose mass reaches top_p, closed under ties (tokens of equal probability are in or out together,
+  whatever their order), the most probable token always in. The race then runs over it alone.
+
+What it costs (docs/BENCHMARKS.md, issue 58). On a CPU, where the host reads the device for free, only the tokens
+that can win are hashed (`SPREAD` below the row's best at most: a few hundred of a trained model's 128k) and the
+nucleus' threshold is found among the row's top k by probability, k grown until it holds the boundary: a few passes
+over the vocabulary and no sort. On a GPU, where a read back would stall the device, every token is hashed (one
+pass when compiled, a few dozen cheap ones eagerly) and the threshold comes from a sort; both paths pick the same
+token (a test).
 """
 import hashlib
 import math
 import struct
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 _MASK64 = (1 << 64) - 1
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _GOLDEN = 0x9E3779B97F4A7C15
+
+BITS = 23  # of the hash that make a uniform: (bits + 1/2) / 2**23 is a float32 strictly inside (0, 1)
+_SCALE = 1.0 / (1 << BITS)
+# The Gumbel noise's range over those uniforms: g = -log(-log u) grows with u, from u = 2**-24 to 1 - 2**-24.
+G_LOW = -math.log(-math.log(0.5 * _SCALE))  # -2.81
+G_HIGH = -math.log(-math.log1p(-0.5 * _SCALE))  # 16.64
+# A token whose scaled logit is below its row's best by more than this cannot win the race (module doc); the margin
+# covers float32's rounding of the noise (a few units in the last place).
+SPREAD = G_HIGH - G_LOW + 1e-3
+FIRST_K = 64  # the nucleus' first search on a CPU: the top 64 tokens by probability, grown by 8x until enough
 
 
 def _signed(value: int) -> int:
@@ -36,6 +65,8 @@ def reply_key(seed: int, parts: Sequence[object], context: Sequence[int], occurr
     return _signed(int.from_bytes(digest.digest(), "little"))
 
 
+# -- the draws -------------------------------------------------------------------------------------------------------
+
 def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Logical right shift of int64 patterns (torch's >> is arithmetic)."""
     return (x >> bits) & ((1 << (64 - bits)) - 1)
@@ -48,66 +79,176 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _py_mix(x: int) -> int:
+    """`_mix` on Python integers: the hash's definition, which tests hold the tensor version to."""
+    x = ((x ^ (x >> 30)) * _M1) & _MASK64
+    x = ((x ^ (x >> 27)) * _M2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_bases(keys: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Each row's base for its draw `counts[r]` of stream `keys[r]`: one hash a row."""
+    return _mix(keys * _signed(_GOLDEN) + counts * _signed(_M1))
+
+
+_TOKEN_SALTS: Dict[Tuple[int, str], torch.Tensor] = {}
+
+
+def token_salts(vocab: int, device: torch.device) -> torch.Tensor:
+    """Every token id's salt (id * M2 + GOLDEN), made once a vocabulary and device: two passes fewer a step."""
+    key = (vocab, str(device))
+    salts = _TOKEN_SALTS.get(key)
+    if salts is None:
+        salts = torch.arange(vocab, device=device, dtype=torch.long) * _signed(_M2) + _signed(_GOLDEN)
+        _TOKEN_SALTS[key] = salts
+    return salts
+
+
+def unit(bits: torch.Tensor) -> torch.Tensor:
+    """BITS-bit patterns (int64, 0 .. 2**BITS - 1) as float32 uniforms (bits + 1/2) / 2**BITS: exact, and strictly
+    inside (0, 1) (the largest is 1 - 2**-24, a float32)."""
+    return bits.to(torch.float32).add_(0.5).mul_(_SCALE)
+
+
+def _bits(bases: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
+    return _shr(_mix(bases ^ salts), 64 - BITS)  # the hash's top BITS bits
+
+
 def uniforms(keys: torch.Tensor, counts: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(rows, vocab) float32 uniforms in (0, 1): draw `counts[r]` of row `r`'s stream, one a token id."""
-    base = _mix(keys * _signed(_GOLDEN) + counts * _signed(_M1))
-    ids = torch.arange(vocab, device=keys.device, dtype=torch.long)
-    bits = _shr(_mix(base[:, None] ^ (ids[None] * _signed(_M2) + _signed(_GOLDEN))), 40)  # the top 24 bits
-    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
+    """(rows, vocab) float32 uniforms strictly inside (0, 1): draw `counts[r]` of row `r`'s stream, one a token id."""
+    return unit(_bits(row_bases(keys, counts)[:, None], token_salts(vocab, keys.device)[None]))
 
 
 def host_uniforms(key: int, count: int, ids: Sequence[int]) -> List[float]:
-    """`uniforms` of one row at these ids, in Python (a draw the host makes: among a number's next tokens)."""
-    def mix(x: int) -> int:
-        x = ((x ^ (x >> 30)) * _M1) & _MASK64
-        x = ((x ^ (x >> 27)) * _M2) & _MASK64
-        return x ^ (x >> 31)
-
-    base = mix((key * _GOLDEN + count * _M1) & _MASK64)
-    return [((mix(base ^ ((i * _M2 + _GOLDEN) & _MASK64)) >> 40) + 0.5) / (1 << 24) for i in ids]
+    """`uniforms` of one row at these ids, computed on Python integers (the definition the tensors are tested
+    against): exact rationals (bits + 1/2) / 2**BITS."""
+    base = _py_mix((key * _GOLDEN + count * _M1) & _MASK64)
+    return [((_py_mix(base ^ ((i * _M2 + _GOLDEN) & _MASK64)) >> (64 - BITS)) + 0.5) * _SCALE for i in ids]
 
 
-def _probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, nucleus: bool) -> torch.Tensor:
-    """Each row's distribution at its temperature, cut to its top-p nucleus where `nucleus` (some row's top_p < 1;
-    the first token always stays)."""
-    probs = torch.softmax(logits.float() / temperature.clamp(min=1e-6)[:, None], dim=-1)
-    if nucleus:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p[:, None]
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs
+def gumbel(bases: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise -log(-log u) of the uniforms of (`bases` ^ `salts`, broadcast): finite, in [G_LOW, G_HIGH]."""
+    return unit(_bits(bases, salts)).log_().neg_().log_().neg_()
 
+
+# -- the nucleus -----------------------------------------------------------------------------------------------------
+
+def _threshold(ordered: torch.Tensor, best: torch.Tensor, mass: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """From each row's largest scaled logits in descending order, its best and the mass its nucleus must reach (of
+    the weights exp(s - best)): (the threshold, the smallest scaled logit kept; whether the boundary lies among these
+    values, i.e. the first one dropped is among them)."""
+    weights = (ordered - best[:, None]).exp()
+    before = weights.cumsum(dim=-1) - weights  # the mass of the values before each
+    kept = (before < mass[:, None]).sum(dim=-1).clamp(min=1)  # a prefix; the first value always kept
+    return ordered.gather(-1, (kept - 1)[:, None])[:, 0], kept < ordered.shape[-1]
+
+
+def nucleus_floor(s: torch.Tensor, best: torch.Tensor, top_p: torch.Tensor, search: bool) -> torch.Tensor:
+    """Each row's nucleus threshold over its scaled logits `s` (rows x vocab; `best` each row's largest): the nucleus
+    is the tokens whose s is at least it (-inf where top_p >= 1: every token). Thresholds on s, not on probabilities:
+    tokens of equal logits are in or out together, and a probability rounded apart from its logit moves nothing.
+    `search`: among each row's top k, k grown until the boundary is found (a CPU's way: each round reads back whether
+    it was); else by a full sort (a GPU's: nothing read back). The same threshold either way: the top k in order are
+    the sort's first k, and their running sums the same."""
+    mass = (s - best[:, None]).exp_().sum(dim=-1) * top_p.clamp(max=1.0)
+    floor = torch.full_like(best, float("-inf"))
+    cut = top_p < 1.0
+    if not search:
+        return torch.where(cut, _threshold(s.sort(dim=-1, descending=True).values, best, mass)[0], floor)
+    rows = cut.nonzero()[:, 0]
+    k, vocab = FIRST_K, s.shape[-1]
+    while rows.numel():
+        k = min(k, vocab)
+        value, found = _threshold(s[rows].topk(k, dim=-1, sorted=True).values, best[rows], mass[rows])
+        done = found | (k == vocab)
+        floor[rows[done]] = value[done]
+        rows, k = rows[~done], k * 8
+    return floor
+
+
+# -- the pick --------------------------------------------------------------------------------------------------------
+
+def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(logits / temperature in float32, each row's largest of them: a positive divisor keeps the order, so that is
+    its largest logit divided)."""
+    divisor = temperature.clamp(min=1e-6).to(torch.float32)
+    return logits.float() / divisor[:, None], logits.max(dim=-1).values.float() / divisor
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor,
-         counts: torch.Tensor, sampled: bool = True, nucleus: bool = True) -> torch.Tensor:
-    """One id a row, on the logits' device: argmax where the row's temperature is 0, else the exponential race over
-    its nucleus with draw `counts[r]` of stream `keys[r]`. The host says what it knows, so nothing is read back:
-    `sampled=False` (no row samples) is argmax alone, `nucleus=False` (no row's top_p < 1) skips the sort."""
-    greedy = logits.argmax(dim=-1)
+         counts: torch.Tensor, sampled: bool = True, nucleus: bool = True,
+         prune: Optional[bool] = None) -> torch.Tensor:
+    """One id a row, on the logits' device: argmax where the row's temperature is 0, else the race over its nucleus
+    with draw `counts[r]` of stream `keys[r]` (module doc). The host says what it knows, so nothing is read back on a
+    GPU: `sampled=False` (no row samples) is argmax alone, `nucleus=False` (no row's top_p < 1) skips the nucleus.
+    `prune` (default: on a CPU) hashes only the tokens that can win and finds the nucleus without a sort; the same
+    ids either way."""
     if not sampled:
-        return greedy
-    race = _probs(logits, temperature, top_p, nucleus) / -torch.log(uniforms(keys, counts, logits.shape[-1]))
-    return torch.where(temperature > 0, race.argmax(dim=-1), greedy)
+        return logits.argmax(dim=-1)
+    prune = logits.device.type == "cpu" if prune is None else prune
+    top, greedy = logits.max(dim=-1)
+    divisor = temperature.clamp(min=1e-6).to(torch.float32)
+    best = top.float() / divisor  # each row's largest scaled logit: a positive divisor keeps the order
+    sampling = temperature > 0
+    vocab = logits.shape[-1]
+    s = logits.float() / divisor[:, None] if nucleus or not prune else None
+    floor = None
+    if s is not None and nucleus:
+        floor = nucleus_floor(s, best, torch.where(sampling, top_p, torch.ones_like(top_p)), search=prune)
+    bases = row_bases(keys, counts)
+    if s is not None and not prune:
+        score = s + gumbel(bases[:, None], token_salts(vocab, s.device)[None])
+        if floor is not None:
+            score.masked_fill_(s < floor[:, None], float("-inf"))
+        return torch.where(sampling, score.argmax(dim=-1), greedy)
+    # Only tokens within SPREAD of the row's best can win, and 4 units in the last place more, so that no token left
+    # out could tie the winner after rounding; inside the nucleus; a greedy row lists none. The logits are compared
+    # first, against the bound times the divisor with a slack far wider than the division's rounding (a token too
+    # many costs nothing), then each candidate's s exactly as the dense race computes it.
+    bound = best - SPREAD - best.abs() * 2.0 ** -21
+    if floor is not None:
+        bound = torch.maximum(bound, floor)
+    bound = torch.where(sampling, bound, torch.full_like(bound, float("inf")))
+    loose = bound * divisor
+    rows, ids = (logits >= (loose - loose.abs() * 2.0 ** -18)[:, None]).nonzero(as_tuple=True)
+    scaled = logits[rows, ids].float() / divisor[rows]
+    score = (scaled + gumbel(bases[rows], token_salts(vocab, logits.device)[ids])).masked_fill_(
+        scaled < bound[rows], float("-inf"))
+    # Each row's winner: its highest score, the lowest id among equals (as argmax takes the first).
+    most = torch.full_like(best, float("-inf")).scatter_reduce(0, rows, score, "amax")
+    at_top = (score == most[rows]) & (score > float("-inf"))
+    winner = torch.full_like(greedy, vocab).scatter_reduce(0, rows[at_top], ids[at_top], "amin")
+    return torch.where(sampling & (winner < vocab), winner, greedy)
 
 
 def host_pick(values: Sequence[float], ids: Sequence[int], temperature: float, top_p: float, key: int,
               count: int) -> int:
     """`pick` among a few candidates the host holds (`values` their logits, `ids` their token ids): the index
-    chosen. Greedy: the highest value, the lowest id among equals (as argmax over the vocabulary). Sampled: the race
-    with the draws of those ids."""
+    chosen, the one `pick` takes over a row whose other tokens are -inf. Greedy: the highest value, the lowest id
+    among equals (as argmax over the vocabulary). Sampled: the race with the draws of those ids."""
     if temperature <= 0:
         return max(range(len(values)), key=lambda i: (values[i], -ids[i]))
-    probs = _probs(torch.tensor([list(values)]), torch.tensor([temperature]), torch.tensor([top_p]), top_p < 1.0)
-    race = [p / -math.log(u) for p, u in zip(probs[0].tolist(), host_uniforms(key, count, ids))]
-    return max(range(len(race)), key=lambda i: race[i])
+    order = sorted(range(len(ids)), key=lambda i: ids[i])  # as the vocabulary lists them: ties to the lowest id
+    logits = torch.tensor([[values[i] for i in order]], dtype=torch.float32)
+    s, best = _scaled(logits, torch.tensor([temperature]))
+    score = s + gumbel(row_bases(torch.tensor([key]), torch.tensor([count]))[:, None],
+                       torch.tensor([ids[i] for i in order]) * _signed(_M2) + _signed(_GOLDEN))
+    if top_p < 1.0:
+        score.masked_fill_(s < nucleus_floor(s, best, torch.tensor([top_p]), search=False)[:, None], float("-inf"))
+    return order[int(score.argmax(dim=-1))]
 
 
 def next_tokens(logits: torch.Tensor, settings: object, generator: Optional[torch.Generator]) -> torch.Tensor:
     """One id per row of `logits` (rows x vocab) from a torch.Generator: the reference path's and the tests' own
-    schema driver (debate.engine.constrained_row.SchemaRow); the engine's batch picks with `pick`."""
-    if getattr(settings, "temperature", 0) <= 0:
+    schema driver (debate.engine.constrained_row.SchemaRow); the engine's batch picks with `pick`. The same race
+    and nucleus, its uniforms the generator's BITS-bit integers."""
+    temperature = float(getattr(settings, "temperature", 0))
+    if temperature <= 0:
         return logits.argmax(dim=-1)
-    temperature = torch.tensor([float(getattr(settings, "temperature"))] * logits.shape[0], device=logits.device)
-    top_p = torch.tensor([float(getattr(settings, "top_p", 1.0))] * logits.shape[0], device=logits.device)
-    probs = _probs(logits, temperature, top_p, bool(getattr(settings, "top_p", 1.0) < 1.0))
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    rows, vocab = logits.shape
+    top_p = torch.full((rows,), float(getattr(settings, "top_p", 1.0)), device=logits.device)
+    s, best = _scaled(logits, torch.full((rows,), temperature, device=logits.device))
+    bits = torch.randint(0, 1 << BITS, (rows, vocab), generator=generator, device="cpu").to(logits.device)
+    score = s + unit(bits).log_().neg_().log_().neg_()
+    if bool((top_p < 1.0).any()):
+        score.masked_fill_(s < nucleus_floor(s, best, top_p, search=False)[:, None], float("-inf"))
+    return score.argmax(dim=-1)
