@@ -1,7 +1,9 @@
 """The run's CPU threads (debate/pipeline/threads.py): the job's allocation (affinity, capped by the tightest cgroup
 quota of its cgroup and every cgroup above it); the host's load only where the process may use the whole host;
 --threads and OMP_NUM_THREADS first. Cgroup trees are fakes in tmp_path, affinity, host and load are given."""
+import importlib.util
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +150,15 @@ def test_the_threads_line_says_what_torch_runs(monkeypatch, caplog, chosen, why)
         torch.set_num_threads(before)
     assert runs == (chosen or 3)
     assert caplog.messages == [f"threads: {runs} ({why}; --threads N sets them)"]
+
+
+def test_the_benchmarks_table_is_the_choice_made_now():
+    """docs/BENCHMARKS.md's "Issue 60: threads" table: its rows (less the commit before's column) are what
+    bench/threads_table.py prints from this module today, so a change of the rule shows there or fails here."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("_threads_table", root / "bench/threads_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shown = (root / "docs/BENCHMARKS.md").read_text().split("<!-- bench/threads_table.py -->\n")[1]
+    rows = shown.split("\n<!-- end -->")[0].splitlines()
+    assert [row.rsplit("|", 2)[0] + "|" for row in rows] == script.table().splitlines()
