@@ -72,6 +72,10 @@ def test_no_cgroup_files_at_all_is_no_quota(tmp_path):
     assert threads.cgroup_quota(tmp_path, own="") is None
     files(tmp_path, **{"x/cpu.max": "not a quota", "cpu/cpu.cfs_quota_us": "", "cpu/cpu.cfs_period_us": "100000"})
     assert threads.cgroup_quota(tmp_path, own="0::/x\n3:cpu:/\n") is None  # unreadable values are no quota
+    # a cgroup outside the namespace (/proc/self/cgroup says "/../.."): nothing above the mount is read
+    files(tmp_path / "ns", **{"cpu.max": "max 100000"})
+    files(tmp_path, **{"cpu.max": "100000 100000"})
+    assert threads.cgroup_quota(tmp_path / "ns", own="0::/../ns\n") is None
     count, why = run(tmp_path / "absent", "0::/x/y\n", affinity=4, host=4)
     assert count == 4 and why == "4 of the host's 4 CPUs by affinity, no cgroup quota, 0.0 busy with other work " \
                                  "(load average)"

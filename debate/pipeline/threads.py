@@ -84,8 +84,11 @@ def cgroup_quota(root: Path = CGROUP, own: Optional[str] = None) -> Optional[flo
 
 
 def _up_from(top: Path, relative: str) -> Iterator[Path]:
-    """`top`/`relative` and each folder above it, up to `top` itself."""
+    """`top`/`relative` and each folder above it, up to `top` itself. A path with ".." (a cgroup outside this
+    process's cgroup namespace, as /proc/self/cgroup shows one) is out of sight: `top` alone."""
     parts = [p for p in relative.split("/") if p and p != "."]
+    if ".." in parts:
+        parts = []
     for depth in range(len(parts), -1, -1):
         yield top.joinpath(*parts[:depth])
 
