@@ -315,9 +315,10 @@ def run_parser(description=None):
 
     g.add_argument("--threads", type=int,
                    help="CPU threads of the model calls (default: OMP_NUM_THREADS where set, else the CPUs this "
-                   "process may use, by its affinity and cgroup quota as SLURM sets them, less those other work keeps "
-                   "busy; ours: torch's own default, every core of the machine, ran the demo 10x slower on a shared "
-                   "node)")
+                   "process is allocated, by its affinity and the tightest cgroup quota above it as SLURM sets them, "
+                   "whatever other jobs keep busy; where it may use the whole machine, its CPUs less those other work "
+                   "keeps busy; ours: torch's own default, every core of the machine, ran the demo 10x slower on a "
+                   "shared node)")
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="default: runs/<split>-<evidence>-<method>[-madr], "

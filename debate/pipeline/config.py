@@ -229,8 +229,8 @@ class Generation:
     max_context: Optional[int] = identity()  # a conversation's longest context; None: the model's window (ours)
     # prompt tokens a decode step carries beside its decode rows at most (debate/engine/decode_batch.py; ours)
     prefill_tokens: int = 512
-    # CPU threads of the model calls; None: OMP_NUM_THREADS where set, else the CPUs this process may use and that
-    # other work leaves free (debate/pipeline/threads.py)
+    # CPU threads of the model calls; None: OMP_NUM_THREADS where set, else the job's allocation (affinity, cgroup
+    # quotas), or where the process may use the whole host, the CPUs other work leaves free (debate/pipeline/threads.py)
     threads: Optional[int] = None
 
 
