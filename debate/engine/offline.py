@@ -1,5 +1,7 @@
-"""The Hugging Face libraries' offline switches, set before anything of ours imports transformers: models.py
-and gguf.py call `set_offline()` above their transformers imports (the libraries read the switches at import).
+"""The Hugging Face libraries' offline switches, set before anything of ours imports transformers: the package
+debate/__init__.py calls `set_offline()`, so it runs whatever module of the project a process imports first (train
+imports debate first); models.py and gguf.py call it again above their transformers imports (the libraries read the
+switches at import), and runs call it once more before loading (it only assigns).
 """
 import logging
 import os
