@@ -71,7 +71,7 @@ def test_a_given_model_path_that_is_not_there_is_said_with_the_data(tmp_path, ca
                             str(wrong), "--output-dir", str(flat / "run")], check=preflight.problems)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: 3 things")
-    assert f"--debater-model {wrong}: no such file or directory" in err and "dev.json: no such split file" in err
+    assert f"--model {wrong}: no such file or directory" in err and "dev.json: no such split file" in err
     assert "cannot write here" in err and "give --output-dir DIR" in err
 
 

@@ -42,12 +42,16 @@ def model_problem(path: str, flag: str) -> Optional[str]:
 
 
 def model_problems(models) -> List[str]:
-    """The problems of a RunConfig's model paths (config.models), each path once, under the first flag naming it."""
+    """The problems of a RunConfig's model paths (config.models), each path once, under the flag the user typed it
+    with: --model for a path some role took from --model, else the first role's flag naming it."""
     seen, found = set(), []
     fields = ("debater_model", "moderator_model", "defense_model", "court_model", "critic_model", "witness_model",
               "refine_model")
     named = [(f"--{name.replace('_', '-')}", getattr(models, name)) for name in fields]
     named += [("--judge-models", path) for path in models.judge_models or ()]
+    # The roles hold --model's path as typed (config._fill_models); one no role took (every role named) is not read.
+    if models.model in {path for _, path in named}:
+        named.insert(0, ("--model", models.model))
     for flag, path in named:
         if path and path != NO_MODEL_YET and path not in seen:
             seen.add(path)
