@@ -61,7 +61,7 @@ def timed(fn, repeats):
     return statistics.median(times) * 1000
 
 
-def main():
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", help="another checkout whose debate/engine/sampling.py is timed")
     parser.add_argument("--logits", choices=("real", "flat"), default="real")
@@ -70,7 +70,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write the table here too")
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     sampling = load_sampling(args.tree)
     most = max(args.rows)

@@ -63,6 +63,7 @@ def check(model):
     eager = place.run(rows, columns, compiled=False)
     compiled = place.run(rows, columns, compiled=True)
     assert place.step.flex == (decode_step.ROW_ATTENTION == "flex") and decode_step.stats_of(model).flex_failed is None
+    assert place.step.checked == {"flex attention" if place.step.flex else "masked attention"}  # the self-check ran
     live = len(LENGTHS)
     assert torch.allclose(compiled[:live], eager[:live], atol=1e-4), (compiled[:live] - eager[:live]).abs().max()
     assert torch.isfinite(compiled).all()  # the rows that are not live read column 0 alone

@@ -230,7 +230,8 @@ class Batch:
         done = self._join()
         if self.active or self.joining:
             try:
-                packet = self._step(done)
+                with decode_step.on_device(self.device):  # its streams and events on the model's device
+                    packet = self._step(done)
             except torch.OutOfMemoryError:  # twice: the rows of this step end their claims, the others go on
                 for slot, row in [*self.active.items(), *self.joining.items()]:
                     row.error = "its decode step ran out of memory twice"
@@ -573,9 +574,9 @@ class Batch:
         if self.device.type != "cuda":
             return _Done(), values, rows
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        host.copy_(values, non_blocking=True)
+        host.copy_(values, non_blocking=True)  # queued on the model's device's stream
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # that stream: the current device's may be another
         return event, host, rows
 
     def _read(self, packet: Tuple[Any, torch.Tensor, List[Optional[Row]], Any]) -> List[Row]:

@@ -13,8 +13,13 @@ ROW_BUCKETS and columns to a multiple of COLUMN_BUCKET, so a handful of shapes s
 once per model with dynamic sizes (one graph for every bucket, a second for buckets as wide as the slots, whose
 keys are contiguous: never one a step). On CUDA each bucket's step is
 captured as a CUDA graph the second time it runs (the first warms it on a side stream) and replayed from then on, every
-bucket's graph in one memory pool: nothing is allocated for a step. Where compiling or capturing fails, the run says
-why in one line and goes on eagerly.
+bucket's graph in one memory pool: nothing is allocated for a step.
+
+The step checks itself (issue 58): the first step through each compiled path (flex attention, then the masked
+attention) and each bucket's first replay are compared with the eager step's logits on the same inputs (`mismatch`,
+CHECK_TOLERANCE). Where one fails or disagrees, the run says what failed and what runs instead in one line and falls
+back: flex -> the masked attention -> eager; a bucket's CUDA graph -> that bucket compiled without one (the other
+buckets keep theirs). Streams, events and captures are made on the model's device (`on_device`).
 
 Grouped-query attention reads each key head once: for one token the step regroups a key head's queries side by side
 (DECODE_ATTENTION, which `decoding` switches a model to for its steps) where transformers, compiled, would repeat
@@ -37,8 +42,8 @@ import contextlib
 import logging
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -268,6 +273,9 @@ class Stats:
     eager_steps: int = 0
     failed: Optional[str] = None
     flex_failed: Optional[str] = None  # why the compiled step attends under a mask (its flex attention failed)
+    graph_failed: Optional[str] = None  # why a bucket runs without a CUDA graph (the last one that does)
+    # What the self-check found equal to the eager step: compiled paths, then captured buckets (Step, CHECK_TOLERANCE)
+    checked: List[str] = field(default_factory=list)
     # The steps' time as the device spends it (CUDA events around each step, read with its packet; on a CPU the
     # wall time), for ms a step; and the host's time launching them (on CUDA the kernels may still run after it).
     seconds: float = 0.0
@@ -295,7 +303,9 @@ class Stats:
                 "recompiles": max(0, self.graphs - 1), "cuda_graphs": self.cuda_graphs, "compiled_steps": self.steps,
                 "eager_steps": self.eager_steps, "mixed_forwards": self.mixed, "mixed_decode_rows": self.mixed_rows,
                 "prefill_only_forwards": self.prefill_only, "prefill_tokens": self.prefill_tokens,
-                **({"fallback": self.failed} if self.failed else {})}
+                "checked": list(self.checked), **({"fallback": self.failed} if self.failed else {}),
+                **({"flex_fallback": self.flex_failed} if self.flex_failed else {}),
+                **({"graph_fallback": self.graph_failed} if self.graph_failed else {})}
 
 
 class Clock:
@@ -303,14 +313,14 @@ class Clock:
     has read the step's packet (so reading the time never waits); on a CPU the step's wall time."""
 
     def __init__(self, stats: Stats, device: torch.device) -> None:
-        self.stats, self.cuda = stats, device.type == "cuda"
+        self.stats, self.device, self.cuda = stats, device, device.type == "cuda"
 
     def start(self, mixed: bool = False) -> Any:
         """A step's timing begun; `mixed`: a forward that carries prompt tokens (counted apart)."""
         if not self.cuda:
             return [time.perf_counter(), mixed]
         began = torch.cuda.Event(enable_timing=True)
-        began.record()
+        began.record(torch.cuda.current_stream(self.device))  # the model's stream, not the current device's
         return [began, None, mixed]
 
     def stop(self, timing: Any) -> None:
@@ -318,7 +328,7 @@ class Clock:
             self._count(timing[1], time.perf_counter() - timing[0])
             return
         timing[1] = torch.cuda.Event(enable_timing=True)
-        timing[1].record()
+        timing[1].record(torch.cuda.current_stream(self.device))
 
     def add(self, timing: Any) -> None:
         """The step's device time, once its packet is read (its events are then done)."""
@@ -335,7 +345,6 @@ class Clock:
 
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., torch.Tensor]]" = weakref.WeakKeyDictionary()
 _stats: "weakref.WeakKeyDictionary[torch.nn.Module, Stats]" = weakref.WeakKeyDictionary()
-_no_graphs: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose step could not be captured
 _no_flex: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose flex attention failed once
 
 
@@ -410,6 +419,17 @@ def forward(model: torch.nn.Module, cache_kwarg: Dict[str, Any], tokens: torch.T
     return out.logits[:, -1, :]
 
 
+# The torch versions whose CPU flex attention kernel needs _distinct_block_size_names (the ones it was written for and
+# checked on: a version not listed runs its own code generation, and where that fails the self-check falls back).
+PATCHED_TORCH = ("2.13.",)
+
+
+def patch_applies(device: torch.device, version: str = torch.__version__) -> bool:
+    """Whether the inductor patch is for this device and torch: a CPU's flex kernel (inductor's C++ template; a GPU's
+    is a Triton kernel, which has no such naming) on the versions in PATCHED_TORCH."""
+    return device.type == "cpu" and version.startswith(PATCHED_TORCH)
+
+
 def _distinct_block_size_names() -> bool:
     """Works around torch 2.13's CPU flex attention kernel (inductor's CppFlexAttentionTemplate.modification): it
     names the two block sizes known only at run time as the next size arguments (ks3, say), then swaps those names
@@ -454,7 +474,8 @@ def compiled(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """The model's compiled decode forward, made on first use; its graphs counted by the backend."""
     fn = _compiled.get(model)
     if fn is None:
-        _distinct_block_size_names()
+        if patch_applies(next(model.parameters()).device):
+            _distinct_block_size_names()
         # dynamo counts the graphs of `forward` over every model compiled in the process (one code object), and its
         # default limit (8) is reached at four models of two graphs each (a courtroom's judges on models of their
         # own, a test session): past it a model's step would run eagerly. Room for 32 models.
@@ -483,19 +504,67 @@ def compiling(model: torch.nn.Module, settings: Any) -> bool:
     return bool(getattr(settings, "compile", False)) and (stats is None or stats.failed is None)
 
 
+# The self-check (issue 58): the first step through each compiled path of a model (flex attention, the masked
+# attention) and each captured bucket's first replay are compared with the eager step's logits on the same inputs.
+# Allowed: this share of each row's logit range (its largest less its smallest eager logit) at the model's compute
+# precision. Compiled and eager sum in other orders: measured on this CPU (tiny Gemma 3, one step of 5 rows beside a
+# 700-column one, docs/BENCHMARKS.md issue 58), float32 steps differ by 3.5e-7 of the range, bf16 by 6.6e-3; a wrong
+# attention (a row reading another's columns, or none of its own) moves logits by a large part of their range. The
+# half precisions' allowance is 7x what was measured: a GPU's kernels sum in other orders again, and a check that
+# fails for rounding alone would take --compile away from a run that is right.
+CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3}
+HALF_TOLERANCE = 5e-2  # bf16 and fp16
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return CHECK_TOLERANCE.get(dtype, HALF_TOLERANCE)
+
+
+def mismatch(logits: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> Optional[str]:
+    """Why a compiled step's `logits` are not the eager step's `reference` (rows x vocabulary), or None: a value
+    that is not finite where the reference's is, or a row further from it than `tolerance(dtype)` of its range."""
+    got, want = logits.float(), reference.float()
+    finite = torch.isfinite(want)
+    if bool((finite & ~torch.isfinite(got)).any()):
+        return "gave logits that are not finite where the eager step's are"
+    span = (want.masked_fill(~finite, float("-inf")).amax(dim=-1) -
+            want.masked_fill(~finite, float("inf")).amin(dim=-1)).clamp(min=1e-6)
+    gap = float(((got - want).abs().masked_fill(~finite, 0.0).amax(dim=-1) / span).max())
+    if gap > tolerance(dtype):
+        return (f"gave logits {gap:.3g} of their range away from the eager step's (tolerance "
+                f"{tolerance(dtype):g} at {str(dtype).replace('torch.', '')})")
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"failed ({type(err).__name__}: {err})".split())[:300]
+
+
+def on_device(device: torch.device) -> Any:
+    """The model's device as the current CUDA device while its step runs: side streams, events and captures are
+    made on the current device, which need not be the model's (a model on cuda:1 while cuda:0 is current)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class Step:
     """A model's decode steps: eagerly, or through its compiled forward, on CUDA each bucket captured once as a CUDA
-    graph (one memory pool for all) and replayed."""
+    graph (one memory pool for all) and replayed; each compiled path and captured bucket checked once against the
+    eager step (CHECK_TOLERANCE), falling back flex -> masked attention -> eager, a bucket's graph -> no graph."""
 
     def __init__(self, model: torch.nn.Module, windows: Dict[str, Optional[int]], dtype: torch.dtype) -> None:
         self.model, self.windows, self.dtype = model, windows, dtype
+        self.name = type(model).__name__
         self.stats = stats_for(model)
-        # The compiled step's attention (ROW_ATTENTION): flex until its kernel fails once for this model.
+        # The compiled step's attention (ROW_ATTENTION): flex until it fails or its check does for this model.
         self.flex = ROW_ATTENTION == "flex" and model not in _no_flex
-        self.clock = Clock(self.stats, next(model.parameters()).device)
+        self.device = next(model.parameters()).device
+        self.capture = self.device.type == "cuda"  # whether buckets are captured as CUDA graphs
+        self.clock = Clock(self.stats, self.device)
+        self.checked: set = set()  # the compiled paths ("flex", "masked") whose first step matched the eager step
         self.graphs: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}
         self.warm: set = set()  # buckets that ran once on a side stream: the next run captures them
         self.failed: set = set()  # buckets whose capture failed once
+        self.no_graph: set = set()  # buckets that run compiled without a CUDA graph (failed twice, or their check)
         self.pool: Any = None
 
     def run(self, compile_step: bool, cache_kwarg: Dict[str, Any], tokens: torch.Tensor, lengths: torch.Tensor,
@@ -505,47 +574,70 @@ class Step:
         if not compile_step or self.stats.failed is not None:
             self.stats.eager_steps += 1
             return forward(*args)
-        if tokens.device.type == "cuda" and self.model not in _no_graphs:
-            return self._replayed((tokens.shape[0], columns.shape[0]), args)
-        return self._compiled(args)
+        bucket = (tokens.shape[0], columns.shape[0])
+        with on_device(self.device):
+            if self.capture and bucket not in self.no_graph:
+                return self._replayed(bucket, args)
+            return self._compiled(args)
 
-    def _compiled(self, args: tuple) -> torch.Tensor:
+    def _path(self) -> str:
+        return "flex attention" if self.flex else "masked attention"
+
+    def _compiled(self, args: tuple, reference: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The compiled step; the first through each path checked against the eager step, which runs first (so the
+        keys and values the compiled step writes are the ones kept)."""
+        path = self._path()
+        if path not in self.checked and reference is None:
+            reference = forward(*args).clone()
         try:
             logits = compiled(self.model)(*args, self.flex)
-            self.stats.steps += 1
-            return logits
         except torch.OutOfMemoryError:
             raise
         except Exception as err:
-            if self.flex:  # flex's kernel failed (compiling it, say): the masked attention, compiled, from now on
-                self.flex = False
-                _no_flex.add(self.model)
-                self.stats.flex_failed = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-                log.warning("--compile: flex attention failed in the decode step of %s (%s); the step attends "
-                            "under a mask instead", type(self.model).__name__, self.stats.flex_failed)
-                return self._compiled(args)
-            # A graph break, a backend failure: this model decodes eagerly from now on.
-            self.stats.failed = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-            log.warning("--compile: the decode step of %s could not be compiled (%s); it runs eagerly",
-                        type(self.model).__name__, self.stats.failed)
-            self.stats.eager_steps += 1
-            return forward(*args)
+            return self._fall_back(args, _one_line(err), reference)
+        if path not in self.checked:
+            problem = mismatch(logits, cast(torch.Tensor, reference), self.dtype)
+            if problem is not None:
+                return self._fall_back(args, problem, reference)
+            self.checked.add(path)
+            self.stats.checked.append(path)
+        self.stats.steps += 1
+        return logits
+
+    def _fall_back(self, args: tuple, why: str, reference: Optional[torch.Tensor]) -> torch.Tensor:
+        """flex -> masked attention (compiled, checked in turn) -> eager, said in one line each."""
+        if self.flex:  # flex's kernel failed or disagreed: the masked attention, compiled, from now on
+            self.flex = False
+            _no_flex.add(self.model)
+            self.stats.flex_failed = why
+            log.warning("--compile: the decode step of %s with flex attention %s; it attends under a mask instead",
+                        self.name, why)
+            return self._compiled(args, reference)
+        # A graph break, a backend failure, wrong logits: this model decodes eagerly from now on, this step too (run
+        # again, so that the cache holds the eager step's keys and values).
+        self.stats.failed = why
+        log.warning("--compile: the decode step of %s with masked attention %s; it runs eagerly", self.name, why)
+        self.stats.eager_steps += 1
+        return forward(*args)
 
     def _replayed(self, bucket: Tuple[int, int], args: tuple) -> torch.Tensor:
         """The bucket's CUDA graph replayed; captured the second time the bucket runs (the first runs it on a side
-        stream, where lazy initialisations happen outside any capture, as PyTorch's CUDA graph notes advise)."""
+        stream, where lazy initialisations happen outside any capture, as PyTorch's CUDA graph notes advise), its
+        first replay checked against the eager step. A bucket whose capture fails twice or whose check fails runs
+        compiled without a graph; the other buckets keep theirs."""
         if bucket in self.graphs:
             graph, out = self.graphs[bucket]
             graph.replay()
             self.stats.steps += 1
             return out
+        stream = torch.cuda.current_stream(self.device)
         if bucket not in self.warm:
             self.warm.add(bucket)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(stream)
             with torch.cuda.stream(side):
                 out = self._compiled(args)
-            torch.cuda.current_stream().wait_stream(side)
+            stream.wait_stream(side)
             return out
         try:
             if self.pool is None:
@@ -553,23 +645,34 @@ class Step:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 out = compiled(self.model)(*args, self.flex)  # recorded, not run: counted at the replay below
-            self.graphs[bucket] = (graph, out)
-            self.stats.cuda_graphs += 1
-            graph.replay()
-            self.stats.steps += 1
-            return out
         except torch.OutOfMemoryError:
             raise
         except Exception as err:
             # A first failure of a bucket is most often a recompile inside the capture (a guard that failed on this
-            # bucket's shapes): the bucket warms again outside any capture, then is captured. A second failure is
-            # said once a model (a model spread over GPUs, say), and its later steps do not try.
+            # bucket's shapes): the bucket warms again outside any capture, then is captured. A second failure
+            # leaves this bucket without a graph, said once.
             self.warm.discard(bucket)
-            self.failed.add(bucket) if bucket not in self.failed else _no_graphs.add(self.model)
-            if self.model in _no_graphs:
-                log.warning("--compile: the decode step of %s could not be captured as a CUDA graph (%s); it runs "
-                            "compiled, without one", type(self.model).__name__, " ".join(str(err).split())[:200])
+            if bucket in self.failed:
+                self._no_graph(bucket, _one_line(err))
+            self.failed.add(bucket)
             return self._compiled(args)
+        reference = forward(*args).clone()  # before the replay: the replay's keys and values are the ones kept
+        graph.replay()
+        problem = mismatch(out, reference, self.dtype)
+        if problem is not None:
+            self._no_graph(bucket, problem)
+            return self._compiled(args)
+        self.graphs[bucket] = (graph, out)
+        self.stats.checked.append(f"CUDA graph {bucket[0]}x{bucket[1]}")
+        self.stats.cuda_graphs += 1
+        self.stats.steps += 1
+        return out
+
+    def _no_graph(self, bucket: Tuple[int, int], why: str) -> None:
+        self.no_graph.add(bucket)
+        self.stats.graph_failed = why
+        log.warning("--compile: the CUDA graph of %s's decode step for %d rows x %d columns %s; that bucket runs "
+                    "compiled without a graph, the others keep theirs", self.name, bucket[0], bucket[1], why)
 
     def close(self) -> None:
         """Let go of the captured graphs and their pool (the place seen anew: every bucket warms again before it is
@@ -595,7 +698,9 @@ def summary(models: Any) -> str:
             parts.append(f"{name} compiled, {stats.graphs} graph(s) ({max(0, stats.graphs - 1)} recompiles), "
                          f"{stats.steps} steps through them, {stats.cuda_graphs} CUDA graphs, {stats.eager_steps} "
                          f"eager steps{ms}" + (f" (compiling failed: {stats.failed})" if stats.failed else "")
-                         + (f" (flex attention failed: {stats.flex_failed})" if stats.flex_failed else ""))
+                         + (f" (flex attention failed: {stats.flex_failed})" if stats.flex_failed else "")
+                         + (f" (a CUDA graph failed: {stats.graph_failed})" if stats.graph_failed else "")
+                         + (f"; checked against eager: {', '.join(stats.checked)}" if stats.checked else ""))
         else:
             parts.append(f"{name} eager, {stats.eager_steps} steps{ms}")
         if stats.mixed or stats.prefill_only:
