@@ -1,0 +1,181 @@
+"""Mutation runs: break the code on purpose, one named breakage at a time, and see which tests catch it (issue 60).
+
+    python tests/mutants.py                    # every breakage: a table of caught / survived and by which test
+    python tests/mutants.py --list             # the breakages and the tests each runs, nothing run
+    python tests/mutants.py --only sampling    # the breakages whose name contains "sampling"
+    python tests/mutants.py --tree /tmp/old    # another checkout (its own tests); a breakage whose code is not
+                                               # there is "n/a"
+
+Each breakage replaces one exact piece of a file (it must occur exactly once: a breakage whose code moved fails
+loudly, so the list is kept with the code) in a copy of the checkout's tracked files, then runs the tests named for
+it (`pytest -x`, the first failure ends the run). A breakage that no test fails SURVIVES: a contract nobody checks.
+Run it before a change to the engine lands and after one that touches the contracts below (README, "Developing").
+One breakage at a time, on one core each (`--jobs`); the whole list takes about half an hour on 2 cores.
+"""
+import argparse
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Mutant:
+    name: str  # what contract it breaks, in a few words
+    path: str  # the file, relative to the checkout
+    old: str  # the exact text replaced (once)
+    new: str
+    tests: Sequence[str]  # pytest node ids or files that should catch it
+
+
+S = "debate/engine/sampling.py"
+STEP = "debate/engine/decode_step.py"
+BATCH = "debate/engine/decode_batch.py"
+POOL = "debate/engine/kv_pool.py"
+THREADS = "debate/pipeline/threads.py"
+
+MUTANTS: List[Mutant] = [
+    # -- sampling (issue 58): the picks against the distribution they are drawn from
+    Mutant("sampling: 24-bit uniforms, the largest rounds to 1.0 (the NaN pick)", S,
+           "BITS = 23", "BITS = 24", ["tests/test_sampling.py"]),
+    Mutant("sampling: masked tokens stay in the dense race", S,
+           "            score.masked_fill_(s < floor[:, None], float(\"-inf\"))\n        return torch.where(",
+           "            pass\n        return torch.where(", ["tests/test_sampling.py"]),
+    Mutant("sampling: the pruned race's bound too tight (a winner left out)", S,
+           "SPREAD = G_HIGH - G_LOW + 1e-3", "SPREAD = (G_HIGH - G_LOW) / 4", ["tests/test_sampling.py"]),
+    Mutant("sampling: the nucleus not closed under ties", S,
+           "    kept = (before < mass[:, None]).sum(dim=-1).clamp(min=1)",
+           "    kept = (before < mass[:, None]).sum(dim=-1).clamp(min=1)\n"
+           "    return ordered.gather(-1, (kept - 1)[:, None])[:, 0] + 1e-6, kept < ordered.shape[-1]",
+           ["tests/test_sampling.py"]),
+    Mutant("sampling: the nucleus one token too wide", S,
+           "kept = (before < mass[:, None]).sum(dim=-1).clamp(min=1)",
+           "kept = (before <= mass[:, None]).sum(dim=-1).clamp(min=1) + 1", ["tests/test_sampling.py"]),
+    Mutant("sampling: the top-k search stops before the boundary", S,
+           "        done = found | (k == vocab)", "        done = found | (k == vocab) | True",
+           ["tests/test_sampling.py"]),
+    Mutant("sampling: the hash's shift arithmetic, not logical", S,
+           "    return (x >> bits) & ((1 << (64 - bits)) - 1)", "    return x >> bits", ["tests/test_sampling.py"]),
+    Mutant("sampling: one stream for identical rows (occurrence ignored)", S,
+           "    digest.update(repr((seed, tuple(parts), occurrence)).encode())",
+           "    digest.update(repr((seed, tuple(parts))).encode())", ["tests/test_sampling.py"]),
+    Mutant("sampling: the draw number ignored (every draw of a row alike)", S,
+           "    return _mix(keys * _signed(_GOLDEN) + counts * _signed(_M1))",
+           "    return _mix(keys * _signed(_GOLDEN))", ["tests/test_sampling.py"]),
+    Mutant("sampling: the host twin ties to the last id", S,
+           "    return order[int(score.argmax(dim=-1))]", "    return order[-1 - int(score.flip(-1).argmax(dim=-1))]",
+           ["tests/test_sampling.py::test_the_host_twin_picks_as_the_device"]),
+    Mutant("sampling: the temperature ignored", S,
+           "    divisor = temperature.clamp(min=1e-6).to(torch.float32)\n    best = ",
+           "    divisor = torch.ones_like(temperature, dtype=torch.float32)\n    best = ", ["tests/test_sampling.py"]),
+    # -- the decode step checks itself (issue 58)
+    Mutant("step check: no comparison with the eager step", STEP,
+           "            problem = mismatch(logits, cast(torch.Tensor, reference), self.dtype)",
+           "            problem = None", ["tests/test_step_check.py"]),
+    Mutant("step check: a tolerance that lets anything through", STEP,
+           "CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3}",
+           "CHECK_TOLERANCE = {torch.float32: 10.0, torch.float64: 10.0}", ["tests/test_step_check.py"]),
+    Mutant("step check: a bucket's second capture failure drops every bucket's graph", STEP,
+           "            if bucket in self.failed:\n                self._no_graph(bucket, _one_line(err))",
+           "            if bucket in self.failed:\n                self._no_graph(bucket, _one_line(err))\n"
+           "                self.capture = False", ["tests/test_step_check.py"]),
+    Mutant("step check: streams on the current device, not the model's", STEP,
+           "        stream = torch.cuda.current_stream(self.device)", "        stream = torch.cuda.current_stream()",
+           ["tests/test_step_check.py"]),
+    Mutant("step check: the inductor patch on every device", STEP,
+           '    return device.type == "cpu" and version.startswith(PATCHED_TORCH)', "    return True",
+           ["tests/test_step_check.py"]),
+    # -- threads (issue 60 item 3)
+    Mutant("threads: the host's load counted under an allocation of the job's own", THREADS,
+           "    if mine < machine or (quota is not None and quota < machine):", "    if False:",
+           ["tests/test_threads.py"]),
+    Mutant("threads: a fractional quota rounded up (more threads than the quota runs)", THREADS,
+           "    allowed = mine if quota is None else max(1, min(mine, math.floor(quota)))",
+           "    allowed = mine if quota is None else max(1, min(mine, math.ceil(quota)))", ["tests/test_threads.py"]),
+]
+
+
+def tracked_copy(tree: Path, into: Path) -> None:
+    """The checkout's tracked files (and the shared data beside it, linked) in a folder of their own."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=tree, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, files):
+        source, target = tree / name.decode(), into / name.decode()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_file():
+            shutil.copy2(source, target)
+    shared = tree.parent / "shared"
+    if shared.exists() and not (into.parent / "shared").exists():
+        (into.parent / "shared").symlink_to(shared)
+
+
+def apply(mutant: Mutant, into: Path) -> Optional[str]:
+    """Break the copy; None, or why the breakage does not apply here."""
+    path = into / mutant.path
+    if not path.exists():
+        return "n/a (no such file)"
+    text = path.read_text()
+    found = text.count(mutant.old)
+    if found != 1:
+        return f"n/a (its code occurs {found} times)"
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return None
+
+
+def run(mutant: Mutant, tree: Path, timeout: int) -> Tuple[str, str, float]:
+    """(caught / SURVIVED / n/a ..., the first test that failed, seconds) for one breakage, in a fresh copy."""
+    began = time.time()
+    with tempfile.TemporaryDirectory(prefix="mutant-") as folder:
+        copy = Path(folder) / "checkout"
+        tracked_copy(tree, copy)
+        why = apply(mutant, copy)
+        if why is not None:
+            return why, "", 0.0
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                   *mutant.tests], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "caught (timed out)", "", time.time() - began
+        failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)
+        if done.returncode == 0:
+            return "SURVIVED", "", time.time() - began
+        if done.returncode in (1, 2) and (failed or done.returncode == 2):
+            return "caught", failed[0] if failed else "(collection error)", time.time() - began
+        return f"error (pytest exit {done.returncode})", done.stdout[-300:], time.time() - began
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", default=[], help="breakages whose name contains any of these")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--tree", type=Path, default=ROOT)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=1200)
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or any(word in m.name for word in args.only)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}\n    {m.path}; tests: {' '.join(m.tests)}")
+        return 0
+    print(f"{len(chosen)} breakages of {args.tree}")
+    survived = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = pool.map(lambda m: (m, run(m, args.tree, args.timeout)), chosen)
+        for m, (verdict, test, seconds) in results:
+            survived += verdict == "SURVIVED"
+            print(f"| {m.name} | {verdict} | {test} | {seconds:.0f} s |", flush=True)
+    print(f"{survived} of {len(chosen)} survived")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
