@@ -139,9 +139,10 @@ class FakeCuda:
 
         class Graph:
             def __init__(self):
-                self.run = None
+                self.run, self.replays = None, 0
 
             def replay(self):
+                self.replays += 1
                 self.run()
 
         @contextlib.contextmanager
@@ -198,12 +199,14 @@ def test_one_buckets_capture_failure_leaves_the_other_buckets_graphs(model, monk
     want = {rows: place.run(rows, COLUMNS, compiled=False) for rows in (2, 4, 8)}
     live = len(lengths)  # rows 6 and 7 are not live: what they give is never read
     with caplog.at_level("WARNING", logger="debate.engine.decode_step"):
-        for _ in range(4):
+        for _ in range(5):
             for rows in (2, 4, 8):
                 got = place.run(rows, COLUMNS, compiled=True)
                 assert torch.allclose(got[:live], want[rows][:live], atol=1e-5)
     step = place.step
     assert set(step.graphs) == {(4, COLUMNS)}  # captured, checked and replayed
+    # replayed at its capture (the check) and at every later step, also after bucket 2 gave up its graph
+    assert step.graphs[(4, COLUMNS)][0].replays == 4
     assert step.no_graph == {(2, COLUMNS), (8, COLUMNS)}
     lines = caplog.text.strip().splitlines()
     assert len(lines) == 2
