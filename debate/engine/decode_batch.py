@@ -316,7 +316,7 @@ class Batch:
         run = next((i for i, key in enumerate(keys) if key not in self.memory.index), len(keys))
         if run == len(keys) or keys[run] not in writing:
             return False
-        return self.memory.usable(row.conv, row.target) <= run * kv_store.PAGE
+        return self.memory.usable(row.conv, row.target, row.adapter) <= run * kv_store.PAGE
 
     @staticmethod
     def _page_keys(row: Row) -> List[bytes]:

@@ -17,8 +17,9 @@ and past it as pages (where conversations' caches wait). The Memory decides:
   stay packed at the front; a row wider than a slot waits, first in line, until the place is empty, and the place
   is then seen anew, wider, its end moved over the pages nearest it (`reshape`);
 - caches: a conversation's cache is copied into its slot when its turn starts (its pages go back at once) and out
-  to pages when it ends (`store_cache`); with no free pages the caches of other waiting conversations are dropped,
-  newest conversation first, and re-encoded at their next turn: slower, never different.
+  to pages when it ends (`store_cache`), with the adapter that made it: a turn under another adapter (or of another
+  model) encodes its context again (`usable`); with no free pages the caches of other waiting conversations are
+  dropped, newest conversation first, and re-encoded at their next turn: slower, never different.
 - pages shared by prefix, across conversations and claims (vLLM's automatic prefix caching, SGLang's
   RadixAttention): a full page is keyed by its ids, the key of the page before it and the LoRA adapter that made it
   (`page_keys`); the index maps a key to the page that holds it. A turn's row takes the longest run of its context's
@@ -99,12 +100,14 @@ def _free_memory(device: torch.device) -> int:
 @dataclass(eq=False)
 class Entry:
     """A conversation's cache: the ids whose keys and values it holds, in `pages` of its Memory's arena (None once
-    dropped: `dropped` tokens then wait to be encoded again)."""
+    dropped: `dropped` tokens then wait to be encoded again), computed with `adapter` (a LoRA role's, None for the
+    base): only a row of that adapter may read them."""
 
     memory: Any  # weakref.ref to the Memory
     ids: List[int]
     pages: Optional[List[int]]
     birth: int
+    adapter: Any
     dropped: int = 0
 
 
@@ -273,10 +276,12 @@ class Memory:
 
     # -- caches ----------------------------------------------------------------------------------------------------
 
-    def usable(self, conv: Any, target: Sequence[int]) -> int:
-        """How many of `target`'s first tokens the conversation's pages hold (one token at least is left to feed)."""
+    def usable(self, conv: Any, target: Sequence[int], adapter: Any) -> int:
+        """How many of `target`'s first tokens the conversation's pages hold for a row of `adapter` (one token at
+        least is left to feed): none where another adapter wrote them (a LoRA Moderator and the base in one
+        conversation object, or a conversation continued under another adapter), or another model's Memory."""
         entry = getattr(conv, "kv", None)
-        if entry is None or entry.pages is None or entry.memory() is not self:
+        if entry is None or entry.pages is None or entry.memory() is not self or entry.adapter != adapter:
             return 0
         n = 0
         ids = entry.ids
@@ -285,13 +290,13 @@ class Memory:
             n += 1
         return n
 
-    def load(self, conv: Any, target: Sequence[int], slot: int, reuse: bool, adapter: Any = None) -> int:
+    def load(self, conv: Any, target: Sequence[int], slot: int, reuse: bool, adapter: Any) -> int:
         """The longest cached prefix of `target` into `slot`: the conversation's own cache, or the pages the index
         has for the context's first pages (any conversation's, made with `adapter`), whichever holds more; the
         conversation's own pages given back; how many tokens that was. A cache dropped earlier is counted as
-        re-encoded now, less what the index held of it."""
+        re-encoded now, less what the index held of it (not where another adapter made it: it could not serve)."""
         entry = getattr(conv, "kv", None)
-        own = self.usable(conv, target) if reuse else 0
+        own = self.usable(conv, target, adapter) if reuse else 0
         shared = self._indexed(target, adapter) if reuse else []
         usable = max(own, len(shared) * kv_store.PAGE)
         if shared and len(shared) * kv_store.PAGE >= own:
@@ -302,7 +307,7 @@ class Memory:
             self.pool.shared += max(0, usable - own)
         elif own and entry is not None and entry.pages is not None:
             self.store.copy_in(slot, entry.pages[:-(-own // kv_store.PAGE)])
-        if entry is not None and entry.dropped:
+        if entry is not None and entry.dropped and entry.adapter == adapter:
             self.pool.reencoded += max(0, min(entry.dropped, len(target) - 1) - usable)
             entry.dropped = 0
         self.release(conv)
@@ -319,7 +324,7 @@ class Memory:
             pages.append(page)
         return pages
 
-    def publish(self, slot: int, ids: Sequence[int], adapter: Any = None) -> None:
+    def publish(self, slot: int, ids: Sequence[int], adapter: Any) -> None:
         """Slot `slot`'s first full pages, the keys and values of `ids` just written there, into the index where it
         lacks them, in free pages only (never dropping anything for them): rows that join after, in the same step
         too, take them instead of encoding them again."""
@@ -336,8 +341,9 @@ class Memory:
         if pairs:
             self.store.copy_out(slot, [p for _, p in pairs], [at for at, _ in pairs])
 
-    def store_cache(self, conv: Any, slot: int, ids: List[int], adapter: Any = None) -> None:
-        """Slot `slot`'s first len(ids) columns, the keys and values of `ids`, as the conversation's cache: its full
+    def store_cache(self, conv: Any, slot: int, ids: List[int], adapter: Any) -> None:
+        """Slot `slot`'s first len(ids) columns, the keys and values of `ids` made with `adapter`, as the conversation's
+        cache (for rows of that adapter only): its full
         pages the index has are held, not copied; the others copied out to free pages and published, the partial
         last one kept private. Other waiting caches are dropped (newest first) where the free pages are too few; none
         is kept where even that is."""
@@ -347,7 +353,7 @@ class Memory:
         full = len(ids) // kv_store.PAGE
         keys = page_keys(ids, adapter, full)
         found = [self.index.get(key) for key in keys]
-        entry = Entry(weakref.ref(self), list(ids), [], birth)
+        entry = Entry(weakref.ref(self), list(ids), [], birth, adapter)
         for page in found:  # held first, so that making room cannot take them
             if page is not None:
                 self._hold(page, entry)
@@ -364,7 +370,7 @@ class Memory:
             for page in found:
                 if page is not None:
                     self._unhold(page, entry)
-            conv.kv = Entry(weakref.ref(self), [], None, birth, dropped=len(ids))
+            conv.kv = Entry(weakref.ref(self), [], None, birth, adapter, dropped=len(ids))
             self.pool.dropped += 1
             return
         pages, copied, at = [], [], []
