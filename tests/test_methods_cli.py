@@ -7,6 +7,7 @@ import pytest
 import run_debate
 from debate.data.labels import LABELS
 from debate.pipeline import records
+from tests import page_ledger
 
 
 def argv(model, out, method, *extra):
@@ -31,7 +32,11 @@ def test_each_method_runs_end_to_end(tiny, tmp_path, method, fields):
     out = tmp_path / method
     # The courtroom's roles sample by default (the paper's temperatures); greedy here, so seats share votes.
     greedy = ("--temperature", "0") if method in ("courtroom", "standard-mad") else ()
-    metrics = run_debate.main(argv(tiny, out, method, *greedy))
+    # Every cache given back by the run's end, every page accounted for; the courtroom drops each of its caches
+    # itself (the other methods leave some to their conversations' end).
+    with page_ledger.at_run_end(by_the_method=method in ("courtroom", "standard-mad")) as ends:
+        metrics = run_debate.main(argv(tiny, out, method, *greedy))
+    page_ledger.no_page_held(ends)
     preds = read(out, records.PREDICTIONS)
     assert sorted(p["claim_id"] for p in preds) == [0, 1, 2] and metrics["n"] == 3
     for p in preds:

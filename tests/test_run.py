@@ -10,6 +10,7 @@ import run_debate
 from debate.data.labels import LABELS
 from debate.pipeline import records
 from eval import averitec
+from tests import page_ledger
 from tests.tiny_models import build_random_lora, needs_wordnet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,12 +34,19 @@ def responses(out):
 @pytest.fixture(scope="module")
 def full_run(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
-    metrics = run_debate.main(argv(tiny, out))
-    return out, metrics
+    with page_ledger.at_run_end(by_the_method=True) as ends:
+        metrics = run_debate.main(argv(tiny, out))
+    return out, metrics, ends
+
+
+def test_a_debatecv_run_ends_with_every_page_given_back(full_run):
+    """Every conversation's cache dropped by DebateCV by the run's end (none left to the garbage collector): no page
+    held, held + cached + free = every page."""
+    page_ledger.no_page_held(full_run[2])
 
 
 def test_run_writes_every_output(full_run):
-    out, metrics = full_run
+    out, metrics, _ = full_run
     preds = read(out, records.PREDICTIONS)
     assert sorted(p["claim_id"] for p in preds) == list(range(8))
     for p in preds:
@@ -105,7 +113,9 @@ def test_rerun_after_crash_continues_without_duplicates_and_matches_uninterrupte
 def test_moderator_adapter_changes_only_the_moderator(tiny, full_run, tmp_path):
     adapter = build_random_lora(tiny, str(tmp_path / "lora"))
     out = tmp_path / "adapted"
-    run_debate.main(argv(tiny, out, "--moderator-adapter", adapter))
+    with page_ledger.at_run_end(by_the_method=True) as ends:
+        run_debate.main(argv(tiny, out, "--moderator-adapter", adapter))
+    page_ledger.no_page_held(ends)  # the LoRA Moderator's caches too
     plain = {t["claim_id"]: t["turns"] for t in read(full_run[0], records.TRANSCRIPTS)}
     adapted = {t["claim_id"]: t["turns"] for t in read(out, records.TRANSCRIPTS)}
     first = lambda turns, role: next(t["response"] for t in turns if t["role"] == role)  # noqa: E731
