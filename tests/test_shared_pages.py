@@ -1,12 +1,14 @@
 """Pages shared by prefix (debate/engine/kv_pool.py): a full page is keyed by its ids, the page before it and the
 adapter that made it; a context that starts like another takes that one's pages instead of encoding them, whether
 they were written at an earlier turn or by a row that joined a moment before in the same step; pages nobody holds
-stay indexed until their room is needed; the tokens are those of the plain path."""
+stay indexed until their room is needed; a page or a conversation's cache is read only by rows of the adapter and the
+model that wrote it; the tokens are those of the plain path."""
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from debate.engine import chat, engine, kv_pool, kv_store, reference
-from tests.tiny_models import build_tiny_llama, cpu_budget
+from debate.engine import chat, engine, kv_pool, kv_store, models, reference
+from tests import page_ledger
+from tests.tiny_models import build_random_lora, build_tiny_llama, cpu_budget
 
 # Four pages and more of the same system prompt, then each conversation its own question.
 SYSTEM = "You judge claims against the evidence. Evidence: " + "the report says the figures were revised. " * 30
@@ -14,13 +16,40 @@ PAGE = kv_store.PAGE
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0)
+def path(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(path):
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def roles(path, tmp_path_factory):
+    """One base model as two roles: the base alone (a Debater's) and with a random LoRA adapter (a Moderator's)."""
+    adapter = build_random_lora(path, tmp_path_factory.mktemp("lora"))
+    loaded = models.load_roles({"debater": path, "moderator": path}, {"moderator": str(adapter)}, use_4bit=False)
+    return loaded["debater"], loaded["moderator"]
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """Another model of the same shapes and tokenizer (other weights)."""
+    return AutoModelForCausalLM.from_pretrained(build_tiny_llama(tmp_path_factory.mktemp("other"), seed=1)).eval()
 
 
 def context(tok, prompt):
     return chat.context_ids(tok, engine.Conversation(SYSTEM, [{"role": "user", "content": prompt}]))
+
+
+def turn(role, conv, prompt, generate=engine.generate, tokens=8):
+    """One turn of `conv` spoken as `role` (its adapter in effect, as the methods speak); the context tokens it took
+    from caches instead of encoding them."""
+    before = conv.prompt_tokens - conv.encoded_tokens
+    with models.adapter_scope(role):
+        generate(role.model, role.tokenizer, [conv], [prompt], engine.Settings(max_new_tokens=tokens))
+    return conv.prompt_tokens - conv.encoded_tokens - before
 
 
 def common_pages(a, b):
@@ -111,3 +140,116 @@ def test_pages_nobody_holds_give_way_when_a_cache_needs_their_room(tiny, monkeyp
             conv.drop_cache()
             assert firsts[-1] in mem.index  # unheld, still indexed
         assert pool.dropped == 0 and firsts[0] not in mem.index  # the first one's pages gave way
+
+
+def test_a_conversations_cache_serves_only_the_adapter_that_wrote_it(roles):
+    """One conversation object spoken by a LoRA Moderator and by the base in turn (as a conversation continued after
+    its adapter changed): its cache is read again by the adapter that wrote it, never by another, which encodes the
+    context anew; every reply is the plain path's (issue 58)."""
+    debater, moderator = roles
+    speakers, prompts = [moderator, moderator, debater, moderator], [f"Turn {i}." for i in range(4)]
+    want = engine.Conversation(SYSTEM)
+    for role, prompt in zip(speakers, prompts):
+        turn(role, want, prompt, reference.generate)
+    conv = engine.Conversation(SYSTEM)
+    reused, cached = [], []
+    with cpu_budget(None) as pool:
+        for role, prompt in zip(speakers, prompts):
+            reused.append(turn(role, conv, prompt))
+            cached.append(len(conv.cached_ids))
+            page_ledger.check(pool.memories[debater.model])
+        conv.drop_cache()
+    assert conv.generated == want.generated
+    assert reused[:3] == [0, cached[0], 0]  # its own cache under the same adapter, none under another
+    # The Moderator again: the pages its first turns published (whole pages), not the base's cache of turn 2.
+    assert 0 < reused[3] <= cached[1] and reused[3] % PAGE == 0
+
+
+def test_pages_are_never_shared_across_adapters_whichever_writes_first(roles):
+    """The 808-token system prompt (12 full pages) in rows of the base and of a LoRA role: a row takes only the pages
+    its own adapter wrote, whether the other wrote them first, after, or in the same step; each gets the plain path's
+    tokens. Issue 60: with the adapter dropped where the batch hands it to the memory, the LoRA row was served 768
+    tokens of the base's pages and its reply changed."""
+    debater, moderator = roles
+    prompts = ["Speak.", "Again."]
+    want = {}
+    for role in roles:
+        conv = engine.Conversation(SYSTEM)
+        for prompt in prompts:
+            turn(role, conv, prompt, reference.generate)
+        want[role.adapter] = conv.generated
+    assert want[None] != want[moderator.adapter]  # the adapter changes the tokens: the comparison means something
+    pages = (len(context(debater.tokenizer, prompts[0])) - 1) // PAGE
+    assert pages >= 12
+    for first, second in ((debater, moderator), (moderator, debater)):
+        convs = [engine.Conversation(SYSTEM) for _ in range(3)]
+        with cpu_budget(None) as pool:
+            assert turn(first, convs[0], prompts[0]) == 0
+            assert turn(second, convs[1], prompts[0]) == 0  # none of the other adapter's pages
+            assert turn(second, convs[2], prompts[0]) == pages * PAGE  # its own adapter's pages do serve
+            for role, conv in ((first, convs[0]), (second, convs[1])):
+                own = len(conv.cached_ids)
+                assert turn(role, conv, prompts[1]) == own  # its own cache, whole
+            page_ledger.check(pool.memories[debater.model])
+            for conv in convs:
+                conv.drop_cache()
+        assert convs[0].generated == want[first.adapter] and convs[1].generated == want[second.adapter]
+        assert convs[2].generated[0] == want[second.adapter][0]
+
+    # Both at once: two rows joining in one step, the prompts of both in its forward (neither waits for the
+    # other's pages, which it could not take).
+    convs = [engine.Conversation(SYSTEM) for _ in roles]
+    forwards = []
+    hook = debater.model.register_forward_pre_hook(
+        lambda module, args, kwargs: forwards.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        with cpu_budget(None):
+            calls = [engine.begin(role.model, role.tokenizer, [conv], prompts[:1],
+                                  engine.Settings(max_new_tokens=8, prefill_tokens=4096), adapter=role.adapter)
+                     for role, conv in zip(roles, convs)]
+            while not all(call.done for call in calls):
+                engine.advance()
+            for call in calls:
+                engine.end(call)
+            for conv in convs:
+                conv.drop_cache()
+    finally:
+        hook.remove()
+    assert forwards[0] == sum(c.prompt_tokens for c in convs) and all(c.encoded_tokens == c.prompt_tokens
+                                                                      for c in convs)
+    assert [c.generated[0] for c in convs] == [want[role.adapter][0] for role in roles]
+
+
+def test_pages_and_caches_are_never_shared_across_models(tiny, other):
+    """Two models of one shape on one device: each has its own Memory (its own index), so neither reads a page the
+    other wrote, and a conversation moved to the other model encodes its context again; the plain path's tokens."""
+    model, tok = tiny
+    plan = [(model, "Turn 0."), (other, "Turn 1."), (model, "Turn 2.")]
+    want = engine.Conversation(SYSTEM)
+    for m, prompt in plan:
+        reference.generate(m, tok, [want], [prompt], engine.Settings(max_new_tokens=8))
+    want_other = engine.Conversation(SYSTEM)
+    reference.generate(other, tok, [want_other], ["Turn 0."], engine.Settings(max_new_tokens=8))
+    assert want_other.generated[0] != want.generated[0]  # other weights, other tokens
+    moved, fresh = engine.Conversation(SYSTEM), engine.Conversation(SYSTEM)
+
+    def reused(m, conv, prompt):
+        before = conv.prompt_tokens - conv.encoded_tokens
+        engine.generate(m, tok, [conv], [prompt], engine.Settings(max_new_tokens=8))
+        return conv.prompt_tokens - conv.encoded_tokens - before
+
+    with cpu_budget(None) as pool:
+        assert reused(model, moved, "Turn 0.") == 0
+        first = len(moved.cached_ids)
+        assert reused(other, fresh, "Turn 0.") == 0  # the same context: none of the first model's pages
+        # Moved to the other model: the pages that model wrote for `fresh` (the system prompt's), not its own cache,
+        # which the first model wrote and which holds more.
+        taken = reused(other, moved, "Turn 1.")
+        assert taken == len(fresh.cached_ids) // PAGE * PAGE < first
+        assert 0 < reused(model, moved, "Turn 2.") <= first  # the first model's own pages again
+        assert pool.memories[model] is not pool.memories[other]
+        for mem in pool.memories.values():
+            page_ledger.check(mem)
+        moved.drop_cache()
+        fresh.drop_cache()
+    assert moved.generated == want.generated and fresh.generated == want_other.generated
