@@ -134,9 +134,7 @@ def test_pages_nobody_holds_give_way_when_a_cache_needs_their_room(tiny, monkeyp
             mem = pool.memories[model]
             firsts.append(kv_pool.page_keys(conv.cached_ids, None, 1)[0])
             assert conv.kv.pages is not None  # its cache kept: the unheld pages made room
-            assert mem.held() + len(mem.cached) * PAGE * mem.token_bytes + len(mem.free_pages) * PAGE * \
-                mem.token_bytes == (mem.store.pages - mem.store.first_page) * PAGE * mem.token_bytes
-            assert set(mem.index.values()) == set(mem.key_of) and not set(mem.cached) & set(mem.holders)
+            page_ledger.check(mem)
             conv.drop_cache()
             assert firsts[-1] in mem.index  # unheld, still indexed
         assert pool.dropped == 0 and firsts[0] not in mem.index  # the first one's pages gave way
@@ -253,3 +251,176 @@ def test_pages_and_caches_are_never_shared_across_models(tiny, other):
         moved.drop_cache()
         fresh.drop_cache()
     assert moved.generated == want.generated and fresh.generated == want_other.generated
+
+
+# -- shared prefixes under tight budgets ------------------------------------------------------------------------------
+
+def arena(monkeypatch, pages, columns=1024, rows=1):
+    """The next Memory made (kv_pool's plan and geometry replaced): `rows` slots of `columns` columns, then `pages`
+    pages; a row wider than a slot sees the place anew as one slot of layout["wide"] columns. The layout, which a test
+    sets before the Memory is made (its pages) or before a wide row comes (its columns)."""
+    layout = {"pages": pages, "wide": None}
+    monkeypatch.setattr(kv_pool.memory, "kv_plan",
+                        lambda *a, **k: {"reserve": 0, "tokens": rows * columns + layout["pages"] * PAGE})
+    monkeypatch.setattr(kv_pool, "place_geometry", lambda widths, wanted, tokens:
+                        (rows, columns) if max(widths) <= columns else (1, layout["wide"]))
+    return layout
+
+
+def turns(model, tok, plan, settings=engine.Settings(max_new_tokens=8), generate=engine.generate, mem=None):
+    """Each (conversation, prompt) of `plan` spoken in turn; the context tokens each took from caches. With `mem`,
+    its page ledger checked after every turn."""
+    reused = []
+    for conv, prompt in plan:
+        before = conv.prompt_tokens - conv.encoded_tokens
+        generate(model, tok, [conv], [prompt], settings)
+        reused.append(conv.prompt_tokens - conv.encoded_tokens - before)
+        if mem is not None:
+            page_ledger.check(mem())
+    return reused
+
+
+def plain(model, tok, systems, plan, settings=engine.Settings(max_new_tokens=8)):
+    """The plain path's replies of conversations of `systems` spoken as `plan` says ((index, prompt) pairs)."""
+    convs = [engine.Conversation(s) for s in systems]
+    turns(model, tok, [(convs[i], prompt) for i, prompt in plan], settings, reference.generate)
+    return [c.generated for c in convs]
+
+
+def test_a_cache_dropped_for_room_leaves_the_pages_another_cache_holds(tiny, monkeypatch):
+    """Two conversations share the system prompt's 12 pages; a third one's cache needs the room of the second one's
+    own pages, one page more than is free: the second (the newest) is dropped, and the pages it shared stay held by
+    the first, whose next turn reads them. Every reply is the plain path's; the pages add up after every turn."""
+    model, tok = tiny
+    systems = [SYSTEM, SYSTEM, "Case 3. " + SYSTEM]  # the third shares no page: its first one differs
+    prompts = ["Is the claim supported?", "Argue that the claim is false." + " Why?" * 30, "Is the claim supported?"]
+    layout = arena(monkeypatch, pages=200)
+    with cpu_budget(None) as pool:  # room for all: the pages each cache takes
+        convs = [engine.Conversation(s) for s in systems]
+        turns(model, tok, zip(convs, prompts))
+        shared, sizes = pool.memories[model].shared_pages(), [len(c.kv.pages) for c in convs]
+        for conv in convs:
+            conv.drop_cache()
+    assert shared >= 12 and sizes[1] - shared >= 2
+    layout["pages"] = sizes[0] + (sizes[1] - shared) + sizes[2] - 1
+    convs = [engine.Conversation(s) for s in systems]
+    with cpu_budget(None) as pool:
+        def mem():
+            return pool.memories[model]
+
+        turns(model, tok, zip(convs[:2], prompts), mem=mem)
+        both = [page for page, holding in mem().holders.items() if len(holding) == 2]
+        first = list(convs[0].kv.pages)
+        assert len(both) == shared and pool.dropped == 0
+        turns(model, tok, [(convs[2], prompts[2])], mem=mem)
+        assert convs[1].kv.pages is None and convs[2].kv.pages is not None and pool.dropped == 1
+        assert convs[0].kv.pages == first and all(list(mem().holders[p]) == [id(convs[0].kv)] for p in both)
+        cached = len(convs[0].cached_ids)
+        reused = turns(model, tok, [(convs[0], "Again."), (convs[1], "Again.")], mem=mem)
+        assert reused[0] == cached  # the first one's cache, the shared pages in it, read back whole
+        for conv in convs:
+            conv.drop_cache()
+        assert page_ledger.check(mem())[0] == 0
+    want = plain(model, tok, systems, [(0, prompts[0]), (1, prompts[1]), (2, prompts[2]), (0, "Again."),
+                                       (1, "Again.")])
+    assert [c.generated for c in convs] == want
+
+
+def test_a_place_that_grows_moves_the_pages_two_caches_hold_and_both_read_them_after(tiny, monkeypatch):
+    """Two conversations share the system prompt's pages, which lie where a wider place will need them (a third,
+    larger cache took the last pages first, and gave them back): a row wider than a slot moves every page in the way
+    once, the shared ones included, past the place's new end, and both conversations, and a new one starting like
+    them, read them there. Every reply is the plain path's; the pages add up after every turn."""
+    model, tok = tiny
+    systems = ["Case d. " + SYSTEM + " The minutes were read." * 10, SYSTEM, SYSTEM, SYSTEM]
+    prompts = ["Go.", "Is the claim supported?", "Argue that the claim is false.", "Is the claim supported?"]
+    layout = arena(monkeypatch, pages=200)
+    with cpu_budget(None) as pool:  # room for all: the pages each cache takes
+        convs = [engine.Conversation(s) for s in systems[:3]]
+        turns(model, tok, zip(convs, prompts))
+        shared, sizes = pool.memories[model].shared_pages(), [len(c.kv.pages) for c in convs]
+        for conv in convs:
+            conv.drop_cache()
+    assert shared >= 12 and sizes[0] >= sizes[1] + sizes[2] - shared  # room where the first one's pages were
+    layout["pages"] = sum(sizes) - shared + 2  # and two pages nearest the place free
+    long = engine.Conversation("A long record. " * 100)
+    width = len(chat.context_ids(tok, engine.Conversation(long.system, [{"role": "user", "content": "Go."}]))) + 8
+    convs = [engine.Conversation(s) for s in systems]
+    with cpu_budget(None) as pool:
+        def mem():
+            return pool.memories[model]
+
+        turns(model, tok, zip(convs[:3], prompts), mem=mem)
+        layout["wide"] = min(convs[0].kv.pages) * PAGE  # the place's new end: the largest cache's first page
+        convs[0].drop_cache()
+        both = sorted(page for page, holding in mem().holders.items() if len(holding) == 2)
+        assert 1024 < width <= layout["wide"] and len(both) == shared and max(both) < layout["wide"] // PAGE
+        in_the_way = len(mem().holders)
+        turns(model, tok, [(long, "Go.")], engine.Settings(max_new_tokens=8, reuse_cache=False), mem=mem)
+        assert pool.reshapes == 1 and pool.moved == in_the_way and pool.dropped == 0
+        moved = sorted(page for page, holding in mem().holders.items() if len(holding) == 2)
+        assert len(moved) == shared and min(moved) >= layout["wide"] // PAGE
+        cached = [len(c.cached_ids) for c in convs[1:3]]
+        reused = turns(model, tok, [(convs[1], "Again."), (convs[2], "Again."), (convs[3], prompts[3])], mem=mem)
+        assert reused[:2] == cached and reused[2] >= shared * PAGE  # the moved pages serve, through the index too
+        for conv in convs:
+            conv.drop_cache()
+    want = plain(model, tok, systems, [(1, prompts[1]), (2, prompts[2]), (1, "Again."), (2, "Again."),
+                                       (3, prompts[3])])
+    assert [c.generated for c in convs[1:]] == want[1:]
+
+
+def test_a_prompt_published_with_no_free_page_while_other_rows_wait_drops_nothing(tiny, monkeypatch):
+    """Waiting caches fill every page but three; three judge seats read one case file in a place of two slots (the
+    third waits in line): the first writes the file's pages while the second waits for them, and publishes three,
+    the last free ones, then none; once its prompt is in, the second takes those three and encodes the rest.
+    Publishing drops no cache and takes no held page; the caches make room when they are stored, as ever. Every reply
+    is the plain path's; the pages add up after every turn."""
+    model, tok = tiny
+    bystanders = [f"Bystander {i}. " + "the minutes were read. " * 20 for i in range(4)]
+    seats = [f"Judge seat {i}: your verdict?" for i in range(1, 4)]
+    layout = arena(monkeypatch, pages=200, rows=2)
+    with cpu_budget(None) as pool:  # room for all: the pages the waiting caches take
+        convs = [engine.Conversation(s) for s in bystanders]
+        turns(model, tok, [(conv, "Go.") for conv in convs])
+        need = sum(len(c.kv.pages) for c in convs)
+        assert pool.memories[model].shared_pages() == 0
+        for conv in convs:
+            conv.drop_cache()
+    layout["pages"] = need + 3
+    publish, publishes = kv_pool.Memory.publish, []
+
+    def watched(mem, slot, ids, adapter):
+        missing = sum(key not in mem.index for key in kv_pool.page_keys(ids, adapter, len(ids) // PAGE))
+        free, queued = len(mem.free_pages), len(mem.batch.queue)
+        waiting = sum(not row.loaded for row in mem.batch.joining.values())
+
+        def seen():
+            return mem.pool.dropped, {page: set(holding) for page, holding in mem.holders.items()}
+
+        before = seen()
+        publish(mem, slot, ids, adapter)
+        assert seen() == before, "publishing dropped a cache or took a held page"
+        publishes.append((free, missing, queued + waiting))
+
+    monkeypatch.setattr(kv_pool.Memory, "publish", watched)
+    others = [engine.Conversation(s) for s in bystanders]
+    judges = [engine.Conversation(SYSTEM) for _ in seats]
+    with cpu_budget(None) as pool:
+        def mem():
+            return pool.memories[model]
+
+        turns(model, tok, [(conv, "Go.") for conv in others], mem=mem)
+        assert len(mem().free_pages) == 3 and not mem().cached
+        engine.generate(model, tok, judges, seats, engine.Settings(max_new_tokens=8, prefill_tokens=64))
+        page_ledger.check(mem())
+        starved = [(missing, waiting) for free, missing, waiting in publishes if free == 0 and missing]
+        assert starved and all(waiting for _, waiting in starved[:3])  # no free page, pages to publish, rows waiting
+        assert pool.dropped > 0  # the seats' caches made their room when they were stored
+        assert [c.prompt_tokens - c.encoded_tokens for c in judges][:2] == [0, 3 * PAGE]
+        for conv in others + judges:
+            conv.drop_cache()
+        assert page_ledger.check(mem())[0] == 0
+    assert [c.generated for c in others] == plain(model, tok, bystanders, [(i, "Go.") for i in range(4)])
+    for conv, seat in zip(judges, seats):
+        assert conv.generated == plain(model, tok, [SYSTEM], [(0, seat)])[0]
