@@ -42,6 +42,8 @@ STEP = "debate/engine/decode_step.py"
 BATCH = "debate/engine/decode_batch.py"
 POOL = "debate/engine/kv_pool.py"
 THREADS = "debate/pipeline/threads.py"
+PAGES = "tests/test_shared_pages.py::test_"
+COURT = "tests/test_methods_cli.py::test_each_method_runs_end_to_end[courtroom-fields3]"
 
 MUTANTS: List[Mutant] = [
     # -- sampling (issue 58): the picks against the distribution they are drawn from
@@ -95,6 +97,77 @@ MUTANTS: List[Mutant] = [
     Mutant("step check: the inductor patch on every device", STEP,
            '    return device.type == "cpu" and version.startswith(PATCHED_TORCH)', "    return True",
            ["tests/test_step_check.py"]),
+    # -- pages and caches: by adapter and model (issues 58, 60), under tight budgets, none held at a run's end
+    Mutant("pages: a conversation's own cache read under another adapter", POOL,
+           " or entry.memory() is not self or entry.adapter != adapter:", " or entry.memory() is not self:",
+           [PAGES + "a_conversations_cache_serves_only_the_adapter_that_wrote_it"]),
+    Mutant("pages: a row's pages loaded without its adapter", BATCH,
+           "row.settings.reuse_cache,\n                                              row.adapter)",
+           "row.settings.reuse_cache,\n                                              None)",
+           [PAGES + "pages_are_never_shared_across_adapters_whichever_writes_first"]),
+    Mutant("pages: a row's page keys hashed without its adapter", BATCH,
+           "kv_pool.page_keys(row.target, row.adapter,", "kv_pool.page_keys(row.target, None,",
+           [PAGES + "pages_are_never_shared_across_adapters_whichever_writes_first"]),
+    Mutant("pages: a prompt's pages published without its adapter", BATCH,
+           "mem.publish(slot, row.target[:end], row.adapter)", "mem.publish(slot, row.target[:end], None)",
+           [PAGES + "pages_are_never_shared_across_adapters_whichever_writes_first"]),
+    Mutant("pages: a cache stored without its adapter", BATCH,
+           "row.target + ids[:-1], row.adapter)", "row.target + ids[:-1], None)",
+           [PAGES + "pages_are_never_shared_across_adapters_whichever_writes_first"]),
+    Mutant("pages: a page's key leaves out the adapter", POOL,
+           "        digest.update(repr(adapter).encode())\n", "",
+           [PAGES + "pages_are_never_shared_across_adapters_whichever_writes_first"]),
+    Mutant("pages: a conversation's own cache read by another model", POOL,
+           " or entry.memory() is not self or entry.adapter != adapter:", " or entry.adapter != adapter:",
+           [PAGES + "pages_and_caches_are_never_shared_across_models"]),
+    Mutant("pages: one memory for every model of a device", POOL,
+           "        mem = self.memories.get(model)\n        if mem is None:",
+           "        mem = next(iter(self.memories.values()), None)\n        if mem is None:",
+           [PAGES + "pages_and_caches_are_never_shared_across_models"]),
+    Mutant("pages: a page given back while another cache holds it", POOL,
+           "        holding.pop(id(entry), None)\n        if holding:\n            return\n",
+           "        holding.pop(id(entry), None)\n",
+           [PAGES + "a_cache_dropped_for_room_leaves_the_pages_another_cache_holds"]),
+    Mutant("pages: a dropped cache keeps its pages", POOL,
+           "        tokens = len(entry.ids)\n        self.release(conv)", "        tokens = len(entry.ids)",
+           [PAGES + "a_cache_dropped_for_room_leaves_the_pages_another_cache_holds"]),
+    Mutant("pages: a growing place moves a shared page for one of its holders only", POOL,
+           "            for entry in holding.values():\n                assert entry.pages is not None",
+           "            for entry in list(holding.values())[:1]:\n                assert entry.pages is not None",
+           [PAGES + "a_place_that_grows_moves_the_pages_two_caches_hold_and_both_read_them_after"]),
+    Mutant("pages: a moved page's index entry left at its old place", POOL,
+           "                key = self.key_of[target] = self.key_of.pop(page)\n"
+           "                self.index[key] = target",
+           "                key = self.key_of[target] = self.key_of.pop(page)",
+           [PAGES + "a_place_that_grows_moves_the_pages_two_caches_hold_and_both_read_them_after"]),
+    Mutant("pages: publishing takes a page where none is free", POOL,
+           "            if not self.free_pages:\n                break\n            page = self.free_pages.pop()",
+           "            page = self.free_pages.pop()",
+           [PAGES + "a_prompt_published_with_no_free_page_while_other_rows_wait_drops_nothing"]),
+    Mutant("pages: publishing drops waiting caches for room", POOL,
+           "            if not self.free_pages:\n                break\n            page = self.free_pages.pop()",
+           "            for ref, entry in sorted(self.entries.values(), key=lambda item: -item[1].birth):\n"
+           "                if self.free_pages:\n                    break\n"
+           "                if ref() is not None:\n                    self.evict(ref())\n"
+           "                    self._forget_cached()\n"
+           "            if not self.free_pages:\n                break\n            page = self.free_pages.pop()",
+           [PAGES + "a_prompt_published_with_no_free_page_while_other_rows_wait_drops_nothing"]),
+    Mutant("pages: a released cache's pages never given back", POOL,
+           "            self._give_pages(entry)\n            entry.ids = []", "            entry.ids = []",
+           ["tests/test_run.py::test_a_debatecv_run_ends_with_every_page_given_back"]),
+    Mutant("pages: an unheld published page lost (neither cached nor free)", POOL,
+           "            self.cached[page] = None  # published: kept for the next context that starts with it",
+           "            pass", ["tests/test_run.py::test_a_debatecv_run_ends_with_every_page_given_back"]),
+    Mutant("pages: DebateCV leaves a finished claim's caches to the garbage collector", "debate/methods/debatecv.py",
+           "        conv.drop_cache()  # the memory goes to the claims still debating", "        pass",
+           ["tests/test_run.py::test_a_debatecv_run_ends_with_every_page_given_back"]),
+    Mutant("pages: the courtroom leaves a finished hearing's caches to the garbage collector",
+           "debate/methods/courtroom/hearing.py",
+           "                    conv.drop_cache()  # the memory goes to the hearings still running, then to the panel",
+           "                    pass", [COURT]),
+    Mutant("pages: the courtroom keeps a one-shot turn's cache", "debate/methods/courtroom/case.py",
+           "        if one_shot:\n            conv.drop_cache()", "        if one_shot:\n            pass",
+           [COURT]),
     # -- threads (issue 60 item 3)
     Mutant("threads: the host's load counted under an allocation of the job's own", THREADS,
            "    if mine < machine or (quota is not None and quota < machine):", "    if False:",
