@@ -202,13 +202,7 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
     """Out of memory once is retried with the same tokens; twice in a row's prefill, that row fails alone
     (ContextOverflow names it) and the other rows of the call run."""
     model, tok = wide
-    forward, seen = model.forward, []
-
-    def counted(*args, **kw):
-        seen.append(kw["input_ids"].shape[1])
-        return forward(*args, **kw)
-
-    monkeypatch.setattr(model, "forward", counted)
+    forward = model.forward
     whole, _ = debate(model, tok, turns=2, batch_size=1)
     # The forward to fail is the first of the second turn's first call (the first conversation's, batch_size 1):
     # its prefill of the turn's new tokens, found by the call it is in, not by counting the forwards of a run.
