@@ -239,6 +239,8 @@ def test_a_long_prompt_rides_beside_decoding_rows_over_several_steps_and_no_row_
                 for s, p in zip(systems, prompts)]
     assert contexts[0] < budget < 3 * budget < contexts[1]  # the short prompt fits a step, the long one takes several
     convs = [engine.Conversation(system=s) for s in systems]
+    # The model's stats gather over this module's tests: this run's counts are what they gained over it.
+    before = decode_step.stats_for(model).as_record()
     with cpu_budget(None):
         _, forwards = batch_forwards(model, lambda: engine.generate(
             model, tok, convs, prompts, engine.Settings(max_new_tokens=10, prefill_tokens=budget)))
@@ -251,8 +253,12 @@ def test_a_long_prompt_rides_beside_decoding_rows_over_several_steps_and_no_row_
     assert forwards[0] == (0, budget) and len(feeding) == -(-sum(contexts) // budget)
     assert all(forwards[i][0] >= 1 for i in feeding[1:])
     assert feeding == list(range(len(feeding)))  # no step without a piece while a prompt is left: none idles
-    stats = decode_step.stats_for(model)
-    assert stats.mixed >= len(feeding) - 1 and stats.prefill_tokens >= sum(contexts)
+    after = decode_step.stats_for(model).as_record()
+    counts = ("mixed_forwards", "mixed_decode_rows", "prefill_only_forwards", "prefill_tokens")
+    gained = {k: after[k] - before[k] for k in counts}
+    # the stats count what the hook saw: the first forward alone, every later piece beside decoding rows
+    assert gained == {"mixed_forwards": len(feeding) - 1, "mixed_decode_rows": sum(forwards[i][0] for i in feeding[1:]),
+                      "prefill_only_forwards": 1, "prefill_tokens": sum(contexts)}
 
 
 def test_with_lookahead_rows_leave_a_step_later_with_the_same_tokens(tiny, caps, monkeypatch):

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from debate.data import answer_schemas
-from debate.engine import chat, constrained_row, engine, generator, kv_store, schema_program
+from debate.engine import chat, constrained_row, decode_batch, engine, generator, kv_store, schema_program
 from debate.engine.constrained_row import SchemaRow
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama, build_tiny_tokenizer
 
@@ -226,9 +226,27 @@ def test_a_greedy_number_is_the_argmax_path_through_its_allowed_tokens(soft_llam
     assert conv.generated[-1] == (ids + compiled.end[1:])[len(context):]
 
 
+def host_waits(compiled, structured):
+    """The times a row of this reply must wait for the host, from the schema and the reply alone: its first plan;
+    each generated number's digits and its closing id (each picked from the logits before it); each free text's end
+    (a list item's or a field's)."""
+    waits = 1
+    for i, f in enumerate(compiled.spec.fields):
+        value = structured["fields"][f.key]
+        if schema_program.generated(f):
+            index = [json.loads(v) for v in f.values].index(value)
+            waits += len(compiled.values[i][index]) + 1
+        elif f.kind == "list":
+            waits += len(value)
+        elif f.kind == "text":
+            waits += 1
+    return waits
+
+
 @torch.inference_mode()
 def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_the_batch(soft_llama, monkeypatch):
     model, tok = soft_llama
+    monkeypatch.setattr(decode_batch, "LOOKAHEAD", True)  # the CUDA path, whose steps are counted below
     compiled = schema_program.compile_for("counsel_reflection", tok)
     calls, plans = [], []
     hook = model.register_forward_pre_hook(
@@ -242,19 +260,25 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
                         engine.Settings(max_new_tokens=compiled.fixed_cost + 30), schemas=[compiled] * 2)
     finally:
         hook.remove()
-    assert all(rows <= 2 for rows, _ in calls)
-    steps = max(c.completion_tokens for c in convs)
-    prefill, rest = calls[0], calls[1:]  # both rows' prompts in one forward, as the two join together
-    assert prefill[0] == 1 and prefill[1] > 2 * compiled.scratch_columns
-    side = [shape for shape in rest if shape[1] > 1]  # list go-on/close choices: one row, a few tokens each
-    assert all(rows == 1 and width <= compiled.scratch_columns for rows, width in side)
-    # The prefill, one step per generated token after the first, a pass per list decision (at most 2 per row), and
-    # an idle step a row each time the host plans for it (its first plan, at the start, costs none): the three
-    # 0.00-1.00 scores add their few digits, not 101 candidates each.
-    assert len(calls) <= 1 + (steps - 1) + 2 * 2 + (len(plans) - 2)
     for conv in convs:
         for key in ("Logic", "Novelty", "Rebuttal"):
             assert 0 <= conv.structured["fields"][key] <= 1 and key not in conv.structured["probs"]
+    assert all(rows <= 2 for rows, _ in calls)
+    # What the replies need is worked out from the schema and the replies, not from the run: the host plans
+    # exactly where a row must wait for it (numbers add their few digits, not 101 candidates each) ...
+    waits = [host_waits(compiled, c.structured) for c in convs]
+    assert len(plans) == sum(waits)
+    prefill, rest = calls[0], calls[1:]  # both rows' prompts in one forward, as the two join together
+    assert prefill[0] == 1 and prefill[1] > 2 * compiled.scratch_columns
+    # ... a list's go-on/close choice is one pass of one row, a few tokens wide, once an item but the last allowed
+    side = [shape for shape in rest if shape[1] > 1]
+    flaws = next(f for f in compiled.spec.fields if f.kind == "list")
+    assert len(side) == sum(min(len(c.structured["fields"][flaws.key]), flaws.max_items - 1) for c in convs)
+    assert all(rows == 1 and width <= compiled.scratch_columns for rows, width in side)
+    # ... and the two rows run side by side, each for a step a token after its first, an idle step each time the
+    # host plans for it (its first plan, at the start, costs none) and, with the lookahead, a step past its stop.
+    steps = max((c.completion_tokens - 1) + (w - 1) + 1 for c, w in zip(convs, waits))
+    assert len(rest) - len(side) == steps
 
 
 def test_a_scored_number_keeps_its_probabilities_and_a_generated_one_none(soft_llama, tmp_path, monkeypatch):

@@ -202,28 +202,39 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
     """Out of memory once is retried with the same tokens; twice in a row's prefill, that row fails alone
     (ContextOverflow names it) and the other rows of the call run."""
     model, tok = wide
-    forward, seen = model.forward, []
-
-    def counted(*args, **kw):
-        seen.append(kw["input_ids"].shape[1])
-        return forward(*args, **kw)
-
-    monkeypatch.setattr(model, "forward", counted)
+    forward = model.forward
     whole, _ = debate(model, tok, turns=2, batch_size=1)
-    # The second turn's first prefill (the first conversation's): the seventh call feeding more than one token.
-    doomed_call = [i for i, n in enumerate(seen) if n > 1][6]
-    calls = []
+    # The forward to fail is the first of the second turn's first call (the first conversation's, batch_size 1):
+    # its prefill of the turn's new tokens, found by the call it is in, not by counting the forwards of a run.
+    generate, calls, forwards = engine.generate, [], []
 
-    def once(*args, **kw):  # the second turn's prefill of the first conversation runs out of memory, once
-        calls.append(kw["input_ids"].shape[1])
-        if len(calls) == doomed_call + 1:
+    def counted_call(model, tok, convs, prompts, *args, **kw):
+        conv, turn = convs[0], [{"role": "user", "content": prompts[0]}]
+        context = chat.context_ids(tok, engine.Conversation(conv.system, conv.messages + turn, list(conv.generated)))
+        calls.append(dict(conv=conv, cached=len(conv.cached_ids), context=len(context)))
+        return generate(model, tok, convs, prompts, *args, **kw)
+
+    def once(*args, **kw):  # the doomed forward runs out of memory, once
+        mix = decode_step._mix
+        forwards.append(dict(call=len(calls), ids=kw["input_ids"].clone(), pieces=mix.pieces if mix else None))
+        if len(calls) == len(SYSTEMS) + 1 and [f["call"] for f in forwards].count(len(calls)) == 1:
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
 
+    monkeypatch.setattr(engine, "generate", counted_call)
     monkeypatch.setattr(model, "forward", once)
     with caplog.at_level("WARNING", logger="debate.engine.decode_batch"):
         retried, _ = debate(model, tok, turns=2, batch_size=1)
-    assert calls[doomed_call] > 1 and "out of memory in a model call; retrying it once" in caplog.text
+    monkeypatch.setattr(engine, "generate", generate)
+    doomed = calls[len(SYSTEMS)]
+    assert doomed["conv"] is retried[0] and 0 < doomed["cached"] < doomed["context"]  # the second turn's, cache reused
+    failed, again, after = [f for f in forwards if f["call"] == len(SYSTEMS) + 1][:3]
+    # The failed forward was that prefill: the turn's new tokens alone; the retry fed the same tokens, once.
+    assert failed["pieces"] is not None and [(first, end) for _, first, end in failed["pieces"]] == [
+        (doomed["cached"], doomed["context"])]
+    assert torch.equal(again["ids"], failed["ids"]) and again["pieces"] == failed["pieces"]
+    assert after["pieces"] is None and after["ids"].shape == (1, 1)  # then the row decodes
+    assert caplog.text.count("out of memory in a model call; retrying it once") == 1
     assert [c.generated for c in retried] == [c.generated for c in whole]
 
     convs = [engine.Conversation(system="s"), engine.Conversation(system=SYSTEMS[5])]
