@@ -133,25 +133,31 @@ def test_pruned_and_dense_races_pick_alike():
             assert torch.equal(dense[temperature == 0], logits[temperature == 0].argmax(dim=-1))
 
 
-def test_nucleus_search_finds_the_sorted_threshold():
+def test_the_candidates_nucleus_is_the_sorted_one():
+    """The pruned race decides each candidate's nucleus from the candidates alone; the sort of the whole row says the
+    same of them (ties at the boundary, a boundary past every candidate, rows of top_p 1 included)."""
     gen = torch.Generator().manual_seed(5)
-    s = torch.randn(40, 3000, generator=gen) * 2
-    s[::3, :200] = 5.0  # ties at the top: the boundary falls inside a tie
-    s[1::7] = torch.randn(1, 3000, generator=gen) * 0.05  # nearly flat: k grows past FIRST_K to the whole row
+    s = torch.randn(40, 3000, generator=gen) * 4
+    s[::3, :200] = 20.0  # ties at the top: the boundary falls inside a tie
+    s[1::7] = torch.randn(1, 3000, generator=gen) * 0.05  # nearly flat: every token a candidate
+    s[2::9, 10:] -= 40.0  # ten tokens within reach, the rest far below
     best = s.max(dim=-1).values
     top_p = torch.rand(40, generator=gen).clamp(0.05, 1.0)
     top_p[::4] = 1.0
-    search = sampling.nucleus_floor(s, best, top_p, search=True)
-    sort = sampling.nucleus_floor(s, best, top_p, search=False)
-    assert torch.equal(search, sort)
-    assert bool((search[top_p >= 1] == float("-inf")).all())
+    top_p[3::10] = 0.999999  # past every candidate where the tail is far below
+    rows, ids = (s >= (best - sampling.SPREAD)[:, None]).nonzero(as_tuple=True)
+    scaled = s[rows, ids]
+    got = sampling._candidates_in_nucleus(s, best, top_p, rows, scaled)
+    floor = sampling.nucleus_floor(s, best, top_p)
+    assert torch.equal(got, scaled >= floor[rows])
+    assert bool(got[top_p[rows] >= 1].all()) and not bool(got.all())
     # each nucleus reaches top_p and is the fewest tokens that do, up to ties at its threshold
     for row in range(40):
         if top_p[row] >= 1:
             continue
         w = torch.softmax(s[row].double(), dim=-1)
-        assert w[s[row] >= search[row]].sum() >= top_p[row] - 1e-5
-        assert w[s[row] > search[row]].sum() < top_p[row] + 1e-5
+        assert w[s[row] >= floor[row]].sum() >= top_p[row] - 1e-5
+        assert w[s[row] > floor[row]].sum() < top_p[row] + 1e-5
 
 
 def test_a_row_picks_alike_alone_or_in_a_batch():

@@ -47,7 +47,10 @@ G_HIGH = -math.log(-math.log1p(-0.5 * _SCALE))  # 16.64
 # A token whose scaled logit is below its row's best by more than this cannot win the race (module doc); the margin
 # covers float32's rounding of the noise (a few units in the last place).
 SPREAD = G_HIGH - G_LOW + 1e-3
-FIRST_K = 64  # the nucleus' first search on a CPU: the top 64 tokens by probability, grown by 8x until enough
+# The pruned race (a CPU's) lists the tokens within SPREAD of their row's best; where more than one in this many are,
+# the dense race runs instead (measured: listing and sorting every token of a flat distribution costs 2-3x the dense
+# race, docs/BENCHMARKS.md issue 58). The same ids either way.
+PRUNED_SHARE = 8
 
 
 def _signed(value: int) -> int:
@@ -133,37 +136,48 @@ def gumbel(bases: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
 
 # -- the nucleus -----------------------------------------------------------------------------------------------------
 
-def _threshold(ordered: torch.Tensor, best: torch.Tensor, mass: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """From each row's largest scaled logits in descending order, its best and the mass its nucleus must reach (of
-    the weights exp(s - best)): (the threshold, the smallest scaled logit kept; whether the boundary lies among these
-    values, i.e. the first one dropped is among them)."""
+def _kept(ordered: torch.Tensor, best: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """From each row's largest scaled logits in descending order (-inf past a row's own), its best and the mass its
+    nucleus must reach (of the weights exp(s - best)): how many of them the nucleus keeps before ties (a prefix: each
+    while the mass before it is below `mass`; the first always)."""
     weights = (ordered - best[:, None]).exp()
     before = weights.cumsum(dim=-1) - weights  # the mass of the values before each
-    kept = (before < mass[:, None]).sum(dim=-1).clamp(min=1)  # a prefix; the first value always kept
-    return ordered.gather(-1, (kept - 1)[:, None])[:, 0], kept < ordered.shape[-1]
+    return (before < mass[:, None]).sum(dim=-1).clamp(min=1)
 
 
-def nucleus_floor(s: torch.Tensor, best: torch.Tensor, top_p: torch.Tensor, search: bool) -> torch.Tensor:
-    """Each row's nucleus threshold over its scaled logits `s` (rows x vocab; `best` each row's largest): the nucleus
-    is the tokens whose s is at least it (-inf where top_p >= 1: every token). Thresholds on s, not on probabilities:
-    tokens of equal logits are in or out together, and a probability rounded apart from its logit moves nothing.
-    `search`: among each row's top k, k grown until the boundary is found (a CPU's way: each round reads back whether
-    it was); else by a full sort (a GPU's: nothing read back). The same threshold either way: the top k in order are
-    the sort's first k, and their running sums the same."""
-    mass = (s - best[:, None]).exp_().sum(dim=-1) * top_p.clamp(max=1.0)
-    floor = torch.full_like(best, float("-inf"))
-    cut = top_p < 1.0
-    if not search:
-        return torch.where(cut, _threshold(s.sort(dim=-1, descending=True).values, best, mass)[0], floor)
-    rows = cut.nonzero()[:, 0]
-    k, vocab = FIRST_K, s.shape[-1]
-    while rows.numel():
-        k = min(k, vocab)
-        value, found = _threshold(s[rows].topk(k, dim=-1, sorted=True).values, best[rows], mass[rows])
-        done = found | (k == vocab)
-        floor[rows[done]] = value[done]
-        rows, k = rows[~done], k * 8
-    return floor
+def _mass(s: torch.Tensor, best: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The mass each row's nucleus must reach, of its weights exp(s - best) over the whole vocabulary."""
+    return (s - best[:, None]).exp_().sum(dim=-1) * top_p.clamp(max=1.0)
+
+
+def nucleus_floor(s: torch.Tensor, best: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row's nucleus threshold over its scaled logits `s` (rows x vocab; `best` each row's largest), by a sort of
+    the row: the nucleus is the tokens whose s is at least it (-inf where top_p >= 1: every token). Thresholds on s,
+    not on probabilities: tokens of equal logits are in or out together, and a probability rounded apart from its
+    logit moves nothing."""
+    ordered = s.sort(dim=-1, descending=True).values
+    floor = ordered.gather(-1, (_kept(ordered, best, _mass(s, best, top_p)) - 1)[:, None])[:, 0]
+    return torch.where(top_p < 1.0, floor, torch.full_like(floor, float("-inf")))
+
+
+def _candidates_in_nucleus(s: torch.Tensor, best: torch.Tensor, top_p: torch.Tensor, rows: torch.Tensor,
+                           scaled: torch.Tensor) -> torch.Tensor:
+    """Whether each of the race's candidates (`rows`, their scaled logits `scaled`: every token within SPREAD of its
+    row's best, so every token above a candidate is one too) is in its row's nucleus: the candidates sorted by row
+    and logit, their running mass against `_mass` of the whole row. The same decision as `nucleus_floor`'s: the
+    candidates in order are the sort's first values of the row, and their running sums the same. No sort of the
+    vocabulary, only of the candidates."""
+    by_logit = scaled.sort(descending=True, stable=True).indices
+    order = by_logit[rows[by_logit].sort(stable=True).indices]  # by row, then by logit, descending
+    in_row = torch.bincount(rows, minlength=best.shape[0])
+    first = torch.cumsum(in_row, dim=0) - in_row
+    place = torch.arange(rows.shape[0], device=rows.device) - first[rows[order]]
+    ordered = torch.full((best.shape[0], max(1, int(in_row.max()))), float("-inf"), device=s.device)
+    ordered[rows[order], place] = scaled[order]
+    kept = _kept(ordered, best, _mass(s, best, top_p))
+    floor = ordered.gather(-1, (kept - 1)[:, None])[:, 0]
+    floor = torch.where((top_p < 1.0) & (kept < in_row), floor, torch.full_like(floor, float("-inf")))
+    return scaled >= floor[rows]
 
 
 # -- the pick --------------------------------------------------------------------------------------------------------
@@ -190,29 +204,32 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, k
     best = top.float() / divisor  # each row's largest scaled logit: a positive divisor keeps the order
     sampling = temperature > 0
     vocab = logits.shape[-1]
-    s = logits.float() / divisor[:, None] if nucleus or not prune else None
-    floor = None
-    if s is not None and nucleus:
-        floor = nucleus_floor(s, best, torch.where(sampling, top_p, torch.ones_like(top_p)), search=prune)
+    p = torch.where(sampling, top_p, torch.ones_like(top_p))  # a greedy row's nucleus: every token
     bases = row_bases(keys, counts)
+    if prune:
+        # Only tokens within SPREAD of the row's best can win, and 4 units in the last place more, so that no token
+        # left out could tie the winner after rounding; a greedy row lists none. The logits are compared first,
+        # against the bound times the divisor with a slack far wider than the division's rounding (a token too many
+        # costs nothing), then each candidate's s exactly as the dense race computes it.
+        bound = best - SPREAD - best.abs() * 2.0 ** -21
+        bound = torch.where(sampling, bound, torch.full_like(bound, float("inf")))
+        loose = bound * divisor
+        near = logits >= (loose - loose.abs() * 2.0 ** -18)[:, None]
+        # Where most tokens are within reach (a flat distribution), the dense race costs less than listing them.
+        prune = int(near.sum()) * PRUNED_SHARE <= near.numel()
+    s = logits.float() / divisor[:, None] if nucleus or not prune else None
     if s is not None and not prune:
         score = s + gumbel(bases[:, None], token_salts(vocab, s.device)[None])
-        if floor is not None:
-            score.masked_fill_(s < floor[:, None], float("-inf"))
+        if nucleus:
+            score.masked_fill_(s < nucleus_floor(s, best, p)[:, None], float("-inf"))
         return torch.where(sampling, score.argmax(dim=-1), greedy)
-    # Only tokens within SPREAD of the row's best can win, and 4 units in the last place more, so that no token left
-    # out could tie the winner after rounding; inside the nucleus; a greedy row lists none. The logits are compared
-    # first, against the bound times the divisor with a slack far wider than the division's rounding (a token too
-    # many costs nothing), then each candidate's s exactly as the dense race computes it.
-    bound = best - SPREAD - best.abs() * 2.0 ** -21
-    if floor is not None:
-        bound = torch.maximum(bound, floor)
-    bound = torch.where(sampling, bound, torch.full_like(bound, float("inf")))
-    loose = bound * divisor
-    rows, ids = (logits >= (loose - loose.abs() * 2.0 ** -18)[:, None]).nonzero(as_tuple=True)
+    rows, ids = near.nonzero(as_tuple=True)
     scaled = logits[rows, ids].float() / divisor[rows]
-    score = (scaled + gumbel(bases[rows], token_salts(vocab, logits.device)[ids])).masked_fill_(
-        scaled < bound[rows], float("-inf"))
+    inside = scaled >= bound[rows]
+    rows, ids, scaled = rows[inside], ids[inside], scaled[inside]
+    score = scaled + gumbel(bases[rows], token_salts(vocab, logits.device)[ids])
+    if s is not None and nucleus:
+        score.masked_fill_(~_candidates_in_nucleus(s, best, p, rows, scaled), float("-inf"))
     # Each row's winner: its highest score, the lowest id among equals (as argmax takes the first).
     most = torch.full_like(best, float("-inf")).scatter_reduce(0, rows, score, "amax")
     at_top = (score == most[rows]) & (score > float("-inf"))
@@ -233,7 +250,7 @@ def host_pick(values: Sequence[float], ids: Sequence[int], temperature: float, t
     score = s + gumbel(row_bases(torch.tensor([key]), torch.tensor([count]))[:, None],
                        torch.tensor([ids[i] for i in order]) * _signed(_M2) + _signed(_GOLDEN))
     if top_p < 1.0:
-        score.masked_fill_(s < nucleus_floor(s, best, torch.tensor([top_p]), search=False)[:, None], float("-inf"))
+        score.masked_fill_(s < nucleus_floor(s, best, torch.tensor([top_p]))[:, None], float("-inf"))
     return order[int(score.argmax(dim=-1))]
 
 
@@ -250,5 +267,5 @@ def next_tokens(logits: torch.Tensor, settings: object, generator: Optional[torc
     bits = torch.randint(0, 1 << BITS, (rows, vocab), generator=generator, device="cpu").to(logits.device)
     score = s + unit(bits).log_().neg_().log_().neg_()
     if bool((top_p < 1.0).any()):
-        score.masked_fill_(s < nucleus_floor(s, best, top_p, search=False)[:, None], float("-inf"))
+        score.masked_fill_(s < nucleus_floor(s, best, top_p)[:, None], float("-inf"))
     return score.argmax(dim=-1)
