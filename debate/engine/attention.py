@@ -1,0 +1,129 @@
+"""What a token of a step attends to, and the attention calls that read it (issue 59).
+
+A step's forward is one sequence of packed tokens: the decode rows' tokens (one a slot) and the joining rows' prompt
+pieces (several a slot), each token with its slot and its position. A token at position p of slot b sees columns c of
+slot b with c <= p, and on a sliding-window layer of window w only c > p - w (`sees`: the rule, written once; the
+block masks, the mask functions and the eager reference all call it). A slot with no token this step, a row that is
+not live or a bucket's padding sees column 0 alone: finite, never read (nothing read may be NaN: a NaN value times a
+zero weight is still NaN).
+
+The step's metadata (`Packed`) travels to the attention function as a keyword argument of the model's forward
+(transformers passes its extra keyword arguments down to the attention function): no module global, no change to the
+model's config from step to step. Without it the function is sdpa's, so every other forward of the model (a
+choice's tree pass, a prefill elsewhere, training) runs as before.
+
+One attention call covers every token of the step (`packed_flex`): the tokens are scattered by (slot, index within
+the slot's tokens this step) into a (slots, most tokens a slot) grid, the queries of a key head side by side (each key
+and value block read once for all the heads that share it), and flex attention reads, for each slot and block of its
+queries, only the blocks of columns those queries see (`block_masks`); the outputs are gathered back into the
+sequence. A decode-only step is the grid of width 1. The eager reference (`per_slot`) attends slot by slot with sdpa.
+"""
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+BLOCK = 128  # columns (and grid queries) a block of the block masks covers
+
+
+class Packed(NamedTuple):
+    """A step's tokens as the attention sees them. `slot[t]`, `index[t]`: token t's slot and its place among that
+    slot's tokens this step; `start[b]`, `count[b]`: the position of slot b's first token this step and how many it
+    has (0: it has none, or it is not live, or it is padding); `width`: a tensor whose length is the grid's width (the
+    most tokens a slot has). Tensors on the model's device, inputs of a compiled step."""
+
+    slot: torch.Tensor
+    index: torch.Tensor
+    start: torch.Tensor
+    count: torch.Tensor
+    width: torch.Tensor
+
+
+def sees(position: torch.Tensor, column: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+    """Whether a token at `position` sees `column` of its slot (broadcast): the rule of every attention here."""
+    seen = column <= position
+    if window:
+        seen = seen & (column > position - window)
+    return seen
+
+
+def block_masks(packed: Packed, columns: int, windows: Dict[str, Optional[int]], groups: int
+                ) -> Dict[str, BlockMask]:
+    """{attention type: block mask} of a step's grid (slots x width * groups queries, a key head's `groups` query
+    heads side by side for each token): each slot's block of queries lists the blocks of columns from the first one
+    its first valid token sees to the one its last valid token writes; a block of no valid token lists block 0. The
+    shapes depend on the bucket alone, the values on the step's metadata: one graph, and a CUDA graph replays it."""
+    start, count = packed.start, packed.count
+    queries = packed.width.shape[0] * groups
+    q_blocks, kv_blocks = (queries + BLOCK - 1) // BLOCK, (columns + BLOCK - 1) // BLOCK
+    device = start.device
+    first_token = torch.arange(q_blocks, device=device) * BLOCK // groups  # the first token of each query block
+    last_token = torch.minimum(first_token + (BLOCK - 1) // groups, first_token.new_tensor(packed.width.shape[0] - 1))
+    valid = first_token[None] < count[:, None]  # (slots, q_blocks): a block with a valid token
+    last = start[:, None] + torch.minimum(last_token[None], (count[:, None] - 1).clamp(min=0))
+    out = {}
+    for kind, window in windows.items():
+        first = (start[:, None] + first_token[None] - window + 1).clamp(min=0) if window else torch.zeros_like(last)
+        low = torch.where(valid, first // BLOCK, 0)
+        high = torch.where(valid, last // BLOCK, 0)
+        number = (high - low + 1).to(torch.int32)
+        index = (low[:, :, None] + torch.arange(kv_blocks, device=device)).clamp(max=kv_blocks - 1)
+        out[kind] = BlockMask.from_kv_blocks(number[:, None], index.to(torch.int32)[:, None], BLOCK_SIZE=BLOCK,
+                                             mask_mod=_mask_mod(start, count, window, groups),
+                                             seq_lengths=(queries, columns), compute_q_blocks=False)
+    return out
+
+
+def _mask_mod(start: torch.Tensor, count: torch.Tensor, window: Optional[int], groups: int) -> Callable[..., Any]:
+    """`sees` for flex's mask function, over the grid's queries (query q is token q // groups of slot b). It reads the
+    step's inputs alone: inductor's CPU kernel takes only tensors already in memory into a mask function."""
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        token = q // groups
+        valid = token < count[b]
+        return (valid & sees(start[b] + token, kv, window)) | (~valid & (kv == 0))
+    return mask_mod
+
+
+def packed_flex(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: BlockMask, packed: Packed,
+                scaling: Optional[float]) -> torch.Tensor:
+    """Every token's attention in one flex call: `query` (1, heads, tokens, dim) of the packed sequence; `key` and
+    `value` the place's slots in the step's bucket (slots, kv_heads, columns, dim), every token's own keys already
+    written. Returns (1, tokens, heads, dim), as transformers' attention functions do."""
+    slots, kv_heads, _, dim = key.shape
+    heads, width = query.shape[1], packed.width.shape[0]
+    groups = heads // kv_heads
+    # Token t's query heads h*groups + j (those key head h serves, as transformers' repeat_kv orders them) go to row
+    # index[t] * groups + j of key head h in slot slot[t]'s grid: written and read through one broadcast index, no
+    # permuted copy (inductor's CPU flex kernel takes a plain 4-D buffer).
+    at = (packed.slot[:, None, None], torch.arange(kv_heads, device=key.device)[None, :, None],
+          packed.index[:, None, None] * groups + torch.arange(groups, device=key.device)[None, None, :])
+    tokens = query[0].view(kv_heads, groups, -1, dim).permute(2, 0, 1, 3)  # (tokens, kv_heads, groups, dim)
+    grid = query.new_zeros((slots, kv_heads, width * groups, dim))
+    grid[at] = tokens  # a bucket's padding repeats a token: the same values at the same place
+    out = flex_attention(grid, key, value, block_mask=mask, scale=scaling)
+    assert isinstance(out, torch.Tensor)
+    return out[at].reshape(1, -1, heads, dim)
+
+
+def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed, window: Optional[int],
+             scaling: Optional[float], host: List[List[int]]) -> torch.Tensor:
+    """The eager reference: each slot's tokens attend with sdpa over the columns they see, slot by slot. `host`: the
+    metadata as the host knows it, [[slot, start, count, first token's place in the sequence], ...] for the slots
+    with tokens (an eager step reads nothing back). A token of no listed slot gets zeros (never read)."""
+    heads, dim = query.shape[1], query.shape[3]
+    groups = heads // key.shape[1]
+    out = query.new_zeros((query.shape[2], heads, dim))
+    for slot, start, count, at in host:
+        if count <= 0:
+            continue
+        position = torch.arange(start, start + count, device=query.device)[:, None]
+        low = max(0, start - window + 1) if window else 0
+        column = torch.arange(low, start + count, device=query.device)[None]
+        mask = sees(position, column, window)
+        q = query[:, :, at:at + count]
+        piece = F.scaled_dot_product_attention(q, key[slot:slot + 1, :, low:start + count],
+                                               value[slot:slot + 1, :, low:start + count], attn_mask=mask,
+                                               scale=scaling, enable_gqa=groups > 1)
+        out[at:at + count] = piece[0].transpose(0, 1)
+    return out[None]
