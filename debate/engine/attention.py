@@ -18,11 +18,14 @@ and value block read once for all the heads that share it), and flex attention r
 queries, only the blocks of columns those queries see (`block_masks`); the outputs are gathered back into the
 sequence. A decode-only step is the grid of width 1. The eager reference (`per_slot`) attends slot by slot with sdpa.
 """
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 BLOCK = 128  # columns (and grid queries) a block of the block masks covers
 
@@ -38,6 +41,9 @@ class Packed(NamedTuple):
     start: torch.Tensor
     count: torch.Tensor
     width: torch.Tensor
+    # The eager reference's view, as the host knows it: [(slot, its tokens' places in the sequence, their
+    # positions), ...] for the slots with valid tokens; None in a compiled step (it reads the tensors alone).
+    host: Optional[List[Tuple[int, List[int], List[int]]]] = None
 
 
 def sees(position: torch.Tensor, column: torch.Tensor, window: Optional[int]) -> torch.Tensor:
@@ -106,24 +112,87 @@ def packed_flex(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     return out[at].reshape(1, -1, heads, dim)
 
 
+def grid_masks(packed: Packed, columns: torch.Tensor, windows: Dict[str, Optional[int]], groups: int,
+               dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+    """{attention type: (slots, 1, width * groups, columns) additive mask} of a step's grid: what `block_masks` says
+    over every column (the compiled fallback where flex fails, for steps whose grid is one token wide)."""
+    low = torch.finfo(dtype).min
+    token = torch.arange(packed.width.shape[0] * groups, device=columns.device) // groups
+    valid = token[None] < packed.count[:, None]
+    position = (packed.start[:, None] + token[None])[:, :, None]
+    out = {}
+    for kind, window in windows.items():
+        seen = (valid[:, :, None] & sees(position, columns[None, None], window)) | (
+            ~valid[:, :, None] & (columns[None, None] == 0))
+        out[kind] = torch.where(seen, 0.0, low).to(dtype)[:, None]
+    return out
+
+
+def packed_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, packed: Packed,
+                  scaling: Optional[float]) -> torch.Tensor:
+    """`packed_flex` under an additive mask over every column (`grid_masks`)."""
+    slots, kv_heads, _, dim = key.shape
+    heads, width = query.shape[1], packed.width.shape[0]
+    groups = heads // kv_heads
+    at = (packed.slot[:, None, None], torch.arange(kv_heads, device=key.device)[None, :, None],
+          packed.index[:, None, None] * groups + torch.arange(groups, device=key.device)[None, None, :])
+    grid = query.new_zeros((slots, kv_heads, width * groups, dim))
+    grid[at] = query[0].view(kv_heads, groups, -1, dim).permute(2, 0, 1, 3)
+    out = F.scaled_dot_product_attention(grid, key, value, attn_mask=mask, scale=scaling)
+    return out[at].reshape(1, -1, heads, dim)
+
+
+def host_of(packed: Packed) -> List[Tuple[int, List[int], List[int]]]:
+    """The host's view of a step's metadata read from its tensors (one read: the self-check's eager reference)."""
+    slots, index = packed.slot.tolist(), packed.index.tolist()
+    start, count = packed.start.tolist(), packed.count.tolist()
+    by_slot: Dict[int, Tuple[List[int], List[int]]] = {}
+    for at, (slot, i) in enumerate(zip(slots, index)):
+        if i < count[slot]:
+            places, positions = by_slot.setdefault(slot, ([], []))
+            if start[slot] + i not in positions:  # a bucket's padding repeats a token
+                places.append(at)
+                positions.append(start[slot] + i)
+    return [(slot, places, positions) for slot, (places, positions) in sorted(by_slot.items())]
+
+
 def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed, window: Optional[int],
-             scaling: Optional[float], host: List[List[int]]) -> torch.Tensor:
-    """The eager reference: each slot's tokens attend with sdpa over the columns they see, slot by slot. `host`: the
-    metadata as the host knows it, [[slot, start, count, first token's place in the sequence], ...] for the slots
-    with tokens (an eager step reads nothing back). A token of no listed slot gets zeros (never read)."""
+             scaling: Optional[float]) -> torch.Tensor:
+    """The eager reference: each slot's tokens attend with sdpa over the columns they see (`sees`), slot by slot, as
+    the host lists them (`Packed.host`). A token of no listed slot gets zeros (a row that is not live: never read)."""
     heads, dim = query.shape[1], query.shape[3]
     groups = heads // key.shape[1]
     out = query.new_zeros((query.shape[2], heads, dim))
-    for slot, start, count, at in host:
-        if count <= 0:
-            continue
-        position = torch.arange(start, start + count, device=query.device)[:, None]
-        low = max(0, start - window + 1) if window else 0
-        column = torch.arange(low, start + count, device=query.device)[None]
-        mask = sees(position, column, window)
-        q = query[:, :, at:at + count]
-        piece = F.scaled_dot_product_attention(q, key[slot:slot + 1, :, low:start + count],
-                                               value[slot:slot + 1, :, low:start + count], attn_mask=mask,
-                                               scale=scaling, enable_gqa=groups > 1)
-        out[at:at + count] = piece[0].transpose(0, 1)
+    for slot, places, positions in packed.host or []:
+        position = torch.tensor(positions, device=query.device)[:, None]
+        low = max(0, min(positions) - window + 1) if window else 0
+        high = max(positions) + 1
+        mask = sees(position, torch.arange(low, high, device=query.device)[None], window)
+        at = torch.tensor(places, device=query.device)
+        piece = F.scaled_dot_product_attention(query[:, :, at], key[slot:slot + 1, :, low:high],
+                                               value[slot:slot + 1, :, low:high], attn_mask=mask, scale=scaling,
+                                               enable_gqa=groups > 1)
+        out[at] = piece[0].transpose(0, 1)
     return out[None]
+
+
+def attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           attention_mask: Union[None, torch.Tensor, BlockMask], scaling: Optional[float] = None, dropout: float = 0.0,
+           packed: Optional[Packed] = None, **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    """The model's attention function while it runs a step (registered as STEP_ATTENTION): with a step's `packed`
+    metadata, every token at once (flex under a block mask, or the grid under an additive mask) or slot by slot
+    (the eager reference, where the host lists the slots); without it, sdpa's."""
+    if packed is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    if packed.host is not None:
+        return per_slot(query, key, value, packed, getattr(module, "sliding_window", None), scaling), None
+    if isinstance(attention_mask, BlockMask):
+        return packed_flex(query, key, value, attention_mask, packed, scaling), None
+    assert isinstance(attention_mask, torch.Tensor)
+    return packed_masked(query, key, value, attention_mask, packed, scaling), None
+
+
+STEP_ATTENTION = "debatecv_step"
+AttentionInterface.register(STEP_ATTENTION, attend)
+AttentionMaskInterface.register(STEP_ATTENTION, sdpa_mask)  # other forwards build sdpa's masks, as before

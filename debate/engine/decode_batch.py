@@ -41,6 +41,7 @@ A row that cannot run at all (wider than the whole place, or out of memory twice
 result; its turn ends its claim, the others go on.
 """
 import collections
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -48,7 +49,17 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 
 import torch
 
-from debate.engine import decode_step, generator as gen, kv_pool, kv_store, row_adapters, sampling, schema_program
+from debate.engine import (
+    attention,
+    compiled_step,
+    decode_step,
+    generator as gen,
+    kv_pool,
+    kv_store,
+    row_adapters,
+    sampling,
+    schema_program,
+)
 from debate.engine.constrained_row import Plan, SchemaDriver
 
 log = logging.getLogger(__name__)
@@ -170,7 +181,9 @@ class Batch:
         self.model, self.memory = model, memory
         self.device = gen.model_device(model)
         self.dtype = kv_pool.dtype_of(model)
-        self.step = decode_step.Step(model, decode_step.layer_windows(model), self.dtype)
+        self.step = compiled_step.Step(model, decode_step.layer_windows(model), self.dtype)
+        # A compiled step's input buffers and cache, one set a bucket (decode_step.Inputs.bucket), for the state's run
+        self._buffers: Dict[Tuple[int, ...], decode_step.Inputs] = {}
         self.queue: Deque[Row] = collections.deque()
         self.active: Dict[int, Row] = {}
         self.joining: Dict[int, Row] = {}  # slot -> a row whose prompt the next steps feed, in the order they joined
@@ -202,7 +215,7 @@ class Batch:
         self.columns = torch.arange(self.memory.store.columns + 1, device=device)
         self._pending = None
         self.adapters = row_adapters.RowAdapters(self.model, rows + 1)
-        self.memory.store.forget_views()  # views and graphs of the state before read tensors that are gone
+        self._buffers = {}  # buffers and graphs of the state before read tensors that are gone
         self.step.close()
 
     # -- rows in and out -------------------------------------------------------------------------------------------
@@ -230,7 +243,7 @@ class Batch:
         done = self._join()
         if self.active or self.joining:
             try:
-                with decode_step.on_device(self.device):  # its streams and events on the model's device
+                with compiled_step.on_device(self.device):  # its streams and events on the model's device
                     packet = self._step(done)
             except torch.OutOfMemoryError:  # twice: the rows of this step end their claims, the others go on
                 for slot, row in [*self.active.items(), *self.joining.items()]:
@@ -422,55 +435,45 @@ class Batch:
     # -- the step --------------------------------------------------------------------------------------------------
 
     def _step(self, done: List[Row]) -> Optional[Tuple[Any, torch.Tensor, List[Optional[Row]], Any]]:
-        """One step launched: the forward (the decode rows' tokens, and the joining rows' prompt pieces beside them:
-        a mixed forward), every row's pick and state; its packet on its way to the host (None: no row has picked)."""
+        """One step launched: the forward (the decode rows' tokens, and the joining rows' prompt pieces beside them,
+        one packed sequence), every row's pick and state; its packet on its way to the host (None: no row has
+        picked)."""
         place = self.memory.store
         self.solo = self.solo and bool(self.joining)
         pieces = self._pieces() if self.joining else []
         in_use = max(self.active) + 1 if self.active else 0
-        # A joining row below the last decode row feeds no token, but a step writes one for every row in its range: at
-        # the column after its prompt's piece, which its next piece or first token overwrites before anything reads it.
+        # A joining row below the last decode row feeds a token too (the decode rows are slots [0, in_use)): at the
+        # column after its prompt's piece, which its next piece or first token overwrites before anything reads it.
         after = {cast(int, row.slot): end for row, _, end in pieces}
         for slot, row in self.joining.items():
             if slot < in_use:
                 self._upload(slot, lengths=after.get(slot, row.fed))
-        lengths = [r.length for r in self.active.values()] + [after.get(s, r.fed) for s, r in self.joining.items()
-                                                              if s < in_use]
-        columns = min(max(lengths, default=0) + 1, place.columns)
+        ends = ([r.length + 1 for r in self.active.values()]
+                + [after.get(s, r.fed) + 1 for s, r in self.joining.items() if s < in_use]
+                + [end for _, _, end in pieces])
+        columns = min(max(ends, default=1), place.columns)
         settings = next(iter({**self.active, **self.joining}.values())).settings
-        compiled = not pieces and decode_step.compiling(self.model, settings)
-        if compiled:
-            in_use = decode_step.bucket_rows(in_use, place.rows)
-            columns = decode_step.bucket_columns(columns, place.columns)
-        place.ready(columns)
+        compiled = compiled_step.compiling(self.model, settings)
+        inputs = self._inputs(in_use, pieces, columns, compiled)
+        place.ready(inputs.columns.shape[0])
         timing = self.step.clock.start(mixed=bool(pieces))
         began = time.perf_counter()
-        # Eagerly on a CPU each row attends to its own columns (decode_step._rows_alone): the host's lengths are exact
-        # for every row that feeds a token; a row that does not (a free slot, one the host knows stopped) reads none.
-        ends = None
-        if not compiled and self.device.type == "cpu":
-            ends = [min(self.active[slot].length + 1, columns) if slot in self.active else 0 for slot in range(in_use)]
-        if pieces:
-            try:
-                logits = self._retried(lambda: self._mixed(in_use, columns, ends, pieces))
-            except torch.OutOfMemoryError:
-                # Twice. With several prompts in it, the next steps feed one at a time (whichever one it was fails
-                # alone then); with one, its row ends its claim. The decode rows picked nothing: they run again.
-                if len(pieces) > 1:
-                    self.solo = True
-                    return None
-                row = pieces[0][0]
-                row.error = (f"one conversation of {len(row.target)} context tokens ran out of memory in its "
-                             "prefill twice")
-                self._free(cast(int, row.slot))
-                done.append(row)
+        try:
+            with self.adapters.tokens(inputs.packed.slot, inputs.bucket if compiled else None):
+                logits = self._retried(lambda: self.step.run(compiled, inputs))
+        except torch.OutOfMemoryError:
+            if not pieces:
+                raise
+            # Twice. With several prompts in it, the next steps feed one at a time (whichever one it was fails alone
+            # then); with one, its row ends its claim. The decode rows picked nothing: they run again.
+            if len(pieces) > 1:
+                self.solo = True
                 return None
-        else:
-            cache = place.decode_cache(in_use, columns, self.lengths, keep=compiled)
-            with self.adapters.over(0, in_use), decode_step.decoding(self.model, ends):
-                logits = self._retried(lambda: self.step.run(
-                    compiled, gen.cache_kwarg(self.model, cache), self.tokens[:in_use], self.lengths[:in_use],
-                    self.live[:in_use], self.columns[:columns]))
+            row = pieces[0][0]
+            row.error = f"one conversation of {len(row.target)} context tokens ran out of memory in its prefill twice"
+            self._free(cast(int, row.slot))
+            done.append(row)
+            return None
         stepped = list(self.active.values())
         if in_use:
             fed = self.live[:in_use].clone()
@@ -499,31 +502,83 @@ class Batch:
             return None
         return (*self._packet(max(self.active) + 1), timing)
 
-    def _mixed(self, in_use: int, columns: int, ends: Optional[List[int]],
-               pieces: List[Tuple[Row, int, int]]) -> torch.Tensor:
-        """A mixed forward's logits: the decode rows [0, in_use) one token each, then the pieces' prompt tokens, in
-        one sequence (decode_step.Mix); the logits of the decode rows and of each prompt's last token."""
+    def _inputs(self, in_use: int, pieces: List[Tuple[Row, int, int]], columns: int,
+                compiled: bool) -> decode_step.Inputs:
+        """The step's packed inputs (decode_step.Inputs): the decode rows [0, in_use), one token each at its length,
+        then the pieces' prompt tokens; the logits kept, the decode rows' then each prompt's last token's once it is
+        whole. Compiled, every size rounded up to its bucket and written into that bucket's buffers (the same tensors
+        at every step of it: a CUDA graph reads them), the padding repeating the last token; eagerly, exact."""
+        place = self.memory.store
         ids: List[int] = []
         slots: List[int] = []
         positions: List[int] = []
-        keep = list(range(in_use))
+        kept: List[int] = []
+        host: Dict[int, Tuple[List[int], List[int]]] = {
+            slot: ([slot], [row.length]) for slot, row in self.active.items()}
+        grid: List[Tuple[int, int, int]] = []  # (slot, first position, tokens) of each piece's slot
         for row, first, end in pieces:
+            slot = cast(int, row.slot)
+            at = in_use + len(ids)
             ids += row.target[first:end]
-            slots += [cast(int, row.slot)] * (end - first)
+            slots += [slot] * (end - first)
             positions += range(first, end)
             if end == len(row.target):
-                keep.append(in_use + len(ids) - 1)
-        host = kv_store.to_device([ids, slots, positions], self.device)
-        index = kv_store.to_device(keep or [in_use + len(ids) - 1], self.device)  # one at least: a tensor of ints
-        slot_of = torch.cat([self.columns[:in_use], host[1]])  # self.columns is an arange: the decode rows' slots
-        tokens = torch.cat([self.tokens[:in_use, 0], host[0]])
-        at = torch.cat([self.lengths[:in_use], host[2]])
-        mix = decode_step.Mix(in_use, self.lengths[:in_use], self.live[:in_use], columns, ends,
-                              [(cast(int, row.slot), first, end) for row, first, end in pieces])
-        cache = self.memory.store.mixed_cache(slot_of, at)
-        with self.adapters.tokens(slot_of), decode_step.mixing(self.model, mix):
-            return decode_step.mixed_forward(self.model, gen.cache_kwarg(self.model, cache), tokens, at, index,
-                                             self.dtype)
+                kept.append(at + end - first - 1)
+            places, where = list(range(at, at + end - first)), list(range(first, end))
+            if slot < in_use:  # and its decode token after the piece (`_step`)
+                places, where = places + [slot], where + [end]
+            host[slot] = (places, where)
+            grid.append((slot, first, len(places)))
+        tokens, rows = in_use + len(ids), max([in_use] + [slot + 1 for slot, _, _ in grid])
+        width, keep = max([1] + [n for _, _, n in grid]), in_use + len(kept)
+        if compiled:
+            sizes = (decode_step.bucket_tokens(tokens), decode_step.bucket_rows(rows, place.rows),
+                     decode_step.bucket_width(width), decode_step.bucket_columns(columns, place.columns),
+                     decode_step.bucket_tokens(keep))
+        else:
+            sizes = (tokens, rows, width, columns, keep)
+        buffers = self._buffers.get(sizes) if compiled else None
+        if buffers is None:
+            buffers = self._buffer(*sizes)
+            if compiled:
+                self._buffers[sizes] = buffers
+        slot_of, index, start, count = buffers.packed.slot, buffers.packed.index, buffers.packed.start, \
+            buffers.packed.count
+        # The host's part (the pieces and what they change) in one upload, split on the device.
+        n, g = len(ids), len(grid)
+        shipped = kv_store.to_device(ids + slots + positions + kept + [p[0] for p in grid] + [p[1] for p in grid]
+                                     + [p[2] for p in grid], self.device)
+        parts = torch.split(shipped, [n, n, n, len(kept), g, g, g])
+        for target, decode, host_part in ((buffers.tokens, self.tokens[:in_use, 0], parts[0]),
+                                          (buffers.positions, self.lengths[:in_use], parts[2]),
+                                          (slot_of, self.columns[:in_use], parts[1]),
+                                          (buffers.keep, self.columns[:in_use], parts[3])):
+            filled = in_use + host_part.shape[0]
+            target[:in_use].copy_(decode)
+            target[in_use:filled].copy_(host_part)
+            if filled < target.shape[0]:
+                target[filled:].copy_(target[filled - 1].expand(target.shape[0] - filled))
+        start.copy_(self.lengths[:start.shape[0]])
+        count.copy_(self.live[:count.shape[0]])
+        if g:
+            start.index_copy_(0, parts[4], parts[5])
+            count.index_copy_(0, parts[4], parts[6])
+        torch.sub(buffers.positions, start[slot_of], out=index)
+        if not compiled:
+            packed = buffers.packed._replace(host=[(slot, *host[slot]) for slot in sorted(host)])
+            return dataclasses.replace(buffers, packed=packed)
+        return buffers
+
+    def _buffer(self, tokens: int, rows: int, width: int, columns: int, keep: int) -> decode_step.Inputs:
+        """A step's input tensors of these sizes, and the cache over the place's first `rows` slots and `columns`
+        columns writing at them."""
+        token_ids, positions, keep_at, slot_of, index, start, count = (
+            torch.zeros(n, dtype=torch.long, device=self.device)
+            for n in (tokens, tokens, keep, tokens, tokens, rows, rows))
+        packed = attention.Packed(slot_of, index, start, count, torch.empty(width, device=self.device))
+        cache = self.memory.store.step_cache(rows, columns, slot_of, positions)
+        return decode_step.Inputs(token_ids, positions, keep_at, packed, self.columns[:columns],
+                                  gen.cache_kwarg(self.model, cache), mixed=width > 1)
 
     def _pick(self, logits: torch.Tensor, lo: int, hi: int, fed: torch.Tensor) -> None:
         """Rows lo..hi-1's next ids from their logits, on the device, and their state after it (module doc, 2)."""

@@ -3,8 +3,8 @@
 at once (`Store`):
 - the decode place, from its start: `rows` slots of `columns` columns, (rows, kv_heads, columns, head_dim). A turn's
   row owns one slot: its context from column 0 (left aligned, so a token's column is its position), its new tokens
-  after it. Every decode step writes each row's token at that row's own length (`DecodeLayer`) and attends to the
-  first columns of the first rows, masked per row (debate.engine.decode_step);
+  after it. Every step writes each of its tokens at its own slot and column (`StepLayer`) and attends to its own
+  slot's columns (debate.engine.attention);
 - the page arena, past the place's end: pages of PAGE tokens, (pages, kv_heads, PAGE, head_dim). A conversation that
   waits for its next turn holds the pages its tokens were copied to when its turn ended (`copy_out`); its next turn
   copies them back into its slot (`copy_in`) and gives them back. One copy each way a turn, never one a step.
@@ -23,7 +23,7 @@ there would still poison the softmax's weighted sum. The storage is made with `t
 memory are only touched when written) and zeroed column by column as the steps' buckets first reach them
 (`Store.ready`); a view of the place anew zeroes it again (a page's tokens were there).
 """
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import DynamicCache
@@ -76,63 +76,35 @@ class BufferLayer(DynamicLayer):
         return self.filled
 
 
-class DecodeLayer(DynamicLayer):
-    """One layer of a decode step over the first rows and columns of the place: each update writes one token a row
-    at that row's own column (`columns`, a device tensor of the rows' lengths) and hands the whole view to the
-    attention, masked by the step. The same shapes and addresses at every step of a bucket: what a CUDA graph
-    replays."""
+class StepLayer(DynamicLayer):
+    """One layer of a step (debate.engine.decode_step): the place's first slots and columns (the step's bucket), every
+    token of the step written at its own (slot, column) in place, the whole view handed to the attention (which reads
+    each slot's own columns). The same shapes and addresses at every step of a bucket: what a CUDA graph replays."""
 
     is_compileable = True
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
-        super().__init__()
-        self.keys, self.values, self.columns = keys, values, columns
-        self.view_keys, self.view_values = keys, values  # typed tensors (DynamicLayer's keys may be None)
-        self.rows = torch.arange(keys.shape[0], device=keys.device)
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
-        # One in-place index_put_ with the row, head and column indices broadcast side by side: each row's token at
-        # its own column. Written through a permuted view instead ((rows, columns, heads, dim) indexed [rows, columns],
-        # as before issue 53), inductor copied the whole rows x columns view in and back at every layer of a compiled
-        # step (21 ms against 0.03 ms for one layer's keys at 32 x 4,096, bench/bench_row_attention.py), so a step
-        # cost grew with the longest row whatever the attention read. No permuted view is kept on the layer either:
-        # two inputs of a compiled step aliasing one storage, one of them written, send aot_autograd down a path that
-        # fails under dynamic shapes ("size_bytes_is_heap_allocated").
-        keys, values = self.view_keys, self.view_values
-        index = (self.rows[:, None], torch.arange(keys.shape[1], device=keys.device)[None], self.columns[:, None])
-        keys.index_put_(index, key_states[:, :, 0])
-        values.index_put_(index, value_states[:, :, 0])
-        return keys, values
-
-    def get_seq_length(self) -> int:
-        return self.view_keys.shape[2]
-
-
-class MixedLayer(DynamicLayer):
-    """One layer of a mixed forward (debate.engine.decode_step.Mix): one sequence of tokens of several slots, each
-    written at its own (slot, column) of the whole place; the attention reads the place by slot."""
-
-    is_compileable = False
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, columns: torch.Tensor) -> None:
         super().__init__()
         self.keys, self.values, self.slots, self.columns = keys, values, slots, columns
-        self.view_keys, self.view_values = keys, values
+        self.view_keys, self.view_values = keys, values  # typed tensors (DynamicLayer's keys may be None)
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        # (1, heads, tokens, dim) written token by token at (slot, column), in place as DecodeLayer writes.
-        index = (self.slots[:, None], torch.arange(self.view_keys.shape[1], device=self.view_keys.device)[None],
-                 self.columns[:, None])
-        self.view_keys.index_put_(index, key_states[0].transpose(0, 1))
-        self.view_values.index_put_(index, value_states[0].transpose(0, 1))
-        return self.view_keys, self.view_values
+        # (1, kv_heads, tokens, dim) written by one in-place index_put_ with the slot, head and column indices
+        # broadcast side by side. Written through a permuted view instead (as before issue 53), inductor copied the
+        # whole slots x columns view in and back at every layer of a compiled step (21 ms against 0.03 ms for one
+        # layer's keys at 32 x 4,096, bench/bench_row_attention.py). No permuted view is kept on the layer either: two
+        # inputs of a compiled step aliasing one storage, one of them written, send aot_autograd down a path that
+        # fails under dynamic shapes ("size_bytes_is_heap_allocated").
+        keys, values = self.view_keys, self.view_values
+        index = (self.slots[:, None], torch.arange(keys.shape[1], device=keys.device)[None], self.columns[:, None])
+        keys.index_put_(index, key_states[0].transpose(0, 1))
+        values.index_put_(index, value_states[0].transpose(0, 1))
+        return keys, values
 
     def get_seq_length(self) -> int:
-        return 0  # no position is derived from it: a mixed forward's positions are given
+        return 0  # no position is derived from it: a step's positions are given
 
 
 def cache_of(layers: Sequence[DynamicLayer]) -> DynamicCache:
@@ -163,7 +135,6 @@ class Store:
         self.rows = self.columns = 0
         self.layers: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self.zeroed = 0  # columns [0, zeroed) of every slot hold finite values
-        self._decode: Dict[Tuple[int, int], Any] = {}
         self.view(rows, columns)
 
     @property
@@ -181,7 +152,6 @@ class Store:
                         v[:rows * h * columns * d].view(rows, h, columns, d))
                        for (k, v), (h, d, _, _) in zip(self.flat, self.shapes)]
         self.zeroed = 0  # what was a page's may be anything
-        self._decode.clear()
 
     def shrink(self, tokens: int, keep: Sequence[int]) -> None:
         """Keep only the first `tokens` tokens (a multiple of PAGE), and of them only pages `keep` (the caches' pages;
@@ -189,7 +159,6 @@ class Store:
         memory past the end goes back to the allocator (for the reserve), the copy's peak is one layer's and, on a
         CPU, storage nothing was written to stays untouched. Only with no row in the place."""
         self.layers, self.page_layers = [], []  # views of the old storage: it is freed layer by layer below
-        self._decode.clear()
         pages = tokens // PAGE
         for i, (h, d, dtype, device) in enumerate(self.shapes):
             for which in range(2):  # keys, then values: one tensor's old storage freed before the next is made
@@ -216,25 +185,11 @@ class Store:
         them, a choice's tree pass past the row's end."""
         return cache_of([BufferLayer(k[slot:slot + 1], v[slot:slot + 1], filled) for k, v in self.layers])
 
-    def decode_cache(self, rows: int, columns: int, lengths: torch.Tensor, keep: bool) -> DynamicCache:
-        """The cache of a decode step over slots [0, rows) and columns [0, columns), each row writing at its length;
-        with `keep`, one object a bucket, kept (a compiled step's buckets are few, and a captured graph reads and
-        writes its views' addresses); else made for the step (an eager step's shapes change at every step)."""
-        key = (rows, columns)
-        cache = self._decode.get(key)
-        if cache is None:
-            cache = cache_of([DecodeLayer(k[:rows, :, :columns], v[:rows, :, :columns], lengths[:rows])
-                              for k, v in self.layers])
-            if keep:
-                self._decode[key] = cache
-        return cache
-
-    def mixed_cache(self, slots: torch.Tensor, columns: torch.Tensor) -> DynamicCache:
-        """The cache of a mixed forward: every token written at its (slot, column) of the place."""
-        return cache_of([MixedLayer(k, v, slots, columns) for k, v in self.layers])
-
-    def forget_views(self) -> None:
-        self._decode.clear()
+    def step_cache(self, rows: int, columns: int, slots: torch.Tensor, positions: torch.Tensor) -> DynamicCache:
+        """The cache of a step over slots [0, rows) and columns [0, columns), token i written at (slots[i],
+        positions[i])."""
+        return cache_of([StepLayer(k[:rows, :, :columns], v[:rows, :, :columns], slots, positions)
+                         for k, v in self.layers])
 
     def move(self, source: int, target: int, columns: int) -> None:
         """Slot `source`'s first `columns` columns to slot `target` (the rows are packed to the front: fewer rows a

@@ -167,7 +167,7 @@ def batch_bytes(s, size, rows, width, chunk, new_tokens, structured_rows=0, trie
     structured decoding's extras and one choice pass where `structured_rows` > 0) + what the rows' caches copied out
     at its end add to their older copies (`kept_tokens` tokens in all). `fused`: the attention kernel never
     materialises the scores (attention_is_fused). `buffer`: (rows, columns) of the turn's buffer where a compiled
-    turn rounds them up to its buckets (debate.engine.decode_step.shape)."""
+    turn rounds them up to its buckets (debate.engine.decode_step's buckets)."""
     columns = width + chunk + new_tokens
     rows_b, columns_b = buffer or (rows, columns)
     kv = rows_b * columns_b * kv_bytes_per_token(s, size) + decode_masks_bytes(s, rows_b, columns_b, size, new_tokens)

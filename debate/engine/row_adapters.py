@@ -55,6 +55,7 @@ class RowAdapters:
                 own[name] = self.tensors[key]
             self.of_layer.append(own)
         self._views: Dict[Tuple[int, int], List[Dict[str, torch.Tensor]]] = {}
+        self._buffers: Dict[Tuple[int, ...], Dict[Tuple[str, float, torch.dtype, torch.device], torch.Tensor]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.names)
@@ -81,13 +82,22 @@ class RowAdapters:
             yield
 
     @contextlib.contextmanager
-    def tokens(self, slots: torch.Tensor) -> Iterator[None]:
-        """A mixed forward, one sequence whose token i is of slot slots[i]: each token gets its slot's adapter (a
-        scaling of shape (1, tokens, 1))."""
+    def tokens(self, slots: torch.Tensor, bucket: Optional[Tuple[int, ...]] = None) -> Iterator[None]:
+        """A step's forward, one sequence whose token i is of slot slots[i]: each token gets its slot's adapter (a
+        scaling of shape (1, tokens, 1)). With `bucket` (a compiled step's), into tensors kept for that bucket: the
+        same tensors at every step of it, which a compiled graph reads as its inputs and a CUDA graph replays."""
         if not self.names:
             yield
             return
-        picked = {key: t.index_select(0, slots.to(t.device)).reshape(1, -1, 1) for key, t in self.tensors.items()}
+        if bucket is None:
+            picked = {key: t.index_select(0, slots.to(t.device)).reshape(1, -1, 1) for key, t in self.tensors.items()}
+        else:
+            picked = self._buffers.get(bucket, {})
+            if not picked:
+                picked = {key: t.new_empty((1, slots.shape[0], 1)) for key, t in self.tensors.items()}
+                self._buffers[bucket] = picked
+            for key, t in self.tensors.items():
+                torch.index_select(t, 0, slots.to(t.device), out=picked[key].view(-1, 1, 1))
         by_tensor = {id(t): picked[key] for key, t in self.tensors.items()}
         with self._scaled([{n: by_tensor[id(t)] for n, t in own.items()} for own in self.of_layer]):
             yield

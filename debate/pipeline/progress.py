@@ -99,7 +99,7 @@ class SlowSteps:
 
     Fed (time, decode steps so far) each time the bar is drawn; the first pace is taken over the PACE_WINDOW steps
     after the first MIN_STEPS (those include the first prompts' encoding), the recent one over the last PACE_WINDOW.
-    The steps are the engine's own count (debate.engine.decode_step.stats_of); nothing here reaches into the engine."""
+    The steps are the engine's own count (debate.engine.step_stats.stats_of); nothing here reaches into the engine."""
 
     def __init__(self, window=PACE_WINDOW, factor=SLOW_FACTOR):
         self.window, self.factor = window, factor

@@ -15,7 +15,7 @@ from pathlib import Path
 from debate.data import claims as data, prompts
 from debate.data.inputs import DataError
 from debate.data.prompts import PromptError
-from debate.engine import decode_step, errors, kv_pool, models, offline, retrieval, scheduler
+from debate.engine import errors, kv_pool, models, offline, retrieval, scheduler, step_stats
 from debate.engine.retrieval import RetrievalError
 from debate.engine.schema_program import SchemaBudgetError
 from debate.methods import madr, turns
@@ -301,24 +301,24 @@ def _verify(config, claims, inputs, prompt_info, agents):
         log.info(kv_pool.summary(pools, in_flight))
         # How each model's decode steps ran (compiled or not, graphs, recompiles), in the run's config.json.
         for role, agent in agents.items():
-            stats = decode_step.stats_of(agent.model)
+            stats = step_stats.stats_of(agent.model)
             if stats is not None:
                 saved["models"][role]["decode"] = stats.as_record()
         records.write_json(Path(out_dir) / records.CONFIG, saved)
-        log.info("decode: " + decode_step.summary(distinct))
+        log.info("decode: " + step_stats.summary(distinct))
 
 
 def decode_steps(models):
-    """The decode steps the models have taken in this process (debate.engine.decode_step's count), for the bar."""
-    return sum(s.steps + s.eager_steps for s in map(decode_step.stats_of, models) if s is not None)
+    """The decode steps the models have taken in this process (debate.engine.step_stats's count), for the bar."""
+    return sum(s.steps + s.eager_steps for s in map(step_stats.stats_of, models) if s is not None)
 
 
 def decode_tokens(models):
     """The tokens the models' decode steps are generating in this process, as they go, for the bar: the engine's rows
-    a step (decode_step's `row_steps`, one token a row a step). Its `tokens` would be exact but counts a reply only
+    a step (step_stats' `row_steps`, one token a row a step). Its `tokens` would be exact but counts a reply only
     when it ends; a row that stopped before its batch's last counts here until it leaves, so this runs a little
     ahead of the replies' own count."""
-    return sum(s.row_steps for s in map(decode_step.stats_of, models) if s is not None)
+    return sum(s.row_steps for s in map(step_stats.stats_of, models) if s is not None)
 
 
 def verify_claims(config, agents, claims, settings, streams, kwargs, write):
