@@ -14,7 +14,7 @@ the flags). For each mode it reports:
   (on a CPU inductor's C++ kernels are not ATen operators; matmuls stay extern calls);
 - host_syncs_per_step: calls of Tensor.tolist/.item/__bool__ from the engine's code per decode step (on a GPU
   each waits for the device);
-- ms_per_step: the engine's decode-loop clock (debate.engine.decode_step.Stats), on this CPU;
+- ms_per_step: the engine's decode-loop clock (debate.engine.step_stats.Stats), on this CPU;
 - max_logit_difference_from_eager (compiled rows): one step's logits from the same cache, eager against compiled;
 - the tokens, compared with the eager run's.
 On a CPU there is no CUDA graph: the GPU figures (one replay a step) need bench/bench_gpu.py --preset compile.
@@ -127,15 +127,19 @@ def logits_apart(model):
         store.ready(columns)
         for row in range(rows):
             generator.prefill(model, store.slot_cache(row, 0), ids[row].tolist(), 0)
-        # Views of longer tensors, as the batch's state is (one entry more than its slots): the compiled step's inputs.
-        tokens = torch.tensor([[5], [6], [7], [8], [0]])[:rows]
-        lengths, live = torch.full((rows + 1,), context)[:rows], torch.ones(rows + 1, dtype=torch.bool)[:rows]
-        cache = store.decode_cache(rows, context + 1, lengths, keep=False)
-        args = (generator.cache_kwarg(model, cache), tokens, lengths, live, torch.arange(columns + 1)[:context + 1],
-                decode_step.layer_windows(model), dtype)
-        with decode_step.decoding(model):  # each writes the token's keys and values at column 300, then attends
-            eager = decode_step.forward(model, *args)
-            compiled = decode_step.compiled(model)(model, *args)
+        from debate.engine import attention, compiled_step
+
+        tokens, slots = torch.tensor([5, 6, 7, 8]), torch.arange(rows)
+        lengths = torch.full((rows,), context)
+        host = [(r, [r], [context]) for r in range(rows)]
+        packed = attention.Packed(slots, torch.zeros(rows, dtype=torch.long), lengths,
+                                  torch.ones(rows, dtype=torch.long), torch.empty(1), host, rows)
+        cache = generator.cache_kwarg(model, store.step_cache(rows, context + 1, slots, lengths))
+        args = (model, cache, tokens, lengths, slots, packed, torch.arange(context + 1),
+                decode_step.layer_windows(model), decode_step.groups_of(model), dtype)
+        decode_step.use_step_attention(model)
+        eager = decode_step.forward(*args, "eager")  # each writes the token's keys and values at column 300
+        compiled = compiled_step.compiled(model)(*args[:5], packed._replace(host=None, rows=None), *args[6:], "flex")
         return float((eager - compiled).abs().max())
 
 
@@ -143,9 +147,12 @@ def measure(args, four_bit, compile_steps):
     from debate.engine import engine, models
 
     try:
-        from debate.engine import decode_step
-    except ImportError:  # a checkout from before the static decode step (--tree): no clock of its own
-        decode_step = None
+        from debate.engine import step_stats as decode_step  # where the steps' counts are since issue 59
+    except ImportError:
+        try:
+            from debate.engine import decode_step
+        except ImportError:  # a checkout from before the static decode step (--tree): no clock of its own
+            decode_step = None
     loaded = models.load_model(args.model, use_4bit=four_bit)
     model, tok = loaded.model, loaded.tokenizer
     workload(engine, model, tok, compile_steps, 2)  # warm-up (the compile, when asked for)

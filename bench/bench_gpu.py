@@ -22,7 +22,7 @@ model loaded for all its rows (debate.api.Verifier, one load per precision): NF4
 of 2 claims that compiles the step, then the timed rows: compiled, 32 claims at batch 32, 3 rounds + final with
 192-token turns; eager, the same claims with --eager-rounds (1 by default, to fit the time; a step's cost does not
 depend on the round). No synchronising hook in any timed row: the decode steps' time is the engine's own
-(debate.engine.decode_step.Stats: each step's device time, from CUDA events around it read with the step's packet,
+(debate.engine.step_stats.Stats: each step's device time, from CUDA events around it read with the step's packet,
 and beside it the host's time launching it; on a CPU both are the step's wall time).
 One JSON: claims/hour, completion tokens/s, ms per decode step, peak GPU memory, graphs compiled, CUDA graphs.
 
@@ -216,7 +216,7 @@ class EngineClock:
 
 class ForwardCount:
     """Every forward of the run's models, counted from outside the engine by its inputs: decode steps (one token a
-    row), forwards that carry prompt tokens beside decode rows (a mixed forward, decode_step.Mix) and forwards of
+    row), forwards that carry prompt tokens beside decode rows (a step's packed sequence) and forwards of
     prompt tokens alone (a prefill piece, or a mixed forward with no decode row), and the prompt tokens they carry.
     The same count on the commit before (copy this script into its tree): there every prompt runs alone."""
 
@@ -225,19 +225,21 @@ class ForwardCount:
         self._hooked = set()
 
     def note(self, module, args, kwargs):
-        from debate.engine import decode_step
-
         ids = kwargs.get("input_ids")
         if ids is None:
             return
-        mix = getattr(decode_step, "_mix", None)
-        if mix is not None:
-            self.prompt_tokens += ids.shape[1] - mix.rows
-            self.mixed_rows += mix.rows
-            if mix.rows:
+        packed = kwargs.get("packed")  # a step's packed sequence (issue 59): its decode rows first, then prompt pieces
+        rows = packed.rows if packed is not None else None
+        if packed is not None and rows is not None and ids.shape[1] > rows:
+            self.prompt_tokens += ids.shape[1] - rows
+            self.mixed_rows += rows
+            if rows:
                 self.mixed += 1
             else:
                 self.prefill_only += 1
+        elif packed is not None and rows is not None:
+            self.decode += 1
+            return
         elif ids.shape[1] == 1:
             self.decode += 1
         else:
@@ -317,7 +319,10 @@ def preset_compile(args, path):
     from dataclasses import replace
 
     from debate import api
-    from debate.engine import decode_step
+    try:  # where the steps' counts are since issue 59; an older tree (the commit before) kept them here
+        from debate.engine import step_stats as decode_step
+    except ImportError:
+        from debate.engine import decode_step
     from debate.pipeline import config as run_config
     from tests.tiny_models import bench_claims
 

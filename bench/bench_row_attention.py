@@ -6,7 +6,7 @@ columns (flex attention under a block mask) against every row over all the bucke
 
 The issue's measure: a step with one 4096-token row beside 31 rows of 256 tokens (b) costs at most 1.3x a step of
 32 rows of 256 tokens (a); for a sliding-window model, the same against its window. Each step runs through
-debate.engine.decode_step.Step.run, compiled (as --compile runs it), over a kv_store.Store place of 32 slots whose
+debate.engine.compiled_step.Step.run, compiled (as --compile runs it), over a kv_store.Store place of 32 slots whose
 caches hold random keys and values (the cost does not depend on them), each row writing its token at its length:
 - llama: a random Llama (--hidden, --layers, 8 query heads, 2 key heads), every layer full attention;
 - gemma: a random Gemma 3 of the same size, its layers five sliding (--window columns) to one full, Gemma 3's mix;
@@ -14,7 +14,7 @@ caches hold random keys and values (the cost does not depend on them), each row 
 Per model and kernel: ms a step (the median of --steps steps after 3 warm ones), the ratio b/a (and b/c), the
 graphs compiled.
 
-The KV write: kv_store.DecodeLayer writes each row's token by one in-place index_put_ (row, head and column indices
+The KV write: kv_store.StepLayer writes each row's token by one in-place index_put_ (slot, head and column indices
 side by side). Before issue 53 it wrote through a permuted view of the bucket's keys, which inductor compiled into a
 copy of the whole rows x columns view in and back at every layer: a step then cost what its longest row made it,
 whatever the attention read (docs/BENCHMARKS.md, issue 53, the rows "as it was").
@@ -64,8 +64,20 @@ def cases(args, sliding):
     return out
 
 
+def decode_inputs(model, store, tokens, lengths, bucket):
+    """A decode step's inputs (decode_step.Inputs) over every slot, each writing its token at its length."""
+    from debate.engine import attention, decode_step, generator
+
+    slots = torch.arange(SLOTS)
+    packed = attention.Packed(slots, torch.zeros(SLOTS, dtype=torch.long), lengths, torch.ones(SLOTS, dtype=torch.long),
+                              torch.empty(1))
+    cache = store.step_cache(SLOTS, bucket, slots, lengths)
+    return decode_step.Inputs(tokens, lengths, slots, packed, torch.arange(bucket),
+                              generator.cache_kwarg(model, cache), mixed=False)
+
+
 def measure(model, args, flex):
-    from debate.engine import decode_step, generator, kv_store
+    from debate.engine import compiled_step, decode_step, kv_store, step_stats
 
     dtype = torch.float32
     columns = 4096 + 256  # the widest row's bucket, a multiple of a page
@@ -75,26 +87,23 @@ def measure(model, args, flex):
         keys.copy_(torch.randn(keys.shape, generator=generator_) * 0.5)
         values.copy_(torch.randn(values.shape, generator=generator_) * 0.5)
     store.zeroed = columns
-    decode_step.ROW_ATTENTION = "flex" if flex else "masked"
-    step = decode_step.Step(model, decode_step.layer_windows(model), dtype)
-    live = torch.ones(SLOTS + 1, dtype=torch.bool)
-    tokens = torch.arange(5, 5 + SLOTS + 1)[:, None]
-    positions = torch.arange(columns + 1)
+    compiled_step.ROW_ATTENTION = "flex" if flex else "masked"
+    step = compiled_step.Step(model, decode_step.layer_windows(model), dtype)
+    tokens = torch.arange(5, 5 + SLOTS)
     out = {}
     for name, lengths in cases(args, "sliding_attention" in decode_step.layer_windows(model)).items():
-        lengths_t = torch.tensor(lengths + [0])
+        lengths_t = torch.tensor(lengths)
         bucket = decode_step.bucket_columns(max(lengths) + 1, columns)
-        cache = store.decode_cache(SLOTS, bucket, lengths_t, keep=True)
+        inputs = decode_inputs(model, store, tokens, lengths_t, bucket)
         times = []
-        with torch.inference_mode(), decode_step.decoding(model):
+        with torch.inference_mode():
             for i in range(3 + args.steps):
                 began = time.perf_counter()
-                step.run(True, generator.cache_kwarg(model, cache), tokens[:SLOTS], lengths_t[:SLOTS],
-                         live[:SLOTS], positions[:bucket])
+                step.run(True, inputs)
                 if i >= 3:
                     times.append(time.perf_counter() - began)
         out[name] = round(statistics.median(times) * 1000, 2)
-    stats = decode_step.stats_of(model)
+    stats = step_stats.stats_of(model)
     assert stats.failed is None and stats.flex_failed is None, (stats.failed, stats.flex_failed)
     return out
 
@@ -117,7 +126,7 @@ def main():
     from debate.engine import offline
 
     offline.set_offline()  # as a run sets it before transformers loads (hub kernels off: tests/conftest.py says why)
-    from debate.engine import decode_step
+    from debate.engine import step_stats
 
     runs = []
     for kind in args.models:
@@ -125,7 +134,7 @@ def main():
         for flex in (True, False):
             ms = measure(model, args, flex)
             row = {"model": kind, "attention": "flex" if flex else "masked", "ms_per_step": ms,
-                   "b_over_a": round(ms["b"] / ms["a"], 3), "graphs": decode_step.stats_of(model).graphs}
+                   "b_over_a": round(ms["b"] / ms["a"], 3), "graphs": step_stats.stats_of(model).graphs}
             if "c" in ms:
                 row["b_over_c"] = round(ms["b"] / ms["c"], 3)
             runs.append(row)

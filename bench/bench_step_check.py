@@ -4,7 +4,7 @@
 
 One step of 8 rows (5 live, one 700 columns long beside short ones, as tests/test_row_attention.py builds them) over
 a 768-column bucket, compiled (flex attention) against eager, from the same cache. Prints each model's largest
-difference as a share of the row's logit range (what debate.engine.decode_step.mismatch compares with
+difference as a share of the row's logit range (what debate.engine.compiled_step.mismatch compares with
 CHECK_TOLERANCE), what the self-check decided, and the tolerance. Each model compiles once (a minute or two here).
 """
 import argparse
@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from debate.engine import decode_step  # noqa: E402
+from debate.engine import compiled_step, decode_step, step_stats  # noqa: E402
 from tests.test_row_attention import COLUMNS, LENGTHS, SLOTS, Place  # noqa: E402
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama  # noqa: E402
 
@@ -45,9 +45,9 @@ def main():
             compiled = place.run(SLOTS, columns, compiled=True)[:len(LENGTHS)].float()
             span = eager.amax(dim=-1) - eager.amin(dim=-1)
             gap = float(((compiled - eager).abs().amax(dim=-1) / span).max())
-            stats = decode_step.stats_of(model)
+            stats = step_stats.stats_of(model)
             verdict = ", ".join(stats.checked) or f"fell back: {stats.flex_failed or stats.failed}"
-            print(f"{name:<8} {dtype_name:<9} {gap:>12.2e} {decode_step.tolerance(dtype):>10g}  {verdict}")
+            print(f"{name:<8} {dtype_name:<9} {gap:>12.2e} {compiled_step.tolerance(dtype):>10g}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.engine import decode_step, engine, models, schema_program
+from debate.engine import attention, compiled_step, engine, models, schema_program, step_stats
 from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama
 
 SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(5)]
@@ -31,16 +31,15 @@ def debate(model, tok, compile_steps, schema=None, scope=None):
     return [c.generated for c in convs], [c.structured for c in convs]
 
 
-def one_token_forwards(model, run):
-    """run() under a profiler counting the Python-level calls of the model's forward that feed one token a row."""
+def step_forwards(model, run):
+    """run() under a profiler counting the Python-level calls of the model's forward that run a step of the batch
+    (those given a step's packed metadata: decode rows and prompt pieces alike)."""
     code = inspect.unwrap(type(model).forward).__code__
     count = [0]
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code is code:
-            ids = frame.f_locals.get("input_ids")
-            if ids is not None and ids.shape[-1] == 1:
-                count[0] += 1
+        if event == "call" and frame.f_code is code and (frame.f_locals.get("kwargs") or {}).get("packed") is not None:
+            count[0] += 1
 
     sys.setprofile(profile)
     try:
@@ -58,18 +57,20 @@ def llama(tmp_path_factory):
 
 def test_compiled_steps_give_the_eager_tokens_in_one_graph_and_leave_python(llama):
     _, model, tok = llama
-    eager, eager_forwards = one_token_forwards(model, lambda: debate(model, tok, False))
-    compiled, compiled_forwards = one_token_forwards(model, lambda: debate(model, tok, True))
+    eager, eager_forwards = step_forwards(model, lambda: debate(model, tok, False))
+    compiled, compiled_forwards = step_forwards(model, lambda: debate(model, tok, True))
     assert compiled == eager
-    stats = decode_step.stats_of(model)
+    stats = step_stats.stats_of(model)
     assert stats.failed is None and stats.steps > 30
-    assert stats.checked == ["flex attention"]  # its first step matched the eager one's logits (the self-check)
-    # Every bucket (8, 4 and 2 rows, columns in several multiples of 256) shares one dynamic graph, but for buckets
-    # whose columns span the slots' whole width: their keys are contiguous, and sdpa guards on that (a second graph).
-    assert stats.graphs <= 2
+    # the first step with prompt tokens and the first decode step matched the eager ones' logits (the self-check)
+    assert stats.checked == ["flex attention (prompt tokens)", "flex attention"]
+    # Every bucket (tokens, slots, columns in several multiples of 256) shares a dynamic graph: one for decode steps
+    # (a grid one token wide), one for steps with prompt tokens; each a second for buckets whose columns span the
+    # slots' whole width (their keys are contiguous, and the graph guards on that).
+    assert stats.graphs <= 4
     assert eager_forwards > 30 and compiled_forwards <= eager_forwards / 10
-    again, _ = one_token_forwards(model, lambda: debate(model, tok, True))
-    assert again == eager and decode_step.stats_of(model).graphs == stats.graphs  # nothing recompiled
+    again, _ = step_forwards(model, lambda: debate(model, tok, True))
+    assert again == eager and step_stats.stats_of(model).graphs == stats.graphs  # nothing recompiled
 
 
 def test_structured_replies_and_their_label_probabilities_are_the_eager_ones(llama):
@@ -91,7 +92,7 @@ def test_sliding_window_layers_compile_and_slide_as_eagerly(tmp_path):
     model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     eager = debate(model, tok, False)
     assert debate(model, tok, True) == eager
-    assert decode_step.stats_of(model).failed is None
+    assert step_stats.stats_of(model).failed is None
 
 
 def test_nf4_weights_with_a_lora_adapter_compile_and_give_the_eager_tokens(llama, tmp_path):
@@ -102,7 +103,7 @@ def test_nf4_weights_with_a_lora_adapter_compile_and_give_the_eager_tokens(llama
     scope = lambda: models.adapter_scope(agent)  # noqa: E731
     eager = debate(agent.model, agent.tokenizer, False, scope=scope)
     assert debate(agent.model, agent.tokenizer, True, scope=scope) == eager
-    stats = decode_step.stats_of(agent.model)
+    stats = step_stats.stats_of(agent.model)
     assert stats.failed is None and stats.graphs >= 1
 
 
@@ -114,15 +115,15 @@ def test_a_step_that_cannot_compile_says_so_once_and_runs_eagerly(llama, monkeyp
     def broken(*args, **kwargs):
         raise torch._dynamo.exc.Unsupported("simulated graph break")
 
-    decode_step.compiled(fresh)
-    monkeypatch.setitem(decode_step._compiled, fresh, broken)
-    with caplog.at_level("WARNING", logger="debate.engine.decode_step"):
+    compiled_step.compiled(fresh)
+    monkeypatch.setitem(compiled_step._compiled, fresh, broken)
+    with caplog.at_level("WARNING", logger="debate.engine.compiled_step"):
         got = debate(fresh, tok, True)
     assert got == want
     # flex, then the masked attention, each said once (the model's later steps run eagerly, without trying again)
     assert caplog.text.count("with flex attention failed (Unsupported: simulated graph break)") == 1
     assert caplog.text.count("with masked attention failed (Unsupported: simulated graph break); it runs eagerly") == 1
-    assert decode_step.stats_of(fresh).as_record()["compiled"] is False
+    assert step_stats.stats_of(fresh).as_record()["compiled"] is False
 
 
 def test_a_run_with_compile_records_it_and_writes_the_eager_runs_predictions(llama, tmp_path):
@@ -145,22 +146,26 @@ def test_a_run_with_compile_records_it_and_writes_the_eager_runs_predictions(lla
     assert 0.5 < eager["occupancy"] <= 1 and decode["occupancy"] <= eager["occupancy"]
 
 
-def test_one_tokens_queries_grouped_by_key_head_attend_as_with_repeated_keys():
-    """The decode attention reads each key head once: the same output as transformers' sdpa, which repeats keys
-    and values to every query head, under a mask."""
-    from types import SimpleNamespace
-
+def test_a_steps_queries_grouped_by_key_head_attend_as_with_repeated_keys():
+    """The step's attention reads each key head once (a key head's query heads side by side in the grid): the same
+    output as sdpa over keys and values repeated to every query head, each row over the columns it sees."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
     torch.manual_seed(0)
     rows, heads, kv_heads, columns, dim = 3, 8, 2, 40, 16
-    query = torch.randn(rows, heads, 1, dim)
+    query = torch.randn(1, heads, rows, dim)  # one token a row, the rows' tokens in one sequence
     key, value = torch.randn(rows, kv_heads, columns, dim), torch.randn(rows, kv_heads, columns, dim)
-    mask = torch.zeros(rows, 1, 1, columns).masked_fill(torch.rand(rows, 1, 1, columns) < 0.3, float("-inf"))
-    mask[..., 0] = 0.0
-    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
-    got, _ = decode_step._decode_attention(module, query, key, value, mask, scaling=dim ** -0.5)
-    want = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
-                                                            attn_mask=mask, scale=dim ** -0.5).transpose(1, 2)
-    assert got.shape == (rows, 1, heads, dim)
-    assert torch.allclose(got, want, atol=1e-6)
+    start = torch.tensor([5, 39, 17])
+    slots = torch.arange(rows)
+    packed = attention.Packed(slots, torch.zeros(rows, dtype=torch.long), start, torch.ones(rows, dtype=torch.long),
+                              torch.empty(1))
+    mask = attention.grid_masks(packed, torch.arange(columns), {"full_attention": None}, heads // kv_heads,
+                                torch.float32)["full_attention"]
+    got = attention.packed_masked(query, key, value, mask, packed, dim ** -0.5)
+    assert got.shape == (1, rows, heads, dim)
+    for row in range(rows):
+        seen = attention.sees(start[row], torch.arange(columns), None)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, row:row + 1], repeat_kv(key[row:row + 1], 4), repeat_kv(value[row:row + 1], 4),
+            attn_mask=seen[None], scale=dim ** -0.5)
+        assert torch.allclose(got[0, row], want[0, :, 0], atol=1e-6)

@@ -9,12 +9,12 @@ from debate.engine import (
     chat,
     constrained_row,
     decode_batch,
-    decode_step,
     engine,
     kv_pool,
     models,
     reference,
     schema_program,
+    step_stats,
 )
 from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama, cpu_budget
 
@@ -39,16 +39,14 @@ def alone(model, tok, system, prompt, tokens, generate=reference.generate, **set
 
 
 def batch_forwards(model, run):
-    """run() with a hook noting every forward of the batch: (decode rows, prompt tokens) of a decode step (one token a
-    row) or of a mixed forward (decode_step.Mix: the decode rows' tokens, then the joining rows' prompt pieces)."""
+    """run() with a hook noting every step's forward of the batch: (decode rows, prompt tokens), the decode rows'
+    tokens first in the step's sequence, then the joining rows' prompt pieces (attention.Packed.rows)."""
     forwards = []
 
     def note(module, args, kwargs):
-        ids = kwargs["input_ids"]
-        if decode_step._mix is not None:
-            forwards.append((decode_step._mix.rows, ids.shape[1] - decode_step._mix.rows))
-        elif ids.shape[1] == 1:
-            forwards.append((ids.shape[0], 0))
+        packed = kwargs.get("packed")
+        if packed is not None:
+            forwards.append((packed.rows, kwargs["input_ids"].shape[1] - packed.rows))
 
     hook = model.register_forward_pre_hook(note, with_kwargs=True)
     try:
@@ -84,7 +82,7 @@ def test_a_row_joins_at_the_step_after_a_slot_frees_and_a_step_runs_only_the_row
     # Two slots of 256 columns, so the third row waits for one.
     monkeypatch.setattr(kv_pool, "place_geometry", lambda widths, wanted, tokens: (2, 256))
     with cpu_budget(None):
-        before = decode_step.stats_for(model).tokens, decode_step.stats_for(model).row_steps
+        before = step_stats.stats_for(model).tokens, step_stats.stats_for(model).row_steps
         _, rows = batch_forwards(model, lambda: engine.generate(model, tok, convs, [prompt] * 3,
                                                                 engine.Settings(max_new_tokens=12)))
     assert [c.generated[0] for c in convs] == want
@@ -96,7 +94,7 @@ def test_a_row_joins_at_the_step_after_a_slot_frees_and_a_step_runs_only_the_row
     prompts = [len(chat.context_ids(tok, engine.Conversation(s, [{"role": "user", "content": prompt}])))
                for s in SYSTEMS[:3]]
     assert rows == [(0, prompts[0] + prompts[1])] + [(2, 0)] * 3 + [(2, prompts[2])] + [(2, 0)] * 4 + [(1, 0)]
-    stats = decode_step.stats_for(model)
+    stats = step_stats.stats_for(model)
     assert (stats.tokens - before[0], stats.row_steps - before[1]) == (sum(lengths) - 3, 17)
 
 
@@ -240,7 +238,7 @@ def test_a_long_prompt_rides_beside_decoding_rows_over_several_steps_and_no_row_
     assert contexts[0] < budget < 3 * budget < contexts[1]  # the short prompt fits a step, the long one takes several
     convs = [engine.Conversation(system=s) for s in systems]
     # The model's stats gather over this module's tests: this run's counts are what they gained over it.
-    before = decode_step.stats_for(model).as_record()
+    before = step_stats.stats_for(model).as_record()
     with cpu_budget(None):
         _, forwards = batch_forwards(model, lambda: engine.generate(
             model, tok, convs, prompts, engine.Settings(max_new_tokens=10, prefill_tokens=budget)))
@@ -253,7 +251,7 @@ def test_a_long_prompt_rides_beside_decoding_rows_over_several_steps_and_no_row_
     assert forwards[0] == (0, budget) and len(feeding) == -(-sum(contexts) // budget)
     assert all(forwards[i][0] >= 1 for i in feeding[1:])
     assert feeding == list(range(len(feeding)))  # no step without a piece while a prompt is left: none idles
-    after = decode_step.stats_for(model).as_record()
+    after = step_stats.stats_for(model).as_record()
     counts = ("mixed_forwards", "mixed_decode_rows", "prefill_only_forwards", "prefill_tokens")
     gained = {k: after[k] - before[k] for k in counts}
     # the stats count what the hook saw: the first forward alone, every later piece beside decoding rows

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
-from debate.engine import chat, decode_step, engine, errors, kv_pool, kv_store, memory, ram
+from debate.engine import chat, engine, errors, kv_pool, kv_store, memory, ram
 from tests.tiny_models import averitec_dir, build_wide_llama, cpu_budget, missing
 
 
@@ -197,6 +197,20 @@ def test_a_claim_whose_context_passes_the_cap_is_written_with_a_note_and_the_oth
         assert len(conversations) == 3 and all(c["messages"] for c in conversations)
 
 
+def pieces_of(kwargs):
+    """The prompt pieces a step's forward carries, [(slot, first column, end column)], or None: the tokens after the
+    decode rows' in its sequence (attention.Packed, as an eager step's host lists them)."""
+    packed = kwargs.get("packed")
+    if packed is None or packed.host is None:
+        return None
+    out = []
+    for slot, places, positions in packed.host:
+        columns = [c for at, c in zip(places, positions) if at >= packed.rows]
+        if columns:
+            out.append((slot, min(columns), max(columns) + 1))
+    return out or None
+
+
 def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conversation_as_it_was(wide, monkeypatch,
                                                                                                      caplog):
     """Out of memory once is retried with the same tokens; twice in a row's prefill, that row fails alone
@@ -215,8 +229,7 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
         return generate(model, tok, convs, prompts, *args, **kw)
 
     def once(*args, **kw):  # the doomed forward runs out of memory, once
-        mix = decode_step._mix
-        forwards.append(dict(call=len(calls), ids=kw["input_ids"].clone(), pieces=mix.pieces if mix else None))
+        forwards.append(dict(call=len(calls), ids=kw["input_ids"].clone(), pieces=pieces_of(kw)))
         if len(calls) == len(SYSTEMS) + 1 and [f["call"] for f in forwards].count(len(calls)) == 1:
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
@@ -241,8 +254,7 @@ def test_a_prefill_out_of_memory_twice_fails_its_row_alone_and_leaves_its_conver
     doomed = len(chat.context_ids(tok, engine.Conversation(SYSTEMS[5], [{"role": "user", "content": "go"}])))
 
     def prefill_fails(*args, **kw):  # every forward that carries the second row's prompt (its prefill inside a step)
-        mix = decode_step._mix
-        if mix is not None and any(end - first == doomed for _, first, end in mix.pieces):
+        if any(end - first == doomed for _, first, end in pieces_of(kw) or []):
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kw)
 

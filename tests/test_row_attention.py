@@ -1,13 +1,14 @@
-"""The compiled decode step's attention over each row's own columns (issue 53; debate/engine/decode_step.py, flex
-attention under a block mask): on the tiny Llama and the tiny Gemma 3 (sliding-window layers), one step beside a long
-row gives the eager step's logits, where each row attends alone; a row reads no column past its length (garbage
-written there changes nothing), a sliding-window layer none before its window, a row that is not live column 0 alone
-(finite); buckets of other shapes share the graph. Each model compiles once (CI time)."""
+"""The compiled step's attention over each token's own columns (issues 53 and 59; debate/engine/attention.py, one
+flex call over a step's packed tokens under a block mask): on the tiny Llama and the tiny Gemma 3 (sliding-window
+layers), a decode step beside a long row, and a step carrying prompt pieces beside decode rows, give the eager step's
+logits, where each slot attends alone; a row reads no column past its length (garbage written there changes nothing),
+a sliding-window layer none before its window, a row that is not live column 0 alone (finite); buckets of other
+shapes share the graph. Each model compiles once (CI time)."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from debate.engine import decode_step, generator, kv_store
+from debate.engine import attention, compiled_step, decode_step, generator, kv_store, step_stats
 from tests.tiny_models import build_tiny_gemma, build_tiny_llama
 
 LENGTHS = (700, 40, 97, 5, 256)  # one long row beside short ones; 256: a length on a block's edge
@@ -27,23 +28,47 @@ class Place:
         with torch.inference_mode():
             for row, length in enumerate(lengths):
                 ids = torch.randint(10, 400, (length,), generator=generator_).tolist()
-                generator.prefill(model, self.store.slot_cache(row, 0), ids, 0)
+                if ids:
+                    generator.prefill(model, self.store.slot_cache(row, 0), ids, 0)
         self.lengths = torch.zeros(SLOTS + 1, dtype=torch.long)
         self.lengths[:len(lengths)] = torch.tensor(lengths)
         self.live = torch.zeros(SLOTS + 1, dtype=torch.bool)
         self.live[:len(lengths)] = True
         self.tokens = torch.arange(5, 5 + SLOTS + 1)[:, None]
         self.columns = torch.arange(COLUMNS + 1)
-        self.step = decode_step.Step(model, decode_step.layer_windows(model), self.dtype)
+        self.step = compiled_step.Step(model, decode_step.layer_windows(model), self.dtype)
 
-    def run(self, rows, columns, compiled):
-        """One step's logits over the first `rows` slots and `columns` columns (each live row writes its token's
-        keys and values at its length: the same at every run)."""
-        cache = self.store.decode_cache(rows, columns, self.lengths, keep=compiled)
-        ends = None if compiled else [int(n) + 1 if on else 0 for n, on in zip(self.lengths[:rows], self.live[:rows])]
-        with torch.inference_mode(), decode_step.decoding(self.model, ends):
-            return self.step.run(compiled, generator.cache_kwarg(self.model, cache), self.tokens[:rows],
-                                 self.lengths[:rows], self.live[:rows], self.columns[:columns]).clone()
+    def inputs(self, rows, columns, pieces=(), compiled=True):
+        """A step's inputs (decode_step.Inputs) over the first `rows` slots and `columns` columns: each slot below
+        `rows` not given a piece feeds one token at its length (live or not, as decode_batch's decode rows), then each
+        piece (slot, first column, ids) feeds its ids from its first column."""
+        pieced = {slot for slot, _, _ in pieces}
+        decode = [r for r in range(rows) if r not in pieced]
+        tokens = self.tokens[decode, 0].tolist() + [i for _, _, ids in pieces for i in ids]
+        slots = decode + [slot for slot, _, ids in pieces for _ in ids]
+        positions = self.lengths[decode].tolist() + [first + i for _, first, ids in pieces for i in range(len(ids))]
+        start, count = self.lengths[:rows].clone(), self.live[:rows].long()
+        host = [(r, [at], [int(self.lengths[r])]) for at, r in enumerate(decode) if self.live[r]]
+        at = len(decode)
+        for slot, first, ids in pieces:
+            start[slot], count[slot] = first, len(ids)
+            host.append((slot, list(range(at, at + len(ids))), list(range(first, first + len(ids)))))
+            at += len(ids)
+        slot_t, position_t = torch.tensor(slots), torch.tensor(positions)
+        width = max([1] + [len(ids) for _, _, ids in pieces])
+        packed = attention.Packed(slot_t, position_t - start[slot_t], start, count, torch.empty(width), host,
+                                  len(decode))
+        keep = torch.tensor(list(range(len(decode))) + [len(decode) + sum(len(p[2]) for p in pieces[:i + 1]) - 1
+                                                          for i in range(len(pieces))])
+        cache = self.store.step_cache(rows, columns, slot_t, position_t)
+        return decode_step.Inputs(torch.tensor(tokens), position_t, keep, packed, self.columns[:columns],
+                                  generator.cache_kwarg(self.model, cache), mixed=width > 1)
+
+    def run(self, rows, columns, compiled, pieces=()):
+        """One step's logits (each live row writes its token's keys and values at its length, each piece its ids at
+        their columns: the same at every run)."""
+        with torch.inference_mode():
+            return self.step.run(compiled, self.inputs(rows, columns, pieces, compiled)).clone()
 
     def scribble(self, keep, nan=False):
         """Garbage in every column of every slot that `keep(row, column)` is False for: large finite values, or NaN
@@ -62,12 +87,12 @@ def check(model):
     rows, columns = SLOTS, decode_step.bucket_columns(max(LENGTHS) + 1, COLUMNS)  # 8 rows: 3 not live
     eager = place.run(rows, columns, compiled=False)
     compiled = place.run(rows, columns, compiled=True)
-    assert place.step.flex == (decode_step.ROW_ATTENTION == "flex") and decode_step.stats_of(model).flex_failed is None
-    assert place.step.checked == {"flex attention" if place.step.flex else "masked attention"}  # the self-check ran
+    assert place.step.flex == (compiled_step.ROW_ATTENTION == "flex") and step_stats.stats_of(model).flex_failed is None
+    assert place.step.checked == {("flex attention" if place.step.flex else "masked attention", False)}  # checked
     live = len(LENGTHS)
     assert torch.allclose(compiled[:live], eager[:live], atol=1e-4), (compiled[:live] - eager[:live]).abs().max()
     assert torch.isfinite(compiled).all()  # the rows that are not live read column 0 alone
-    graphs = decode_step.stats_of(model).graphs
+    graphs = step_stats.stats_of(model).graphs
 
     # Garbage past each live row's length (after the token written now) changes none of its logits.
     place.scribble(lambda row, c: row >= live or c <= place.lengths[row])
@@ -75,7 +100,7 @@ def check(model):
     assert torch.equal(again[:live], compiled[:live])
     # NaN in the blocks past each live row's last one: the step never reads them (an additive mask over every
     # column would give NaN logits).
-    place.scribble(lambda row, c: row >= live or c // decode_step.BLOCK <= place.lengths[row] // decode_step.BLOCK,
+    place.scribble(lambda row, c: row >= live or c // attention.BLOCK <= place.lengths[row] // attention.BLOCK,
                    nan=True)
     again = place.run(rows, columns, compiled=True)
     assert torch.equal(again[:live], compiled[:live])
@@ -83,7 +108,7 @@ def check(model):
     # Other buckets (fewer rows, wider columns) share the graph: no recompile.
     place.run(4, columns, compiled=True)
     place.run(rows, columns + decode_step.COLUMN_BUCKET, compiled=True)
-    assert decode_step.stats_of(model).graphs == graphs
+    assert step_stats.stats_of(model).graphs == graphs
     return place, rows, columns, compiled
 
 
@@ -109,24 +134,49 @@ def test_sliding_window_layers_read_only_their_window(tmp_path):
     assert torch.equal(place.run(rows, columns, compiled=True)[:live], compiled[:live])
 
 
-def test_block_masks_list_each_rows_blocks_and_mask_as_the_additive_masks_do():
-    """No compile: the block mask's blocks cover exactly the blocks of the columns a row sees, and its mask function
-    says what `masks` says, for full and sliding layers and for rows that are not live."""
-    block = decode_step.BLOCK
-    lengths = torch.tensor([0, 1, block - 1, block, 3 * block + 5, 700, 9])
-    live = torch.tensor([True, True, True, True, True, True, False])
+def test_prompt_pieces_beside_decode_rows_give_the_eager_logits(llama):
+    """A step that carries prompt pieces (a long one and a short one) beside decode rows: one flex call over the
+    packed tokens gives what each slot gives attending alone, the pieces' last tokens' logits and the rows' alike."""
+    place = Place(llama, lengths=(700, 40, 0, 97, 0))
+    gen = torch.Generator().manual_seed(3)
+    pieces = ((2, 0, torch.randint(10, 400, (150,), generator=gen).tolist()),
+              (4, 0, torch.randint(10, 400, (9,), generator=gen).tolist()))
+    place.live[2] = place.live[4] = False  # joining rows
+    columns = decode_step.bucket_columns(701, COLUMNS)
+    eager = place.run(5, columns, compiled=False, pieces=pieces)
+    compiled = place.run(5, columns, compiled=True, pieces=pieces)
+    assert torch.allclose(compiled, eager, atol=1e-4), (compiled - eager).abs().max()
+    assert ("flex attention", True) in place.step.checked
+
+
+def test_block_masks_list_each_tokens_blocks_and_mask_as_the_additive_masks_do():
+    """No compile: the block mask's blocks cover exactly the blocks of the columns a grid block's tokens see, and its
+    mask function says what `grid_masks` says, for full and sliding layers, decode rows, pieces and rows that are not
+    live (column 0 alone)."""
+    block = attention.BLOCK
+    start = torch.tensor([0, 1, block - 1, block, 3 * block + 5, 700, 9, 40])
+    count = torch.tensor([1, 1, 1, 1, 1, 1, 0, 300])  # slot 6 not live, slot 7 a piece of 300 tokens
+    groups, width = 2, 300
+    packed = attention.Packed(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), start, count,
+                              torch.empty(width))
     columns = 6 * block + 64  # not a multiple of a block: a slot's width need not be
     windows = {"full_attention": None, "sliding_attention": 100}
-    additive = decode_step.masks(lengths, live, torch.arange(columns), windows, torch.float32)
-    built = decode_step.block_masks(lengths, live, columns, windows)
-    rows = torch.arange(len(lengths))[:, None]
+    additive = attention.grid_masks(packed, torch.arange(columns), windows, groups, torch.float32)
+    built = attention.block_masks(packed, columns, windows, groups)
+    slots = torch.arange(len(start))[:, None, None]
+    queries = torch.arange(width * groups)[None, :, None]
     for kind in windows:
         mask = built[kind]
-        seen = mask.mask_mod(rows, 0, 0, torch.arange(columns)[None])
-        assert torch.equal(seen, additive[kind][:, 0, 0] == 0)
-        for row in range(len(lengths)):
-            listed = set(mask.kv_indices[row, 0, 0, :int(mask.kv_num_blocks[row, 0, 0])].tolist())
-            assert listed == {int(c) // block for c in torch.nonzero(seen[row])[:, 0]}
+        seen = mask.mask_mod(slots, 0, queries, torch.arange(columns)[None, None])
+        assert torch.equal(seen, additive[kind][:, 0] == 0)
+        valid = queries[0, :, 0] // groups < count[:, None]  # (slots, queries): the grid's queries of real tokens
+        for slot in range(len(start)):
+            for q_block in range(mask.kv_num_blocks.shape[2]):
+                listed = set(mask.kv_indices[slot, 0, q_block, :int(mask.kv_num_blocks[slot, 0, q_block])].tolist())
+                span = slice(q_block * block, (q_block + 1) * block)
+                # the blocks its real tokens see; a block of none (a row not live, the grid's padding) lists block 0
+                rows = seen[slot, span][valid[slot, span]] if valid[slot, span].any() else seen[slot, span]
+                assert listed == {int(c) // block for c in torch.nonzero(rows.any(dim=0))[:, 0]}
 
 
 def test_a_flex_kernel_that_fails_falls_back_to_the_masked_step_once(tmp_path, monkeypatch, caplog):
@@ -138,12 +188,12 @@ def test_a_flex_kernel_that_fails_falls_back_to_the_masked_step_once(tmp_path, m
     def broken(*args, **kwargs):
         raise RuntimeError("simulated flex failure")
 
-    monkeypatch.setattr(decode_step, "flex_attention", broken)
+    monkeypatch.setattr(attention, "flex_attention", broken)
     place = Place(model, lengths=(300, 12))
-    with caplog.at_level("WARNING", logger="debate.engine.decode_step"):
+    with caplog.at_level("WARNING", logger="debate.engine.compiled_step"):
         compiled = place.run(2, 512, compiled=True)
         place.run(2, 512, compiled=True)
     assert caplog.text.count("flex attention failed") == 1  # dynamo's words about the error come first in the line
-    stats = decode_step.stats_of(model)
+    stats = step_stats.stats_of(model)
     assert not place.step.flex and stats.flex_failed and stats.failed is None and stats.steps == 2
     assert torch.allclose(compiled, place.run(2, 512, compiled=False), atol=1e-4)

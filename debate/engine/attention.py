@@ -44,6 +44,7 @@ class Packed(NamedTuple):
     # The eager reference's view, as the host knows it: [(slot, its tokens' places in the sequence, their
     # positions), ...] for the slots with valid tokens; None in a compiled step (it reads the tensors alone).
     host: Optional[List[Tuple[int, List[int], List[int]]]] = None
+    rows: Optional[int] = None  # how many of the sequence's first tokens are decode rows' (eager; said to hooks)
 
 
 def sees(position: torch.Tensor, column: torch.Tensor, window: Optional[int]) -> torch.Tensor:
@@ -58,7 +59,8 @@ def block_masks(packed: Packed, columns: int, windows: Dict[str, Optional[int]],
                 ) -> Dict[str, BlockMask]:
     """{attention type: block mask} of a step's grid (slots x width * groups queries, a key head's `groups` query
     heads side by side for each token): each slot's block of queries lists the blocks of columns from the first one
-    its first valid token sees to the one its last valid token writes; a block of no valid token lists block 0. The
+    its first valid token sees to the one its last valid token writes (its other queries, the grid's padding past the
+    slot's tokens, are never read back); a block of no valid token lists block 0. The
     shapes depend on the bucket alone, the values on the step's metadata: one graph, and a CUDA graph replays it."""
     start, count = packed.start, packed.count
     queries = packed.width.shape[0] * groups
@@ -143,17 +145,22 @@ def packed_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
 
 
 def host_of(packed: Packed) -> List[Tuple[int, List[int], List[int]]]:
-    """The host's view of a step's metadata read from its tensors (one read: the self-check's eager reference)."""
+    """The host's view of a step's metadata read from its tensors (one read: the self-check's eager reference, which
+    must see what the compiled step sees): a valid token at its position, one that is not (a row that is not live)
+    at position 0, so that it sees column 0 alone. Every token is listed: a token left out would attend to nothing,
+    and a bucket's padding (a copy of a real token) would then write other keys and values at the same place."""
     slots, index = packed.slot.tolist(), packed.index.tolist()
     start, count = packed.start.tolist(), packed.count.tolist()
     by_slot: Dict[int, Tuple[List[int], List[int]]] = {}
+    alone: List[Tuple[int, List[int], List[int]]] = []
     for at, (slot, i) in enumerate(zip(slots, index)):
-        if i < count[slot]:
-            places, positions = by_slot.setdefault(slot, ([], []))
-            if start[slot] + i not in positions:  # a bucket's padding repeats a token
-                places.append(at)
-                positions.append(start[slot] + i)
-    return [(slot, places, positions) for slot, (places, positions) in sorted(by_slot.items())]
+        if i >= count[slot]:
+            alone.append((slot, [at], [0]))
+            continue
+        places, positions = by_slot.setdefault(slot, ([], []))
+        places.append(at)  # a bucket's padding repeats a token: listed too, so it writes the same keys and values
+        positions.append(start[slot] + i)
+    return [(slot, places, positions) for slot, (places, positions) in sorted(by_slot.items())] + alone
 
 
 def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed, window: Optional[int],

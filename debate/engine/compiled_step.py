@@ -191,7 +191,8 @@ class Step:
         self.pool: Any = None
 
     def _args(self, inputs: Inputs, kernel: str, host: bool = False) -> tuple:
-        packed = inputs.packed if host else inputs.packed._replace(host=None)  # a list would guard every step
+        # what the host says is for the eager step: a compiled one would guard on its values and recompile
+        packed = inputs.packed if host else inputs.packed._replace(host=None, rows=None)
         return (self.model, inputs.cache, inputs.tokens, inputs.positions, inputs.keep, packed, inputs.columns,
                 self.windows, self.groups, self.dtype, kernel)
 

@@ -564,10 +564,15 @@ class Batch:
             start.index_copy_(0, parts[4], parts[5])
             count.index_copy_(0, parts[4], parts[6])
         torch.sub(buffers.positions, start[slot_of], out=index)
-        if not compiled:
-            packed = buffers.packed._replace(host=[(slot, *host[slot]) for slot in sorted(host)])
-            return dataclasses.replace(buffers, packed=packed)
-        return buffers
+        # What the host knows, for the eager step (a compiled one reads the tensors alone; it falls back to this). A
+        # bucket's padding repeats the last token: listed with it, so that it writes the same keys and values there.
+        padding = list(range(tokens, buffers.tokens.shape[0]))
+        for places, where in host.values():
+            if padding and places and places[-1] == tokens - 1:
+                places += padding
+                where += [where[-1]] * len(padding)
+        packed = buffers.packed._replace(host=[(slot, *host[slot]) for slot in sorted(host)], rows=in_use)
+        return dataclasses.replace(buffers, packed=packed)
 
     def _buffer(self, tokens: int, rows: int, width: int, columns: int, keep: int) -> decode_step.Inputs:
         """A step's input tensors of these sizes, and the cache over the place's first `rows` slots and `columns`
