@@ -31,15 +31,15 @@ BLOCK = 128  # columns (and grid queries) a block of the block masks covers
 
 
 class Packed(NamedTuple):
-    """A step's tokens as the attention sees them. `slot[t]`, `index[t]`: token t's slot and its place among that
-    slot's tokens this step; `start[b]`, `count[b]`: the position of slot b's first token this step and how many it
-    has (0: it has none, or it is not live, or it is padding); `width`: a tensor whose length is the grid's width (the
-    most tokens a slot has). Tensors on the model's device, inputs of a compiled step."""
+    """A step's tokens as the attention sees them. `slot[t]`, `offset[t]`: token t's slot and its place among that
+    slot's tokens this step; `start[b]`, `span[b]`: the position of slot b's first token this step and how many it
+    has (0: it has none, or it is not live); `width`: a tensor whose length is the grid's width (the most tokens a
+    slot has). Tensors on the model's device, inputs of a compiled step."""
 
     slot: torch.Tensor
-    index: torch.Tensor
+    offset: torch.Tensor
     start: torch.Tensor
-    count: torch.Tensor
+    span: torch.Tensor
     width: torch.Tensor
     # The eager reference's view, as the host knows it: [(slot, its tokens' places in the sequence, their
     # positions), ...] for the slots with valid tokens; None in a compiled step (it reads the tensors alone).
@@ -62,7 +62,7 @@ def block_masks(packed: Packed, columns: int, windows: Dict[str, Optional[int]],
     its first valid token sees to the one its last valid token writes (its other queries, the grid's padding past the
     slot's tokens, are never read back); a block of no valid token lists block 0. The
     shapes depend on the bucket alone, the values on the step's metadata: one graph, and a CUDA graph replays it."""
-    start, count = packed.start, packed.count
+    start, count = packed.start, packed.span
     queries = packed.width.shape[0] * groups
     q_blocks, kv_blocks = (queries + BLOCK - 1) // BLOCK, (columns + BLOCK - 1) // BLOCK
     device = start.device
@@ -105,7 +105,7 @@ def packed_flex(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     # index[t] * groups + j of key head h in slot slot[t]'s grid: written and read through one broadcast index, no
     # permuted copy (inductor's CPU flex kernel takes a plain 4-D buffer).
     at = (packed.slot[:, None, None], torch.arange(kv_heads, device=key.device)[None, :, None],
-          packed.index[:, None, None] * groups + torch.arange(groups, device=key.device)[None, None, :])
+          packed.offset[:, None, None] * groups + torch.arange(groups, device=key.device)[None, None, :])
     tokens = query[0].view(kv_heads, groups, -1, dim).permute(2, 0, 1, 3)  # (tokens, kv_heads, groups, dim)
     grid = query.new_zeros((slots, kv_heads, width * groups, dim))
     grid[at] = tokens  # a bucket's padding repeats a token: the same values at the same place
@@ -120,7 +120,7 @@ def grid_masks(packed: Packed, columns: torch.Tensor, windows: Dict[str, Optiona
     over every column (the compiled fallback where flex fails, for steps whose grid is one token wide)."""
     low = torch.finfo(dtype).min
     token = torch.arange(packed.width.shape[0] * groups, device=columns.device) // groups
-    valid = token[None] < packed.count[:, None]
+    valid = token[None] < packed.span[:, None]
     position = (packed.start[:, None] + token[None])[:, :, None]
     out = {}
     for kind, window in windows.items():
@@ -137,7 +137,7 @@ def packed_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     heads, width = query.shape[1], packed.width.shape[0]
     groups = heads // kv_heads
     at = (packed.slot[:, None, None], torch.arange(kv_heads, device=key.device)[None, :, None],
-          packed.index[:, None, None] * groups + torch.arange(groups, device=key.device)[None, None, :])
+          packed.offset[:, None, None] * groups + torch.arange(groups, device=key.device)[None, None, :])
     grid = query.new_zeros((slots, kv_heads, width * groups, dim))
     grid[at] = query[0].view(kv_heads, groups, -1, dim).permute(2, 0, 1, 3)
     out = F.scaled_dot_product_attention(grid, key, value, attn_mask=mask, scale=scaling)
@@ -149,8 +149,8 @@ def host_of(packed: Packed) -> List[Tuple[int, List[int], List[int]]]:
     must see what the compiled step sees): a valid token at its position, one that is not (a row that is not live)
     at position 0, so that it sees column 0 alone. Every token is listed: a token left out would attend to nothing,
     and a bucket's padding (a copy of a real token) would then write other keys and values at the same place."""
-    slots, index = packed.slot.tolist(), packed.index.tolist()
-    start, count = packed.start.tolist(), packed.count.tolist()
+    slots, index = packed.slot.tolist(), packed.offset.tolist()
+    start, count = packed.start.tolist(), packed.span.tolist()
     by_slot: Dict[int, Tuple[List[int], List[int]]] = {}
     alone: List[Tuple[int, List[int], List[int]]] = []
     for at, (slot, i) in enumerate(zip(slots, index)):
@@ -190,6 +190,7 @@ def attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     metadata, every token at once (flex under a block mask, or the grid under an additive mask) or slot by slot
     (the eager reference, where the host lists the slots); without it, sdpa's."""
     if packed is None:
+        assert not isinstance(attention_mask, BlockMask)
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     if packed.host is not None:

@@ -8,13 +8,13 @@ SGLang schedule:
 2. step: one forward of the model carries every decoding row's one token AND up to Settings.prefill_tokens prompt
    tokens of joining rows (Sarathi-Serve's and vLLM's chunked prefill: several joining rows share a forward, a long
    prompt is spread over steps, no decoding row waits for another row's prefill; a forward is all prompt only when
-   nothing decodes). Such a forward is one sequence, each token written at its own slot and column and attending to
-   its own slot (decode_step.Mix, kv_store.MixedLayer; eager, as vLLM ran its mixed batches outside CUDA graphs);
-   a step with no prompt token is the decode step (debate.engine.decode_step: compiled and replayed per bucket where
-   asked). A joining row's cached prefix is copied from its pages into its slot when it is first given a piece, its
-   full pages are published as they are written (kv_pool), and a row whose next page another joining row is writing
-   waits for it instead of encoding it too. Every row's next token is picked on the device (`_pick`): greedy rows by
-   argmax, sampled rows by the exponential race over their own random stream (debate.engine.sampling), schema rows
+   nothing decodes). The forward is one packed sequence, each token written at its own slot and column and attending
+   to its own slot (debate.engine.decode_step.Inputs, debate.engine.attention: one call over every token), eager or
+   compiled and replayed per bucket where asked. A joining row's cached prefix is copied from its pages into its
+   slot when it is first given a piece, its full pages are published as they are written (kv_pool), and a row whose
+   next page another joining row is writing waits for it instead of encoding it too. Every row's next token is
+   picked on the device (`_pick`): greedy rows by argmax, sampled rows by the Gumbel race over their own random
+   stream (debate.engine.sampling), schema rows
    by their device state (ids forced from a queue, free text under a mask until a closing id or a cap, or a wait for
    the host); a row whose last prompt piece ran picks its first token from that piece's last logits and decodes from
    the next step;
@@ -30,8 +30,8 @@ SGLang schedule:
 What still synchronises with the device (docs/layout.md says the same): the packet's read, once a step and a step
 behind; a schema row's wait (a choice's scoring pass reads its totals once, a number's next id reads that row's
 allowed logits once: a few times a Moderator reply, each costing that row one idle step). A prompt fed inside a step
-reads nothing back (the mixed forward's attention is given no mask for transformers to check). Host-to-device writes
-go through pinned memory without waiting (`_upload`).
+reads nothing back (the step's attention is given its metadata, no mask for transformers to check). Host-to-device
+writes go through pinned memory without waiting (`_upload`).
 
 The batch's state lives on the device for the run, one entry a slot (`_STATE`). A row's sampled tokens depend only on
 its own logits and its key (never on the rows beside it or the step the host reads), and a row that waits for the host
@@ -542,8 +542,8 @@ class Batch:
             buffers = self._buffer(*sizes)
             if compiled:
                 self._buffers[sizes] = buffers
-        slot_of, index, start, count = buffers.packed.slot, buffers.packed.index, buffers.packed.start, \
-            buffers.packed.count
+        slot_of, offset, start, span = (buffers.packed.slot, buffers.packed.offset, buffers.packed.start,
+                                        buffers.packed.span)
         # The host's part (the pieces and what they change) in one upload, split on the device.
         n, g = len(ids), len(grid)
         shipped = kv_store.to_device(ids + slots + positions + kept + [p[0] for p in grid] + [p[1] for p in grid]
@@ -559,11 +559,11 @@ class Batch:
             if filled < target.shape[0]:
                 target[filled:].copy_(target[filled - 1].expand(target.shape[0] - filled))
         start.copy_(self.lengths[:start.shape[0]])
-        count.copy_(self.live[:count.shape[0]])
+        span.copy_(self.live[:span.shape[0]])
         if g:
             start.index_copy_(0, parts[4], parts[5])
-            count.index_copy_(0, parts[4], parts[6])
-        torch.sub(buffers.positions, start[slot_of], out=index)
+            span.index_copy_(0, parts[4], parts[6])
+        torch.sub(buffers.positions, start[slot_of], out=offset)
         # What the host knows, for the eager step (a compiled one reads the tensors alone; it falls back to this). A
         # bucket's padding repeats the last token: listed with it, so that it writes the same keys and values there.
         padding = list(range(tokens, buffers.tokens.shape[0]))
@@ -577,10 +577,10 @@ class Batch:
     def _buffer(self, tokens: int, rows: int, width: int, columns: int, keep: int) -> decode_step.Inputs:
         """A step's input tensors of these sizes, and the cache over the place's first `rows` slots and `columns`
         columns writing at them."""
-        token_ids, positions, keep_at, slot_of, index, start, count = (
+        token_ids, positions, keep_at, slot_of, offset, start, span = (
             torch.zeros(n, dtype=torch.long, device=self.device)
             for n in (tokens, tokens, keep, tokens, tokens, rows, rows))
-        packed = attention.Packed(slot_of, index, start, count, torch.empty(width, device=self.device))
+        packed = attention.Packed(slot_of, offset, start, span, torch.empty(width, device=self.device))
         cache = self.memory.store.step_cache(rows, columns, slot_of, positions)
         return decode_step.Inputs(token_ids, positions, keep_at, packed, self.columns[:columns],
                                   gen.cache_kwarg(self.model, cache), mixed=width > 1)
