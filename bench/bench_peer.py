@@ -17,7 +17,8 @@ What it runs:
    generation, each free reply ended at its drawn length); `--method courtroom` is PROClaim's courtroom on the first
    --claims Check-COVID binary test claims (`--dataset check-covid --split test-binary`) with the same model and
    turns; `--model demo` is the README's demo as it runs (`run_debate.py --split demo --limit N`: the embedded
-   Gemma 3 270M, its turns, its sampling, its schemas).
+   Gemma 3 270M, its turns, its sampling, its schemas). Flags after `--` go to our run as well: its fastest settings
+   on the machine at hand (`-- --compile`, say), which the bench leaves to the one who runs it to measure.
 2. For each of --peer-modes (vLLM compiled, its default, then eager): our run again on the first core and vLLM's
    replay of the recorded rows on the second (bench/peer_replay.py, run by the peer venv's Python), at the same
    time: vLLM loads, compiles and warms up first, then waits; its replay starts when our run submits its first row.
@@ -52,7 +53,6 @@ import argparse
 import glob
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -91,8 +91,6 @@ def build_parser():
     p.add_argument("--check-covid-dir", default=str(ROOT.parent / "shared/data/check-covid"),
                    help="Check-COVID's folder (the courtroom)")
     p.add_argument("--cache", default=str(Path.home() / ".cache/debatecv/bench"), help="where the tiny checkpoint is")
-    p.add_argument("--ours-flags", default="", metavar="FLAGS", help="more run_debate.py flags for our side, "
-                   "quoted as one (e.g. \"--compile\"): its fastest settings on this machine")
     p.add_argument("--peer-modes", nargs="+", choices=("compiled", "eager"), default=["compiled", "eager"],
                    help="vLLM's modes to replay in, each beside a run of ours (default: compiled eager)")
     p.add_argument("--peer-dtype", default="auto", help="vLLM's dtype (default auto: its own choice)")
@@ -133,7 +131,7 @@ def run_argv(args, model_dir, out_dir):
     batch = args.batch_size if args.batch_size is not None else (16 if (args.method, args.model) == ("debatecv", "tiny")
                                                                  else None)
     argv += ["--batch-size", str(batch)] if batch is not None else []
-    argv += ["--threads", "1", "--output-dir", str(out_dir), *shlex.split(args.ours_flags)]
+    argv += ["--threads", "1", "--output-dir", str(out_dir), *args.ours]
     return argv
 
 
@@ -151,22 +149,24 @@ def model_dir_of(args):
 
 class Recorder:
     """Every row of the engine's decode batches, as it was submitted and as it finished: a hook the bench installs
-    around Batch.submit and Batch.advance (the engine's own behaviour unchanged)."""
+    around Batch.submit and Batch.advance while it is entered (the engine's own behaviour unchanged). `go`: a file
+    made when the first row comes (the peer's word to start)."""
 
     def __init__(self, go=None):
         self.rows, self.pending, self.models, self.go = [], {}, {}, go
+        self._saved = None
 
-    def install(self):
+    def __enter__(self):
         from debate.engine import decode_batch
 
         batch = decode_batch.Batch
-        submit, advance = batch.submit, batch.advance
+        submit, advance = self._saved = batch.submit, batch.advance
         recorder = self
 
         def recorded_submit(self, rows):
             now = time.perf_counter()
             if recorder.go and not recorder.pending and not recorder.rows:
-                Path(recorder.go).touch()  # the peer's replay starts with our first row
+                Path(recorder.go).touch()
             for row in rows:
                 recorder.pending[id(row)] = (row, now, recorder.model(self.model))
             return submit(self, rows)
@@ -185,6 +185,12 @@ class Recorder:
             return done
 
         batch.submit, batch.advance = recorded_submit, recorded_advance
+        return self
+
+    def __exit__(self, *exc):
+        from debate.engine import decode_batch
+
+        decode_batch.Batch.submit, decode_batch.Batch.advance = self._saved
 
     def model(self, model):
         if id(model) not in self.models:
@@ -201,12 +207,11 @@ def record(args, argv):
         bench_gpu.set_turn_lengths(args)
     import run_debate
 
-    recorder = Recorder(args.go)
-    recorder.install()
     out_dir = Path(tempfile.mkdtemp(prefix="bench_peer-run-"))
     run = run_argv(args, model_dir_of(args), out_dir)
     try:
-        run_debate.main(run)
+        with Recorder(args.go) as recorder:
+            run_debate.main(run)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     rows = recorder.rows
@@ -229,8 +234,10 @@ def totals(rows):
 
 def ours_command(args, argv, path, go=None):
     """Our side's child: this script with the same flags and --record, pinned, one thread."""
-    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--record", str(path)]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    command = [sys.executable, str(Path(__file__).resolve()), *argv[:cut], "--record", str(path)]
     command += ["--go", str(go)] if go else []
+    command += argv[cut:]
     return (["taskset", "-c", str(args.cores[0])] if args.pin else []) + command
 
 
@@ -317,9 +324,17 @@ def side_by_side(args, argv, work, rows_path, model_dir, mode):
     return again["ours"], json.loads(out.read_text()), same
 
 
+def parse(argv):
+    """The bench's flags, and after `--` more run_debate.py flags for our side (`args.ours`)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:cut])
+    args.ours = argv[cut + 1:]
+    return args
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     if args.record:
         return record(args, argv)
     if not args.peer_venv or not os.path.exists(os.path.join(args.peer_venv, "bin", "python")):

@@ -50,6 +50,11 @@ def schedule(rows):
     return [bisect.bisect_left(finished, r["submitted"]) for r in rows]
 
 
+def request_settings(row):
+    """A row's request: greedy, exactly as many tokens as our row generated (no stop id ends it sooner or later)."""
+    return dict(temperature=0.0, max_tokens=row["generated"], min_tokens=row["generated"], ignore_eos=True)
+
+
 def replay(engine, rows, params_of, clock=time.perf_counter):
     """Add each row once the rows before it are done, step until all are; (wall seconds, encoded, generated)."""
     need = schedule(rows)
@@ -107,11 +112,7 @@ def main(argv=None):
             time.sleep(0.005)
     waited = time.perf_counter() - waited
 
-    def params_of(row):
-        return SamplingParams(temperature=0.0, max_tokens=row["generated"], min_tokens=row["generated"],
-                              ignore_eos=True)
-
-    wall, encoded, generated = replay(engine, rows, params_of)
+    wall, encoded, generated = replay(engine, rows, lambda row: SamplingParams(**request_settings(row)))
     result = {"side": "vllm-eager" if args.eager else "vllm-compiled", "wall_s": round(wall, 2),
               "process_s": round(time.perf_counter() - PROCESS_START - waited, 2), "load_s": round(loaded, 2),
               "warm_up_s": round(warmed - loaded, 2), "rows": len(rows), "prompt_tokens": sum(len(r["context"])
