@@ -24,6 +24,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 # Must run before transformers/huggingface_hub are imported below: they read the switches at import.
@@ -248,19 +249,43 @@ def check_roles(role_paths: Mapping[str, PathLike],
             check_adapter(adapter, configs[key], key)
 
 
+def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512_BF16 or AMX's bf16, read from its flags; False where the
+    OS does not say): there a CPU's matmuls run bf16 at once, elsewhere they convert to float32 and back."""
+    try:
+        flags = Path(cpuinfo).read_text(errors="replace").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _default_dtype(device: torch.device) -> torch.dtype:
+    """A load's dtype when none is asked for: bf16 on CUDA (fp16 where the GPU has no bf16), float32 on a CPU (where
+    training and the tests' references run)."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
 
 
-def precision(use_4bit: Optional[bool] = None, device: Device = None) -> Dict[str, Any]:
+def run_dtype(device: Device = None) -> str:
+    """The dtype a run's agents decode in when --dtype is not given: bf16 on CUDA (fp16 without it) and on a CPU with
+    native bf16, else float32. On this project's AVX512_BF16 CPU the demo's decode steps ran 12% faster and its
+    prompts 29% faster in bf16 than in float32, the same verdict and label probabilities within 0.005
+    (docs/BENCHMARKS.md, issue 59)."""
+    device = _pick_device(device)
+    if device.type == "cpu" and native_bf16():
+        return "bfloat16"
+    return str(_default_dtype(device)).removeprefix("torch.")
+
+
+def precision(use_4bit: Optional[bool] = None, device: Device = None,
+              dtype: Union[None, str, torch.dtype] = None) -> Dict[str, Any]:
     """How `load_model` will load on this machine, without loading: {"device", "dtype", "quantized",
-    "precision"}; `precision` is "nf4" or the dtype. Raises ModelLoadError where 4-bit is asked for and
-    bitsandbytes cannot quantise here."""
+    "precision"}; `precision` is "nf4" or the dtype (`dtype`, or the device's default). Raises ModelLoadError where
+    4-bit is asked for and bitsandbytes cannot quantise here."""
     device = _pick_device(device)
     quantized = _pick_4bit(use_4bit, device)
-    dtype = str(_default_dtype(device)).removeprefix("torch.")
+    dtype = str(_pick_dtype(dtype) or _default_dtype(device)).removeprefix("torch.")
     return {"device": str(device), "dtype": dtype, "quantized": quantized, "precision": "nf4" if quantized else dtype}
 
 
@@ -291,9 +316,9 @@ def _load_settings(device: torch.device, dtype: Optional[torch.dtype], use_4bit:
     order, and moves the activations between them; the model's first device takes the inputs.
     """
     kwargs: Dict[str, Any] = {"local_files_only": True}
+    quantized = _pick_4bit(use_4bit, device)
     if dtype is None:
         dtype = _default_dtype(device)
-    quantized = _pick_4bit(use_4bit, device)
     if device.type == "cuda":
         kwargs["device_map"] = "auto" if device_map == "auto" else {"": device}
         if use_4bit is None and not quantized:
@@ -320,7 +345,8 @@ def load_model(path: PathLike, *, use_4bit: Optional[bool] = None, dtype: Union[
     """Load a causal LM and its tokenizer from a local HF directory or a .gguf file.
 
     `use_4bit`: None -> NF4 (double quant, bf16 compute) on CUDA where bitsandbytes can, else bf16 (fp16
-    on GPUs without bf16); float32 on a CPU. True -> NF4 on any device (float32 compute on a CPU), or
+    on GPUs without bf16); float32 on a CPU (a run's agents: `run_dtype`). True -> NF4 on any device (float32
+    compute on a CPU), or
     ModelLoadError where bitsandbytes cannot; False -> never NF4. A GGUF is dequantised to its cached HF
     directory first, which is what 4-bit quantises. `dtype` overrides
     the unquantised dtype (or the compute dtype under 4-bit). `device_map="auto"`: on CUDA, one model
@@ -454,7 +480,8 @@ def _attach_adapter(model: Model, adapter_path: str, name: str) -> "PeftModel":
 
 
 def load_roles(role_paths: Mapping[str, PathLike], role_adapters: Optional[Mapping[str, Optional[PathLike]]] = None, *,
-               use_4bit: Optional[bool] = None, device_map: Optional[str] = None) -> Dict[str, RoleModel]:
+               use_4bit: Optional[bool] = None, device_map: Optional[str] = None,
+               dtype: Union[None, str, torch.dtype] = None) -> Dict[str, RoleModel]:
     """Load the model of every role; a base named by several roles is loaded once and shared.
 
     role_paths: {role: model path}; role_adapters: {role: LoRA adapter dir or None}. A role with an
@@ -470,7 +497,7 @@ def load_roles(role_paths: Mapping[str, PathLike], role_adapters: Optional[Mappi
     for role, path in role_paths.items():
         key = _resolve(path)
         if key not in bases:
-            bases[key] = load_model(path, use_4bit=use_4bit, device_map=device_map)
+            bases[key] = load_model(path, use_4bit=use_4bit, device_map=device_map, dtype=dtype)
 
     adapter_names: Dict[Tuple[str, str], str] = {}  # (base path, adapter path) -> adapter name
     adapter_path: Optional[str]

@@ -62,7 +62,7 @@ def add_4bit_flags(group, what):
                        "(default: NF4 on CUDA, float32 on a CPU; 4-bit is ours, to fit one GPU: the papers do not "
                        "say they quantised)")
     group.add_argument("--no-4bit", dest="use_4bit", action="store_false",
-                       help=f"{what} never in 4-bit: bf16 on CUDA, float32 on a CPU")
+                       help=f"{what} never in 4-bit: bf16 on CUDA, float32 on a CPU (run_debate.py: --dtype)")
 
 
 def run_parser(description=None):
@@ -254,6 +254,9 @@ def run_parser(description=None):
     o.add_argument("--moderator-adapter", help="PEFT LoRA directory switched on for the roles of --moderator-model "
                    "(default: none, the base model)")
     add_4bit_flags(o, "every agent's weights")
+    o.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="the weights' dtype (4-bit's compute dtype) (default: bfloat16 on CUDA and on a CPU with "
+                   "native bf16, AVX512_BF16 or AMX, else float32; ours: measured faster there, docs/BENCHMARKS.md)")
     o.add_argument("--device-map", choices=("auto",),
                    help="auto: spread each model over all GPUs of the node (transformers' device_map), for a model "
                    "too large for one; CUDA only, ignored on a CPU; not with torchrun (default: each model whole "

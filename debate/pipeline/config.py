@@ -206,6 +206,9 @@ class Models:
     refine_model: Optional[str] = identity()  # None: moderator_model
     moderator_adapter: Optional[str] = identity()
     use_4bit: Optional[bool] = identity(None)  # None: NF4 on CUDA, full precision on a CPU; True/False: on any device
+    # the weights' (or 4-bit's compute) dtype; None: bf16 on CUDA and on CPUs with native bf16, else float32.
+    # config.json says the dtype in effect, so a run resumed on other defaults is told apart.
+    dtype: Optional[str] = identity(None)
     device_map: Optional[str] = None  # "auto": each model spread over the node's GPUs (CUDA only); None: one GPU
 
 
@@ -488,6 +491,8 @@ def _check(s: Dict[str, Any]) -> None:
     def flag(name: str) -> str:
         return "--" + name.replace("_", "-")
 
+    if s["dtype"] not in (None, "float32", "bfloat16", "float16"):
+        raise ConfigError(f"--dtype must be float32, bfloat16 or float16, not {s['dtype']!r}")
     if s["device_map"] not in (None, "auto"):
         raise ConfigError(f"--device-map must be auto, not {s['device_map']!r}")
     for name, choices in (("refine", ("none", "madr")),

@@ -60,6 +60,9 @@ def _identity(config):
     loaded = config.get("models")
     if isinstance(loaded, dict) and loaded and "use_4bit" in config:
         config["use_4bit"] = any(m.get("quantized") for m in loaded.values() if isinstance(m, dict))
+    # A config from before --dtype says the dtype it ran in as its precision (nf4's compute dtype is not said).
+    if "dtype" not in config and config.get("precision") not in (None, "nf4"):
+        config["dtype"] = config["precision"]
     return config
 
 
