@@ -153,7 +153,9 @@ def test_config_names_only_the_roles_used_and_the_precision_in_effect(finished):
     for unused in ("judge_models", "defense_model", "refine_model", "top_k", "corpus", "voters", "madr_iterations"):
         assert unused not in config
     assert set(config["models"]) == {"affirmative", "negative", "moderator"}
-    assert config["use_4bit"] is False and config["precision"] == "float32"  # a CPU run
+    # a CPU run: bf16 where the CPU computes it natively, else float32, said as the dtype in effect
+    want = "bfloat16" if models.native_bf16() else "float32"
+    assert config["use_4bit"] is False and config["precision"] == config["dtype"] == want
 
 
 def test_an_older_config_that_asked_for_4bit_on_cpu_still_resumes(finished, tiny, tmp_path):
@@ -165,6 +167,43 @@ def test_an_older_config_that_asked_for_4bit_on_cpu_still_resumes(finished, tiny
     (out / records.CONFIG).write_text(json.dumps(config))
     run_debate.main(argv(tiny, out, "--limit", "3"))
     assert len(records.read_predictions(out)) == 3
+
+
+def test_a_run_resumed_in_another_dtype_is_told_apart_and_one_in_its_own_goes_on(finished, tiny, tmp_path, capsys):
+    """A run directory's claims were decoded in one dtype: resumed under another (a default that changed, or --dtype)
+    it stops in one line naming both; --dtype set to the saved one resumes. An older config (no dtype of its own)
+    says its dtype as its precision."""
+    saved = json.loads((finished / records.CONFIG).read_text())["dtype"]
+    other = "float16" if saved != "float16" else "float32"
+    out = tmp_path / "resumed"
+    shutil.copytree(finished, out)
+    with pytest.raises(SystemExit):
+        run_debate.main(argv(tiny, out, "--limit", "3", "--dtype", other))
+    err = capsys.readouterr().err
+    assert f"dtype: '{saved}' -> '{other}'" in err and "--overwrite" in err
+    old = json.loads((out / records.CONFIG).read_text())
+    del old["dtype"]  # as configs said before --dtype: the precision alone
+    (out / records.CONFIG).write_text(json.dumps(old))
+    with pytest.raises(SystemExit):
+        run_debate.main(argv(tiny, out, "--limit", "3", "--dtype", other))
+    assert f"dtype: '{saved}' -> '{other}'" in capsys.readouterr().err
+    run_debate.main(argv(tiny, out, "--limit", "3", "--dtype", saved))
+    assert len(records.read_predictions(out)) == 3
+
+
+def test_a_runs_dtype_is_bf16_where_the_cpu_computes_it_natively(tmp_path, monkeypatch):
+    flags = tmp_path / "cpuinfo"
+    flags.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n")
+    assert models.native_bf16(str(flags))
+    flags.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f avx512_vnni\n")
+    assert not models.native_bf16(str(flags))
+    assert not models.native_bf16(str(tmp_path / "none"))  # an OS that does not say
+    for native, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(models, "native_bf16", lambda: native)
+        assert models.run_dtype(device="cpu") == want
+        assert models.run_dtype("float32", device="cpu") == "float32"  # --dtype wins
+        assert models.run_dtype(None, True, device="cpu") == "float32"  # NF4 computes in float32 on a CPU
+        assert models.precision(device="cpu")["dtype"] == "float32"  # a load's own default (training's) stays
 
 
 def test_progress_estimates_time_left_from_turns():

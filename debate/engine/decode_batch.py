@@ -33,15 +33,15 @@ allowed logits once: a few times a Moderator reply, each costing that row one id
 reads nothing back (the step's attention is given its metadata, no mask for transformers to check). Host-to-device
 writes go through pinned memory without waiting (`_upload`).
 
-The batch's state lives on the device for the run, one entry a slot (`_STATE`). A row's sampled tokens depend only on
-its own logits and its key (never on the rows beside it or the step the host reads), and a row that waits for the host
-only idles: the same tokens at any batch size, with or without the lookahead.
+The batch's state lives on the device for the run, one entry a slot (debate.engine.batch_state: the tensors, the
+device's picking and the packet); a step's inputs are packed by debate.engine.step_inputs. A row's sampled tokens
+depend only on its own logits and its key (never on the rows beside it or the step the host reads), and a row that
+waits for the host only idles: the same tokens at any batch size, with or without the lookahead.
 
 A row that cannot run at all (wider than the whole place, or out of memory twice) gets an `error` instead of a
 result; its turn ends its claim, the others go on.
 """
 import collections
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -50,15 +50,14 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 import torch
 
 from debate.engine import (
-    attention,
+    batch_state,
     compiled_step,
     decode_step,
     generator as gen,
     kv_pool,
     kv_store,
     row_adapters,
-    sampling,
-    schema_program,
+    step_inputs,
 )
 from debate.engine.constrained_row import Plan, SchemaDriver
 
@@ -71,13 +70,6 @@ LOOKAHEAD: bool = True
 # bench/bench_gpu.py --turn-lengths: a callable(context ids) -> the most tokens a free reply after that context may
 # take (its drawn length), so a random model's replies end at realistic, varied lengths; None: --max-new-tokens.
 reply_cap: Optional[Callable[[Sequence[int]], int]] = None
-
-# A schema row's device state (`kind`): FREE (not a schema row), FORCE (ids from its queue), TEXT (free text under a
-# mask), WAIT (the host's turn).
-FREE, FORCE, TEXT, WAIT = 0, 1, 2, 3
-QUEUE = 64  # the most ids a Plan queues at once (a schema's forced pieces are a few tokens each)
-MODES = ("text", "reasoning")  # a mask table's two entries per tokenizer and stop ids (schema_program.masks)
-
 
 @dataclass
 class RowResult:
@@ -134,48 +126,8 @@ class Row:
         return max(1, min(self.settings.max_new_tokens, reply_cap(self.target)))
 
 
-# The device state, one entry a slot: (name, dtype, trailing shape). `tokens` the id each row feeds next, `lengths`
-# its write column and position, `live` whether it feeds one, `ended` whether its reply ended (a stop id or its
-# limit), `picked` how many ids it has picked (also the number of its next draw), `last` its last two ids (the
-# packet's), `stops` its stop ids, `keys`/`temps`/`top_ps` its sampling, and a schema row's state: `kind`, `mode`
-# (its mask's row in the tables), `cap` (text ids left), `forced`/`qpos`/`qlen` (its queue of ids to force) and what
-# follows the queue (`then_kind`, `then_mode`, `then_cap`), `waits` (how often it has waited for the host).
-_STATE = (("tokens", torch.long, (1,)), ("lengths", torch.long, ()), ("live", torch.bool, ()),
-          ("ended", torch.bool, ()), ("picked", torch.long, ()), ("limits", torch.long, ()),
-          ("stops", torch.long, (1,)), ("pads", torch.long, ()), ("last", torch.long, (2,)),
-          ("keys", torch.long, ()), ("temps", torch.float32, ()), ("top_ps", torch.float32, ()),
-          ("kind", torch.long, ()), ("mode", torch.long, ()), ("cap", torch.long, ()),
-          ("forced", torch.long, (QUEUE,)), ("qpos", torch.long, ()), ("qlen", torch.long, ()),
-          ("then_kind", torch.long, ()), ("then_mode", torch.long, ()), ("then_cap", torch.long, ()),
-          ("waits", torch.long, ()))
-
-
 class Batch:
     """The persistent decode batch of one model (see the module doc)."""
-
-    # Annotations of the state tensors `_state` makes (_STATE): one entry a slot of the place, and one more.
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    live: torch.Tensor
-    ended: torch.Tensor
-    picked: torch.Tensor
-    limits: torch.Tensor
-    stops: torch.Tensor
-    pads: torch.Tensor
-    last: torch.Tensor
-    keys: torch.Tensor
-    temps: torch.Tensor
-    top_ps: torch.Tensor
-    kind: torch.Tensor
-    mode: torch.Tensor
-    cap: torch.Tensor
-    forced: torch.Tensor
-    qpos: torch.Tensor
-    qlen: torch.Tensor
-    then_kind: torch.Tensor
-    then_mode: torch.Tensor
-    then_cap: torch.Tensor
-    waits: torch.Tensor
 
     def __init__(self, model: torch.nn.Module, memory: kv_pool.Memory) -> None:
         self.model, self.memory = model, memory
@@ -183,18 +135,12 @@ class Batch:
         self.dtype = kv_pool.dtype_of(model)
         self.step = compiled_step.Step(model, decode_step.layer_windows(model), self.dtype)
         # A compiled step's input buffers and cache, one set a bucket (decode_step.Inputs.bucket), for the state's run
-        self._buffers: Dict[Tuple[int, ...], decode_step.Inputs] = {}
+        self._buffers: step_inputs.Buffers = {}
         self.queue: Deque[Row] = collections.deque()
         self.active: Dict[int, Row] = {}
         self.joining: Dict[int, Row] = {}  # slot -> a row whose prompt the next steps feed, in the order they joined
         self.solo = False  # one prompt a step, after a step of several ran out of memory twice, until none joins
         self.lookahead = LOOKAHEAD
-        # The schema rows' mask tables (schema_program.masks stacked: MODES entries per tokenizer and stop ids) and
-        # the logits a waiting row holds for the host: made when the first schema row joins.
-        self.banned: Optional[torch.Tensor] = None
-        self.closing: Optional[torch.Tensor] = None
-        self._tables: Dict[Tuple[int, int, Tuple[int, ...]], int] = {}
-        self.held: Optional[torch.Tensor] = None
         # The step before's packet on its way to the host: (event, its host copy, the rows it is of, the step's
         # timing events or None).
         self._pending: Optional[Tuple[Any, torch.Tensor, List[Optional[Row]], Any]] = None
@@ -202,19 +148,10 @@ class Batch:
 
     def _state(self) -> None:
         """The device state, one entry a slot of the place as it is seen now (made again when it is seen anew)."""
-        rows, device = self.memory.store.rows, self.device
-        self.rows = rows
-        # One entry more than the slots, never used: a step's views ([:rows in use]) are then always part of a larger
-        # tensor, so a compiled step sees the same kind of input at every bucket (a view as long as its base
-        # recompiled the graph once a run).
-        for name, dtype, shape in _STATE:
-            setattr(self, name, torch.zeros((rows + 1, *shape), dtype=dtype, device=device))
-        self.stops.fill_(-1)
-        self.limits.fill_(1)
-        self.held = None
-        self.columns = torch.arange(self.memory.store.columns + 1, device=device)
+        self.rows = self.memory.store.rows
+        self.state = batch_state.State(self.rows, self.memory.store.columns, self.device)
         self._pending = None
-        self.adapters = row_adapters.RowAdapters(self.model, rows + 1)
+        self.adapters = row_adapters.RowAdapters(self.model, self.rows + 1)
         self._buffers = {}  # buffers and graphs of the state before read tensors that are gone
         self.step.close()
 
@@ -287,7 +224,7 @@ class Batch:
             self.adapters.assign(slot, row.adapter)
             # Zeroed before anything is written: a column is zeroed once, the first time a row may reach it.
             mem.store.ready(min(row.width, mem.store.columns))
-            self._upload(slot, live=False, ended=False, kind=FREE, lengths=0)
+            self.state.upload(slot, live=False, ended=False, kind=batch_state.FREE, lengths=0)
             self.joining[slot] = row
         return done
 
@@ -353,24 +290,21 @@ class Batch:
         row.length = len(row.target)
         row.ids, row.waits = [], 0
         self.active[slot] = row
-        stops = list(row.stop_ids)
-        if len(stops) > self.stops.shape[1]:  # the state grows for the most stop ids a row has had, rarely
-            self.stops = torch.cat([self.stops, self.stops.new_full((self.stops.shape[0], len(stops) -
-                                                                     self.stops.shape[1]), -1)], dim=1)
-        settings = row.settings
+        state, settings = self.state, row.settings
+        state.stop_ids(slot, list(row.stop_ids))
         sampled = settings.temperature > 0
-        self._upload(slot, stops=stops + [-1] * (self.stops.shape[1] - len(stops)), limits=row.limit, pads=row.pad_id,
-                     lengths=row.length, picked=0, keys=row.key, temps=settings.temperature if sampled else 0.0,
-                     top_ps=settings.top_p, live=True, ended=False, waits=0, last=[row.pad_id, row.pad_id])
+        state.upload(slot, limits=row.limit, pads=row.pad_id, lengths=row.length, picked=0, keys=row.key,
+                     temps=settings.temperature if sampled else 0.0, top_ps=settings.top_p, live=True, ended=False,
+                     waits=0, last=[row.pad_id, row.pad_id])
         if row.schema is not None:
-            row.table = self._table(row, logits.shape[-1])
+            row.table = state.table(row.tokenizer, logits.shape[-1], row.stop_ids)
             row.driver = SchemaDriver(row.schema, settings.max_new_tokens - 1, row.stop_ids[0], settings, row.key,
                                       self._scorer(row))
-            self._load(slot, row.driver.plan(None, row.ids), row.table)
+            state.load(slot, row.driver.plan(None, row.ids), row.table)
         else:
             row.driver = None
-            self._upload(slot, kind=FREE)
-        self._pick(logits[None], slot, slot + 1, self.live[slot:slot + 1].clone())
+            state.upload(slot, kind=batch_state.FREE)
+        self._pick(logits[None], slot, slot + 1, state.live[slot:slot + 1].clone())
 
     def _scorer(self, row: Row) -> Callable[[Any, torch.Tensor], List[float]]:
         """A choice's scoring for a schema row: its tree fed over its slot past the row's end, wherever the row is."""
@@ -393,45 +327,6 @@ class Batch:
             torch.cuda.empty_cache()
         return call()
 
-    # -- host to device, without waiting --------------------------------------------------------------------------
-
-    def _upload(self, slot: int, **values: Any) -> None:
-        """Set state entries of one slot. A number is written by a fill (no copy); a list goes through pinned memory
-        and a copy that does not wait (a copy from ordinary memory would wait for every step queued before it)."""
-        for name, value in values.items():
-            target = getattr(self, name)[slot]
-            if isinstance(value, list):
-                target[:len(value)].copy_(kv_store.to_device(value, self.device))
-            else:
-                target.fill_(value)
-
-    def _table(self, row: Row, vocab: int) -> int:
-        """The first of the row's MODES rows in the mask tables (its tokenizer's masks, added on first use)."""
-        key = (id(row.tokenizer), vocab, tuple(row.stop_ids))
-        if key not in self._tables:
-            masks = schema_program.masks(row.tokenizer, vocab, list(row.stop_ids), self.device)
-            banned = torch.stack([masks[m][0] for m in MODES])
-            closing = torch.stack([masks[m][1] for m in MODES])
-            self._tables[key] = 0 if self.banned is None else self.banned.shape[0]
-            self.banned = banned if self.banned is None else torch.cat([self.banned, banned])
-            self.closing = closing if self.closing is None else torch.cat([self.closing, closing])
-        if self.held is None or self.held.shape[1] != vocab:
-            self.held = torch.zeros((self.rows + 1, vocab), dtype=torch.float32, device=self.device)
-        return self._tables[key]
-
-    def _load(self, slot: int, plan: Plan, base: int) -> None:
-        """A schema row's Plan as its device state: the queue, then free text or a wait."""
-        if len(plan.queue) > QUEUE:
-            raise RuntimeError(f"a schema forces {len(plan.queue)} ids at once, more than the queue's {QUEUE}")
-        then_kind, then_mode, then_cap = WAIT, 0, 0
-        if plan.text is not None:
-            then_kind, then_mode, then_cap = TEXT, base + MODES.index(plan.text[0]), plan.text[1]
-        if plan.queue:
-            self._upload(slot, kind=FORCE, forced=list(plan.queue), qpos=0, qlen=len(plan.queue), then_kind=then_kind,
-                         then_mode=then_mode, then_cap=then_cap)
-        else:
-            self._upload(slot, kind=then_kind, mode=then_mode, cap=then_cap)
-
     # -- the step --------------------------------------------------------------------------------------------------
 
     def _step(self, done: List[Row]) -> Optional[Tuple[Any, torch.Tensor, List[Optional[Row]], Any]]:
@@ -447,14 +342,15 @@ class Batch:
         after = {cast(int, row.slot): end for row, _, end in pieces}
         for slot, row in self.joining.items():
             if slot < in_use:
-                self._upload(slot, lengths=after.get(slot, row.fed))
+                self.state.upload(slot, lengths=after.get(slot, row.fed))
         ends = ([r.length + 1 for r in self.active.values()]
                 + [after.get(s, r.fed) + 1 for s, r in self.joining.items() if s < in_use]
                 + [end for _, _, end in pieces])
         columns = min(max(ends, default=1), place.columns)
         settings = next(iter({**self.active, **self.joining}.values())).settings
         compiled = compiled_step.compiling(self.model, settings)
-        inputs = self._inputs(in_use, pieces, columns, compiled)
+        inputs = step_inputs.build(self.model, place, self.state, self.active, in_use, pieces, columns,
+                                   self._buffers if compiled else None)
         place.ready(inputs.columns.shape[0])
         timing = self.step.clock.start(mixed=bool(pieces))
         began = time.perf_counter()
@@ -476,8 +372,8 @@ class Batch:
             return None
         stepped = list(self.active.values())
         if in_use:
-            fed = self.live[:in_use].clone()
-            self.lengths[:in_use] += fed
+            fed = self.state.live[:in_use].clone()
+            self.state.lengths[:in_use] += fed
             self._pick(logits[:in_use], 0, in_use, fed)
         at = in_use
         for row, first, end in pieces:
@@ -502,142 +398,16 @@ class Batch:
             return None
         return (*self._packet(max(self.active) + 1), timing)
 
-    def _inputs(self, in_use: int, pieces: List[Tuple[Row, int, int]], columns: int,
-                compiled: bool) -> decode_step.Inputs:
-        """The step's packed inputs (decode_step.Inputs): the decode rows [0, in_use), one token each at its length,
-        then the pieces' prompt tokens; the logits kept, the decode rows' then each prompt's last token's once it is
-        whole. Compiled, every size rounded up to its bucket and written into that bucket's buffers (the same tensors
-        at every step of it: a CUDA graph reads them), the padding repeating the last token; eagerly, exact."""
-        place = self.memory.store
-        ids: List[int] = []
-        slots: List[int] = []
-        positions: List[int] = []
-        kept: List[int] = []
-        host: Dict[int, Tuple[List[int], List[int]]] = {
-            slot: ([slot], [row.length]) for slot, row in self.active.items()}
-        grid: List[Tuple[int, int, int]] = []  # (slot, first position, tokens) of each piece's slot
-        for row, first, end in pieces:
-            slot = cast(int, row.slot)
-            at = in_use + len(ids)
-            ids += row.target[first:end]
-            slots += [slot] * (end - first)
-            positions += range(first, end)
-            if end == len(row.target):
-                kept.append(at + end - first - 1)
-            places, where = list(range(at, at + end - first)), list(range(first, end))
-            if slot < in_use:  # and its decode token after the piece (`_step`)
-                places, where = places + [slot], where + [end]
-            host[slot] = (places, where)
-            grid.append((slot, first, len(places)))
-        tokens, rows = in_use + len(ids), max([in_use] + [slot + 1 for slot, _, _ in grid])
-        width, keep = max([1] + [n for _, _, n in grid]), in_use + len(kept)
-        if compiled:
-            sizes = (decode_step.bucket_tokens(tokens), decode_step.bucket_rows(rows, place.rows),
-                     decode_step.bucket_width(width), decode_step.bucket_columns(columns, place.columns),
-                     decode_step.bucket_tokens(keep))
-        else:
-            sizes = (tokens, rows, width, columns, keep)
-        buffers = self._buffers.get(sizes) if compiled else None
-        if buffers is None:
-            buffers = self._buffer(*sizes)
-            if compiled:
-                self._buffers[sizes] = buffers
-        slot_of, offset, start, span = (buffers.packed.slot, buffers.packed.offset, buffers.packed.start,
-                                        buffers.packed.span)
-        # The host's part (the pieces and what they change) in one upload, split on the device.
-        n, g = len(ids), len(grid)
-        shipped = kv_store.to_device(ids + slots + positions + kept + [p[0] for p in grid] + [p[1] for p in grid]
-                                     + [p[2] for p in grid], self.device)
-        parts = torch.split(shipped, [n, n, n, len(kept), g, g, g])
-        for target, decode, host_part in ((buffers.tokens, self.tokens[:in_use, 0], parts[0]),
-                                          (buffers.positions, self.lengths[:in_use], parts[2]),
-                                          (slot_of, self.columns[:in_use], parts[1]),
-                                          (buffers.keep, self.columns[:in_use], parts[3])):
-            filled = in_use + host_part.shape[0]
-            target[:in_use].copy_(decode)
-            target[in_use:filled].copy_(host_part)
-            if filled < target.shape[0]:
-                target[filled:].copy_(target[filled - 1].expand(target.shape[0] - filled))
-        start.copy_(self.lengths[:start.shape[0]])
-        span.copy_(self.live[:span.shape[0]])
-        if g:
-            start.index_copy_(0, parts[4], parts[5])
-            span.index_copy_(0, parts[4], parts[6])
-        torch.sub(buffers.positions, start[slot_of], out=offset)
-        # What the host knows, for the eager step (a compiled one reads the tensors alone; it falls back to this). A
-        # bucket's padding repeats the last token: listed with it, so that it writes the same keys and values there.
-        padding = list(range(tokens, buffers.tokens.shape[0]))
-        for places, where in host.values():
-            if padding and places and places[-1] == tokens - 1:
-                places += padding
-                where += [where[-1]] * len(padding)
-        packed = buffers.packed._replace(host=[(slot, *host[slot]) for slot in sorted(host)], rows=in_use)
-        return dataclasses.replace(buffers, packed=packed)
-
-    def _buffer(self, tokens: int, rows: int, width: int, columns: int, keep: int) -> decode_step.Inputs:
-        """A step's input tensors of these sizes, and the cache over the place's first `rows` slots and `columns`
-        columns writing at them."""
-        token_ids, positions, keep_at, slot_of, offset, start, span = (
-            torch.zeros(n, dtype=torch.long, device=self.device)
-            for n in (tokens, tokens, keep, tokens, tokens, rows, rows))
-        packed = attention.Packed(slot_of, offset, start, span, torch.empty(width, device=self.device))
-        cache = self.memory.store.step_cache(rows, columns, slot_of, positions)
-        return decode_step.Inputs(token_ids, positions, keep_at, packed, self.columns[:columns],
-                                  gen.cache_kwarg(self.model, cache), mixed=width > 1)
-
     def _pick(self, logits: torch.Tensor, lo: int, hi: int, fed: torch.Tensor) -> None:
         """Rows lo..hi-1's next ids from their logits, on the device, and their state after it (module doc, 2)."""
         rows = [r for r in (self.active.get(s) for s in range(lo, hi)) if r is not None]
-        sampled = any(r.settings.temperature > 0 for r in rows)
-        nucleus = any(r.settings.temperature > 0 and r.settings.top_p < 1.0 for r in rows)
-        schema = any(r.driver is not None for r in rows)
-        kind, picked = self.kind[lo:hi], self.picked[lo:hi]
-        scores = logits
-        if schema:
-            banned, closing, held_all = (cast(torch.Tensor, t) for t in (self.banned, self.closing, self.held))
-            mode, cap, qpos = self.mode[lo:hi], self.cap[lo:hi], self.qpos[lo:hi]
-            texting, forcing = kind == TEXT, kind == FORCE
-            scores = logits.masked_fill(banned[mode] & texting[:, None], float("-inf"))
-        pick = sampling.pick(scores, self.temps[lo:hi], self.top_ps[lo:hi], self.keys[lo:hi], picked, sampled,
-                             nucleus)
-        if schema:
-            forced = self.forced[lo:hi].gather(1, qpos.clamp(max=QUEUE - 1)[:, None])[:, 0]
-            pick = torch.where(forcing, forced, pick)
-            closes = texting & ((cap <= 0) | closing[mode, pick])
-            waiting = fed & ((kind == WAIT) | closes)
-            emit = fed & ~waiting
-            cap -= (emit & texting).long()
-            qpos += (emit & forcing).long()
-            after = emit & forcing & (qpos >= self.qlen[lo:hi])
-            mode.copy_(torch.where(after, self.then_mode[lo:hi], mode))
-            cap.copy_(torch.where(after, self.then_cap[lo:hi], cap))
-            kind.copy_(torch.where(waiting, WAIT, torch.where(after, self.then_kind[lo:hi], kind)))
-            self.waits[lo:hi] += waiting.long()
-            held = held_all[lo:hi]
-            held.copy_(torch.where(waiting[:, None], logits.float(), held))
-        else:
-            emit = fed
-        picked += emit.long()
-        last = self.last[lo:hi]
-        last.copy_(torch.where(emit[:, None], torch.stack([last[:, 1], pick], dim=1), last))
-        ended = emit & ((pick[:, None] == self.stops[lo:hi]).any(dim=1) | (picked >= self.limits[lo:hi]))
-        self.ended[lo:hi] |= ended
-        live = emit & ~ended
-        self.live[lo:hi] = live
-        self.tokens[lo:hi, 0] = torch.where(live, pick, self.pads[lo:hi])
+        self.state.pick(logits, lo, hi, fed, sampled=any(r.settings.temperature > 0 for r in rows),
+                        nucleus=any(r.settings.temperature > 0 and r.settings.top_p < 1.0 for r in rows),
+                        schema=any(r.driver is not None for r in rows))
 
     def _packet(self, in_use: int) -> Tuple[Any, torch.Tensor, List[Optional[Row]]]:
         """The step's packet on its way to the host: (an event, its host copy, the rows it is of)."""
-        values = torch.stack([self.picked[:in_use], self.last[:in_use, 0], self.last[:in_use, 1],
-                              self.ended[:in_use].long(), self.waits[:in_use]], dim=1)
-        rows: List[Optional[Row]] = [self.active.get(slot) for slot in range(in_use)]
-        if self.device.type != "cuda":
-            return _Done(), values, rows
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        host.copy_(values, non_blocking=True)  # queued on the model's device's stream
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))  # that stream: the current device's may be another
-        return event, host, rows
+        return (*self.state.packet(in_use), [self.active.get(slot) for slot in range(in_use)])
 
     def _read(self, packet: Tuple[Any, torch.Tensor, List[Optional[Row]], Any]) -> List[Row]:
         """A step's packet read (its one read): each row's new ids; a row that waits gets its next Plan; the rows
@@ -667,17 +437,17 @@ class Batch:
         device. The row when that ends its reply."""
         slot = cast(int, row.slot)
         driver = cast(SchemaDriver, row.driver)
-        assert self.held is not None
-        plan = driver.plan(self.held[slot], row.ids)
+        assert self.state.held is not None
+        plan = driver.plan(self.state.held[slot], row.ids)
         if not plan.queue:
             raise RuntimeError("a schema row's plan after a wait has no id to feed")  # schema_program never does
         first, rest = plan.queue[0], Plan(plan.queue[1:], plan.text, plan.done)
         row.ids.append(first)
         if first in row.stop_ids or len(row.ids) >= row.limit:
-            self._upload(slot, picked=len(row.ids), ended=True)
+            self.state.upload(slot, picked=len(row.ids), ended=True)
             return self._leave(row)
-        self._load(slot, rest, row.table)
-        self._upload(slot, tokens=first, picked=len(row.ids), live=True)
+        self.state.load(slot, rest, row.table)
+        self.state.upload(slot, tokens=first, picked=len(row.ids), live=True)
         return None
 
     def _leave(self, row: Row) -> Row:
@@ -697,7 +467,7 @@ class Batch:
         row = self.active.pop(slot, None) or self.joining.pop(slot, None)
         if row is not None:
             row.slot, row.writes = None, set()
-        self._upload(slot, live=False, ended=False, lengths=0, tokens=0, kind=FREE)
+        self.state.upload(slot, live=False, ended=False, lengths=0, tokens=0, kind=batch_state.FREE)
         # lengths 0: a free slot's step writes at column 0 (masked, overwritten by the next row)
         self.memory.give_slot(slot)
 
@@ -712,26 +482,12 @@ class Batch:
             row = self.active.pop(top)
             self.memory.free_slots.remove(target)
             self.memory.store.move(top, target, min(row.length + 1, self.memory.store.columns))
-            for name, _, _ in _STATE:
-                state = getattr(self, name)
-                state[target] = state[top]
-            if self.held is not None:
-                self.held[target] = self.held[top]
+            self.state.move(top, target)
             self.adapters.move(top, target)
             self.active[target] = row
             row.slot = target
-            self._upload(top, live=False, ended=False, lengths=0, kind=FREE)
+            self.state.upload(top, live=False, ended=False, lengths=0, kind=batch_state.FREE)
             self.memory.give_slot(top)
-
-
-class _Done:
-    """A CPU's stand-in for a CUDA event: its work is done when the call that queued it returns."""
-
-    def record(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
 
 
 @torch.inference_mode()

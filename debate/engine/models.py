@@ -267,13 +267,15 @@ def _default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def run_dtype(device: Device = None) -> str:
-    """The dtype a run's agents decode in when --dtype is not given: bf16 on CUDA (fp16 without it) and on a CPU with
-    native bf16, else float32. On this project's AVX512_BF16 CPU the demo's decode steps ran 12% faster and its
-    prompts 29% faster in bf16 than in float32, the same verdict and label probabilities within 0.005
-    (docs/BENCHMARKS.md, issue 59)."""
+def run_dtype(asked: Optional[str] = None, use_4bit: Optional[bool] = None, device: Device = None) -> str:
+    """The dtype a run's agents load in: `asked` (--dtype); else bf16 on CUDA (fp16 without it) and on a CPU with
+    native bf16, float32 on other CPUs; NF4's compute dtype on a CPU float32, as tested (tests/test_4bit.py). On this
+    project's AVX512_BF16 CPU the demo's decode steps ran 12% faster and its prompts 29% faster in bf16 than in
+    float32, the same verdict and label probabilities within 0.005 (docs/BENCHMARKS.md, issue 59)."""
+    if asked:
+        return asked
     device = _pick_device(device)
-    if device.type == "cpu" and native_bf16():
+    if device.type == "cpu" and native_bf16() and not _pick_4bit(use_4bit, device):
         return "bfloat16"
     return str(_default_dtype(device)).removeprefix("torch.")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from debate.engine import models
 from debate.pipeline.config import COURTROOM_METHODS, Courtroom, to_dict
-from debate.pipeline.method_table import FLAG_ARGS, agents_dtype, model_roles
+from debate.pipeline.method_table import FLAG_ARGS, model_roles
 
 
 def _unused_options(config):
@@ -67,8 +67,8 @@ def config_json(config, roles=None, precision=None):
 
 def saved_config(config, prompt_info, labels):
     """The config.json of a run (before its models are loaded); `labels`: the dataset's LabelSet."""
-    saved = config_json(config, model_roles(config), models.precision(config.models.use_4bit,
-                                                                       dtype=agents_dtype(config)))
+    dtype = models.run_dtype(config.models.dtype, config.models.use_4bit)
+    saved = config_json(config, model_roles(config), models.precision(config.models.use_4bit, dtype=dtype))
     saved["labels"] = list(labels.labels)
     if prompt_info:
         # The files' hash, not the directory's name, identifies the prompts a run used.

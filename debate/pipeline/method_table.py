@@ -109,17 +109,8 @@ def role_models(config, roles):
 def load_agents(config, roles):
     role_paths, adapters = role_models(config, roles)
     return models.load_roles(role_paths, adapters, use_4bit=config.models.use_4bit,
-                             device_map=config.models.device_map, dtype=agents_dtype(config))
-
-
-def agents_dtype(config):
-    """The dtype a run's agents load in: --dtype, else the run's default (models.run_dtype), NF4's compute dtype on a
-    CPU float32 (as tested: tests/test_4bit.py)."""
-    if config.models.dtype:
-        return config.models.dtype
-    if models.precision(config.models.use_4bit)["quantized"] and models.precision()["device"] == "cpu":
-        return "float32"
-    return models.run_dtype()
+                             device_map=config.models.device_map,
+                             dtype=models.run_dtype(config.models.dtype, config.models.use_4bit))
 
 
 def settings_of(config, agents=None):

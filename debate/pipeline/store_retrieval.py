@@ -30,7 +30,6 @@ from debate.data.inputs import DataError
 from debate.engine import kv_pool, models, ram, retrieval
 from debate.methods import hero_retrieval
 from debate.pipeline import records
-from debate.pipeline.method_table import agents_dtype
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,8 @@ def _read(path):
 def _retrieve(config, settings, todo, path, done):
     r, g = config.retrieval, config.generation
     agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
-                              device_map=config.models.device_map, dtype=agents_dtype(config))["retriever"]
+                              device_map=config.models.device_map,
+                              dtype=models.run_dtype(config.models.dtype, config.models.use_4bit))["retriever"]
     kv_pool.start_run([agent.model], config.generation.gpu_memory_fraction, config.generation.memory_gb,
                       rows=g.batch_size)
     embedder = retrieval.load_embedder(config.courtroom.embedder)
