@@ -159,7 +159,7 @@ def debates(tiny, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(debatecv, "_read", going_on)
         return {name: debate(tiny, root / name, *flags) for name, flags in
-                (("nf4", ["--4bit"]), ("fp32", ["--no-4bit", "--dtype", "float32"]), ("nf4-plain", ["--4bit", "--no-cache-reuse",
+                (("nf4", ["--4bit"]), ("fp32", ["--no-4bit"]), ("nf4-plain", ["--4bit", "--no-cache-reuse",
                                                                                "--no-continuous"]))}
 
 

@@ -249,8 +249,10 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
     monkeypatch.setattr(decode_batch, "LOOKAHEAD", True)  # the CUDA path, whose steps are counted below
     compiled = schema_program.compile_for("counsel_reflection", tok)
     calls, plans = [], []
+    # (rows, tokens) of every forward: a step's (its decode rows, its packed tokens), a side pass's (its input ids)
     hook = model.register_forward_pre_hook(
-        lambda m, a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+        lambda m, a, kw: calls.append((kw["packed"].rows, kw["input_ids"].shape[1], True) if kw.get("packed")
+                                      else (*kw["input_ids"].shape, False)), with_kwargs=True)
     convs = [engine.Conversation(system=f"Claim {i}. " + "The report says so. " * (3 * i)) for i in range(2)]
     real = constrained_row.SchemaDriver.plan
     monkeypatch.setattr(constrained_row.SchemaDriver, "plan",
@@ -263,15 +265,15 @@ def test_a_reflections_scores_cost_their_digits_and_no_call_runs_more_rows_than_
     for conv in convs:
         for key in ("Logic", "Novelty", "Rebuttal"):
             assert 0 <= conv.structured["fields"][key] <= 1 and key not in conv.structured["probs"]
-    assert all(rows <= 2 for rows, _ in calls)
+    assert all(rows <= 2 for rows, _, _ in calls)
     # What the replies need is worked out from the schema and the replies, not from the run: the host plans
     # exactly where a row must wait for it (numbers add their few digits, not 101 candidates each) ...
     waits = [host_waits(compiled, c.structured) for c in convs]
     assert len(plans) == sum(waits)
     prefill, rest = calls[0], calls[1:]  # both rows' prompts in one forward, as the two join together
-    assert prefill[0] == 1 and prefill[1] > 2 * compiled.scratch_columns
+    assert prefill[2] and prefill[0] == 0 and prefill[1] > 2 * compiled.scratch_columns
     # ... a list's go-on/close choice is one pass of one row, a few tokens wide, once an item but the last allowed
-    side = [shape for shape in rest if shape[1] > 1]
+    side = [(rows, width) for rows, width, step in rest if not step]
     flaws = next(f for f in compiled.spec.fields if f.kind == "list")
     assert len(side) == sum(min(len(c.structured["fields"][flaws.key]), flaws.max_items - 1) for c in convs)
     assert all(rows == 1 and width <= compiled.scratch_columns for rows, width in side)

@@ -153,9 +153,7 @@ def test_config_names_only_the_roles_used_and_the_precision_in_effect(finished):
     for unused in ("judge_models", "defense_model", "refine_model", "top_k", "corpus", "voters", "madr_iterations"):
         assert unused not in config
     assert set(config["models"]) == {"affirmative", "negative", "moderator"}
-    # a CPU run: bf16 where the CPU computes it natively, else float32, said as the dtype in effect
-    want = "bfloat16" if models.native_bf16() else "float32"
-    assert config["use_4bit"] is False and config["precision"] == config["dtype"] == want
+    assert config["use_4bit"] is False and config["precision"] == config["dtype"] == "float32"  # a CPU run
 
 
 def test_an_older_config_that_asked_for_4bit_on_cpu_still_resumes(finished, tiny, tmp_path):
@@ -191,19 +189,21 @@ def test_a_run_resumed_in_another_dtype_is_told_apart_and_one_in_its_own_goes_on
     assert len(records.read_predictions(out)) == 3
 
 
-def test_a_runs_dtype_is_bf16_where_the_cpu_computes_it_natively(tmp_path, monkeypatch):
+def test_a_cpu_run_stays_float32_and_says_when_bf16_would_be_faster(tmp_path, monkeypatch):
     flags = tmp_path / "cpuinfo"
     flags.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n")
     assert models.native_bf16(str(flags))
     flags.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f avx512_vnni\n")
     assert not models.native_bf16(str(flags))
     assert not models.native_bf16(str(tmp_path / "none"))  # an OS that does not say
-    for native, want in ((True, "bfloat16"), (False, "float32")):
+    info = {"moderator": {"device": "cpu", "precision": "float32"}}
+    for native in (True, False):
         monkeypatch.setattr(models, "native_bf16", lambda: native)
-        assert models.run_dtype(device="cpu") == want
-        assert models.run_dtype("float32", device="cpu") == "float32"  # --dtype wins
-        assert models.run_dtype(None, True, device="cpu") == "float32"  # NF4 computes in float32 on a CPU
-        assert models.precision(device="cpu")["dtype"] == "float32"  # a load's own default (training's) stays
+        assert models.run_dtype(device="cpu") == "float32"  # the seed's records hold at any batch size
+        assert models.run_dtype("bfloat16", device="cpu") == "bfloat16"  # --dtype wins
+        hint = models.bf16_hint(info)
+        assert (hint is not None) == native and (not native or "--dtype bfloat16" in hint)
+    assert models.bf16_hint({"moderator": {"device": "cpu", "precision": "bfloat16"}}) is None
 
 
 def test_progress_estimates_time_left_from_turns():

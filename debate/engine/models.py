@@ -268,16 +268,23 @@ def _default_dtype(device: torch.device) -> torch.dtype:
 
 
 def run_dtype(asked: Optional[str] = None, use_4bit: Optional[bool] = None, device: Device = None) -> str:
-    """The dtype a run's agents load in: `asked` (--dtype); else bf16 on CUDA (fp16 without it) and on a CPU with
-    native bf16, float32 on other CPUs; NF4's compute dtype on a CPU float32, as tested (tests/test_4bit.py). On this
-    project's AVX512_BF16 CPU the demo's decode steps ran 12% faster and its prompts 29% faster in bf16 than in
-    float32, the same verdict and label probabilities within 0.005 (docs/BENCHMARKS.md, issue 59)."""
+    """The dtype a run's agents load in: `asked` (--dtype), else the device's default (bf16 on CUDA, float32 on a
+    CPU). bf16 is not a CPU's default even where it computes it natively, measured faster there (the demo's decode
+    steps 12%, its prompts 29%, docs/BENCHMARKS.md issue 59): a CPU's bf16 matmuls round a row differently beside
+    other rows, so a seed's records would then hold only at the same --batch-size (tests/test_seeded_records.py
+    fails in bf16), where in float32 they hold at any."""
     if asked:
         return asked
-    device = _pick_device(device)
-    if device.type == "cpu" and native_bf16() and not _pick_4bit(use_4bit, device):
-        return "bfloat16"
-    return str(_default_dtype(device)).removeprefix("torch.")
+    return str(_default_dtype(_pick_device(device))).removeprefix("torch.")
+
+
+def bf16_hint(info: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+    """One line for a run in float32 on a CPU that computes bf16 natively: --dtype bfloat16 is faster there, and what
+    it gives up (run_dtype). None otherwise."""
+    if native_bf16() and any(m.get("device") == "cpu" and m.get("precision") == "float32" for m in info.values()):
+        return ("this CPU computes bf16 natively: --dtype bfloat16 runs faster (the demo's steps 12%, its prompts "
+                "29%), but a seed's records then hold only at the same --batch-size")
+    return None
 
 
 def precision(use_4bit: Optional[bool] = None, device: Device = None,

@@ -255,8 +255,9 @@ def run_parser(description=None):
                    "(default: none, the base model)")
     add_4bit_flags(o, "every agent's weights")
     o.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="the weights' dtype (4-bit's compute dtype) (default: bfloat16 on CUDA and on a CPU with "
-                   "native bf16, AVX512_BF16 or AMX, else float32; ours: measured faster there, docs/BENCHMARKS.md)")
+                   help="the weights' dtype (4-bit's compute dtype) (default: bfloat16 on CUDA, float32 on a CPU, "
+                   "where a seed's records then hold at any --batch-size; bfloat16 is faster on a CPU with native "
+                   "bf16, AVX512_BF16 or AMX: docs/BENCHMARKS.md, issue 59)")
     o.add_argument("--device-map", choices=("auto",),
                    help="auto: spread each model over all GPUs of the node (transformers' device_map), for a model "
                    "too large for one; CUDA only, ignored on a CPU; not with torchrun (default: each model whole "

@@ -206,8 +206,8 @@ class Models:
     refine_model: Optional[str] = identity()  # None: moderator_model
     moderator_adapter: Optional[str] = identity()
     use_4bit: Optional[bool] = identity(None)  # None: NF4 on CUDA, full precision on a CPU; True/False: on any device
-    # the weights' (or 4-bit's compute) dtype; None: bf16 on CUDA and on CPUs with native bf16, else float32.
-    # config.json says the dtype in effect, so a run resumed on other defaults is told apart.
+    # the weights' (or 4-bit's compute) dtype; None: bf16 on CUDA, float32 on a CPU (models.run_dtype says why).
+    # config.json says the dtype in effect, so a run resumed in another is told apart.
     dtype: Optional[str] = identity(None)
     device_map: Optional[str] = None  # "auto": each model spread over the node's GPUs (CUDA only); None: one GPU
 

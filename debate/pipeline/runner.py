@@ -276,6 +276,9 @@ def _verify(config, claims, inputs, prompt_info, agents):
             pool.reset_stats()  # each trial says its own
         saved["models"] = models.model_info(agents)
         log.info("models: " + models.precision_line(saved["models"]))
+        hint = models.bf16_hint(saved["models"])
+        if hint:
+            log.info(hint)
         settings = settings_of(config, agents)
         check_schemas(config, agents, settings, labels)
         kwargs = method_options(config, labels, inputs.passages)  # the courtroom's encoder loads here
