@@ -157,8 +157,11 @@ def test_block_masks_list_each_tokens_blocks_and_mask_as_the_additive_masks_do()
     start = torch.tensor([0, 1, block - 1, block, 3 * block + 5, 700, 9, 40])
     count = torch.tensor([1, 1, 1, 1, 1, 1, 0, 300])  # slot 6 not live, slot 7 a piece of 300 tokens
     groups, width = 2, 300
-    packed = attention.Packed(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), start, count,
-                              torch.empty(width))
+    # Each slot's tokens in the packed sequence: a live slot's `count`, a slot that is not live one token all the same
+    present = count.clamp(min=1)
+    slot_of = torch.repeat_interleave(torch.arange(len(start)), present)
+    offset = torch.cat([torch.arange(int(n)) for n in present])
+    packed = attention.Packed(slot_of, offset, start, count, torch.empty(width))
     columns = 6 * block + 64  # not a multiple of a block: a slot's width need not be
     windows = {"full_attention": None, "sliding_attention": 100}
     additive = attention.grid_masks(packed, torch.arange(columns), windows, groups, torch.float32)
@@ -170,13 +173,19 @@ def test_block_masks_list_each_tokens_blocks_and_mask_as_the_additive_masks_do()
         seen = mask.mask_mod(slots, 0, queries, torch.arange(columns)[None, None])
         assert torch.equal(seen, additive[kind][:, 0] == 0)
         valid = queries[0, :, 0] // groups < count[:, None]  # (slots, queries): the grid's queries of real tokens
+        q_block_size = attention.Q_BLOCK
+        assert mask.kv_num_blocks.shape[2] == max(2, -(-width * groups // q_block_size))
         for slot in range(len(start)):
             for q_block in range(mask.kv_num_blocks.shape[2]):
                 listed = set(mask.kv_indices[slot, 0, q_block, :int(mask.kv_num_blocks[slot, 0, q_block])].tolist())
-                span = slice(q_block * block, (q_block + 1) * block)
-                # the blocks its real tokens see; a block of none (a row not live, the grid's padding) lists block 0
-                rows = seen[slot, span][valid[slot, span]] if valid[slot, span].any() else seen[slot, span]
-                assert listed == {int(c) // block for c in torch.nonzero(rows.any(dim=0))[:, 0]}
+                span = slice(q_block * q_block_size, (q_block + 1) * q_block_size)
+                if valid[slot, span].any():  # the blocks its real tokens see
+                    rows = seen[slot, span][valid[slot, span]]
+                    assert listed == {int(c) // block for c in torch.nonzero(rows.any(dim=0))[:, 0]}
+                elif q_block * q_block_size // groups < present[slot]:  # a row not live: block 0, a finite write
+                    assert listed == {0}
+                else:  # the grid's padding past the slot's tokens: never read back, so nothing computed
+                    assert listed == set()
 
 
 def test_a_flex_kernel_that_fails_falls_back_to_the_masked_step_once(tmp_path, monkeypatch, caplog):

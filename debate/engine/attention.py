@@ -27,7 +27,12 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-BLOCK = 128  # columns (and grid queries) a block of the block masks covers
+BLOCK = 128  # columns a block of the block masks covers
+# Grid queries a block covers (a multiple of every model's groups: 32 is 8 tokens of 4 query heads a key head). The
+# kernel computes a block's every query against each block of columns it lists: a slot of one token in a grid wider
+# than a token would compute a whole block for it (measured: 128 made a step with a prompt of 512 tokens beside 15
+# decode rows 8x slower than the eager attention; docs/BENCHMARKS.md, issue 59).
+Q_BLOCK = 32
 
 
 class Packed(NamedTuple):
@@ -60,24 +65,33 @@ def block_masks(packed: Packed, columns: int, windows: Dict[str, Optional[int]],
     """{attention type: block mask} of a step's grid (slots x width * groups queries, a key head's `groups` query
     heads side by side for each token): each slot's block of queries lists the blocks of columns from the first one
     its first valid token sees to the one its last valid token writes (its other queries, the grid's padding past the
-    slot's tokens, are never read back); a block of no valid token lists block 0. The
+    slot's tokens, are never read back); a block of the slot's tokens none of them valid lists block 0, a block of
+    none of its tokens lists none. The
     shapes depend on the bucket alone, the values on the step's metadata: one graph, and a CUDA graph replays it."""
     start, count = packed.start, packed.span
     queries = packed.width.shape[0] * groups
-    q_blocks, kv_blocks = (queries + BLOCK - 1) // BLOCK, (columns + BLOCK - 1) // BLOCK
+    # Two query blocks at least (a second one empty where the grid is narrower): one block or several would be two
+    # graphs of a compiled step, the count being a size (sizes of 1 are specialised).
+    q_blocks, kv_blocks = max(2, (queries + Q_BLOCK - 1) // Q_BLOCK), (columns + BLOCK - 1) // BLOCK
     device = start.device
-    first_token = torch.arange(q_blocks, device=device) * BLOCK // groups  # the first token of each query block
-    last_token = torch.minimum(first_token + (BLOCK - 1) // groups, first_token.new_tensor(packed.width.shape[0] - 1))
+    first_token = torch.arange(q_blocks, device=device) * Q_BLOCK // groups  # the first token of each query block
+    last_token = torch.minimum(first_token + (Q_BLOCK - 1) // groups,
+                               first_token.new_tensor(packed.width.shape[0] - 1))
     valid = first_token[None] < count[:, None]  # (slots, q_blocks): a block with a valid token
     last = start[:, None] + torch.minimum(last_token[None], (count[:, None] - 1).clamp(min=0))
+    # A block of the slot's tokens none of which is valid (a row that is not live) reads block 0, so that what it
+    # writes is finite; a block of no token at all (the grid's padding) reads nothing: never read back.
+    present = torch.zeros_like(count).scatter_reduce(0, packed.slot, packed.offset + 1, "amax")
+    real = first_token[None] < present[:, None]
     out = {}
     for kind, window in windows.items():
         first = (start[:, None] + first_token[None] - window + 1).clamp(min=0) if window else torch.zeros_like(last)
         low = torch.where(valid, first // BLOCK, 0)
         high = torch.where(valid, last // BLOCK, 0)
-        number = (high - low + 1).to(torch.int32)
+        number = torch.where(valid, high - low + 1, real.long()).to(torch.int32)
         index = (low[:, :, None] + torch.arange(kv_blocks, device=device)).clamp(max=kv_blocks - 1)
-        out[kind] = BlockMask.from_kv_blocks(number[:, None], index.to(torch.int32)[:, None], BLOCK_SIZE=BLOCK,
+        out[kind] = BlockMask.from_kv_blocks(number[:, None], index.to(torch.int32)[:, None],
+                                             BLOCK_SIZE=(Q_BLOCK, BLOCK),
                                              mask_mod=_mask_mod(start, count, window, groups),
                                              seq_lengths=(queries, columns), compute_q_blocks=False)
     return out

@@ -477,15 +477,16 @@ def _attach_adapter(model: Model, adapter_path: str, name: str) -> "PeftModel":
 
     try:
         if isinstance(model, PeftModel):
-            model.load_adapter(adapter_path, adapter_name=name, is_trainable=False)
+            wrapped = model
+            wrapped.load_adapter(adapter_path, adapter_name=name, is_trainable=False)
         else:
             # This injects LoRA layers into the base in place; the base object stays shared.
             with peft_wrap():
-                model = PeftModel.from_pretrained(model, adapter_path, adapter_name=name, is_trainable=False)
+                wrapped = PeftModel.from_pretrained(model, adapter_path, adapter_name=name, is_trainable=False)
     except Exception as e:
         raise ModelLoadError(f"cannot load adapter {adapter_path}: {one_line(e)}") from e
-    model.eval()
-    return model
+    wrapped.eval()
+    return wrapped
 
 
 def load_roles(role_paths: Mapping[str, PathLike], role_adapters: Optional[Mapping[str, Optional[PathLike]]] = None, *,

@@ -45,9 +45,10 @@ def build(model: torch.nn.Module, store: kv_store.Store, state: State, active: D
     tokens, rows = in_use + len(ids), max([in_use] + [slot + 1 for slot, _, _ in grid])
     width, keep = max([1] + [n for _, _, n in grid]), in_use + len(kept)
     if buffers is not None:
+        # Every column of the slots: flex reads a token's own blocks alone whatever the view's width, and a view
+        # as wide as the slots is the same kind of input at every step (a narrower one is not contiguous: a guard)
         sizes = (decode_step.bucket_tokens(tokens), decode_step.bucket_rows(rows, store.rows),
-                 decode_step.bucket_width(width), decode_step.bucket_columns(columns, store.columns),
-                 decode_step.bucket_tokens(keep))
+                 decode_step.bucket_width(width), store.columns, decode_step.bucket_tokens(keep))
         made = buffers.get(sizes)
         if made is None:
             made = buffers[sizes] = _buffer(model, store, state, *sizes)
