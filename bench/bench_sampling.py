@@ -2,12 +2,19 @@
 
     python bench/bench_sampling.py                        # this checkout
     python bench/bench_sampling.py --tree /tmp/base58     # the same calls on another checkout's sampler
+    python bench/bench_sampling.py --strays [--tree DIR]  # picks outside the nucleus or on masked tokens, counted
 
 Rows of 1, 8 and 32 at Llama-3's vocabulary (128,256) and Gemma 3's (262,144), top_p 1 and 0.9, temperature 0.7.
 The logits are real: the demo model's (Gemma 3 270M) at the last positions of a debate prompt, teacher-forced
 (`--logits real`); Llama-3's width takes each row's first 128,256 ids. `--logits flat` draws them from a normal
 distribution (every token within reach of the best: the worst case for a pruned race). Greedy argmax is timed
 beside them as the floor. One thread (`--threads`), the median of `--repeats` calls after a warm-up.
+
+`--strays` counts instead of timing, as issue 58 counted on e09519c: 400 rows of Llama-3's vocabulary (normal
+logits, scale 2), temperature 0.7, 8 draws a row (keys 1..400, counts 0..7). At top_p 0.9: the picks outside the
+nucleus, computed in float64 (a token is outside when the tokens strictly more probable than it already hold
+top_p + 1e-4). At top_p 1 with half the tokens masked to -inf (a schema's banned tokens, each row's best kept): the
+picks on a masked token.
 """
 import argparse
 import importlib.util
@@ -51,6 +58,29 @@ def real_logits(rows):
     return logits
 
 
+def strays(sampling, rows=400, draws=8, vocab=128_256):
+    """(picks outside the nucleus at top_p 0.9, picks on a masked token at top_p 1, picks in all) of each run."""
+    gen = torch.Generator().manual_seed(58)
+    logits = torch.randn(rows, vocab, generator=gen) * 2
+    temperature = torch.full((rows,), 0.7)
+    keys = torch.arange(1, rows + 1, dtype=torch.long)
+    probs = torch.softmax(logits.double() / 0.7, dim=-1)
+    masked = torch.rand(rows, vocab, generator=gen) < 0.5
+    masked[torch.arange(rows), logits.argmax(dim=-1)] = False
+    banned = logits.masked_fill(masked, float("-inf"))
+    outside = on_masked = 0
+    for count in range(draws):
+        counts = torch.full((rows,), count, dtype=torch.long)
+        chosen = sampling.pick(logits, temperature, torch.full((rows,), 0.9), keys, counts, True, True)
+        p = probs.gather(1, chosen[:, None])
+        # the mass of the tokens strictly more probable than the pick
+        before = (probs * (probs > p)).sum(dim=-1)
+        outside += int((before >= 0.9 + 1e-4).sum())
+        chosen = sampling.pick(banned, temperature, torch.ones(rows), keys, counts, True, False)
+        on_masked += int(masked.gather(1, chosen[:, None]).sum())
+    return outside, on_masked, rows * draws
+
+
 def timed(fn, repeats):
     fn()
     times = []
@@ -70,6 +100,7 @@ def build_parser():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write the table here too")
+    parser.add_argument("--strays", action="store_true", help="count picks outside the nucleus or on masked tokens")
     return parser
 
 
@@ -77,6 +108,11 @@ def main():
     args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     sampling = load_sampling(args.tree)
+    if args.strays:
+        outside, on_masked, picks = strays(sampling)
+        print(f"sampler: {args.tree or 'this checkout'}; {picks:,} picks each: {outside} outside the nucleus "
+              f"(top_p 0.9), {on_masked} on a masked token (top_p 1)")
+        return
     most = max(args.rows)
     if args.logits == "real":
         base = real_logits(most)
