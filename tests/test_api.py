@@ -36,9 +36,12 @@ def test_the_api_page_example_runs_as_written(tiny, tmp_path, monkeypatch, capsy
     out = tmp_path / "runs/api-demo"
     assert sorted(p["claim_id"] for p in read(out / records.PREDICTIONS)) == [0, 1]
     assert scope["metrics"] == json.loads((out / records.METRICS).read_text())
-    # The run directory's config.json reads back into the config that made it (4-bit as really used: not on a CPU).
+    # The run directory's config.json reads back into the config that made it, 4-bit and the dtype as really used
+    # (on a CPU: no 4-bit, float32).
     made = scope["config"]
-    assert config.load(out / records.CONFIG) == replace(made, models=replace(made.models, use_4bit=False))
+    assert made.models.dtype is None
+    assert config.load(out / records.CONFIG) == replace(made, models=replace(made.models, use_4bit=False,
+                                                                               dtype="float32"))
     # verify: one prediction of the one claim, with one of the four labels (structured decoding).
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert any(last.startswith(label) for label in LABELS)
