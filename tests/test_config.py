@@ -91,7 +91,7 @@ def test_a_config_json_written_before_the_config_type_still_loads_and_resumes(tm
     old = dict(config.to_dict(cfg), counsel_temperature=0.0, court_temperature=0.0, judge_temperature=0.0,
                witness_temperature=0.0, critic_temperature=0.0, switch_rounds=2, precision="float32", use_4bit=False,
                versions={"python": "3.11"}, git_commit=None, models={"moderator": {"quantized": False}})
-    for key in ("judge_models", "defense_model", "refine_model", "top_k", "voters", "madr_iterations"):
+    for key in ("judge_models", "defense_model", "refine_model", "top_k", "voters", "madr_iterations", "dtype"):
         old.pop(key)
     out = tmp_path / "old"
     out.mkdir()
