@@ -39,6 +39,9 @@ class Mutant:
 
 S = "debate/engine/sampling.py"
 STEP = "debate/engine/decode_step.py"
+ATTN = "debate/engine/attention.py"
+CHECKED = "debate/engine/compiled_step.py"
+STATE = "debate/engine/batch_state.py"
 BATCH = "debate/engine/decode_batch.py"
 POOL = "debate/engine/kv_pool.py"
 THREADS = "debate/pipeline/threads.py"
@@ -49,9 +52,13 @@ MUTANTS: List[Mutant] = [
     # -- sampling (issue 58): the picks against the distribution they are drawn from
     Mutant("sampling: 24-bit uniforms, the largest rounds to 1.0 (the NaN pick)", S,
            "BITS = 23", "BITS = 24", ["tests/test_sampling.py"]),
-    Mutant("sampling: masked tokens stay in the dense race", S,
-           "            score.masked_fill_(s < floor[:, None], float(\"-inf\"))\n        return torch.where(",
+    Mutant("sampling: the dense race ignores the nucleus", S,
+           "            score.masked_fill_(s < nucleus_floor(s, best, p)[:, None], float(\"-inf\"))\n"
+           "        return torch.where(",
            "            pass\n        return torch.where(", ["tests/test_sampling.py"]),
+    Mutant("sampling: the pruned race ignores the nucleus", S,
+           "        score.masked_fill_(~_candidates_in_nucleus(s, best, p, rows, scaled), float(\"-inf\"))",
+           "        pass", ["tests/test_sampling.py"]),
     Mutant("sampling: the pruned race's bound too tight (a winner left out)", S,
            "SPREAD = G_HIGH - G_LOW + 1e-3", "SPREAD = (G_HIGH - G_LOW) / 4", ["tests/test_sampling.py"]),
     Mutant("sampling: the sorted nucleus' threshold just above its boundary token (ties and the token dropped)", S,
@@ -83,22 +90,36 @@ MUTANTS: List[Mutant] = [
            "    divisor = temperature.clamp(min=1e-6).to(torch.float32)\n    best = ",
            "    divisor = torch.ones_like(temperature, dtype=torch.float32)\n    best = ", ["tests/test_sampling.py"]),
     # -- the decode step checks itself (issue 58)
-    Mutant("step check: no comparison with the eager step", STEP,
+    Mutant("step check: no comparison with the eager step", CHECKED,
            "            problem = mismatch(logits, cast(torch.Tensor, reference), self.dtype)",
            "            problem = None", ["tests/test_step_check.py"]),
-    Mutant("step check: a tolerance that lets anything through", STEP,
+    Mutant("step check: a tolerance that lets anything through", CHECKED,
            "CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3}",
            "CHECK_TOLERANCE = {torch.float32: 10.0, torch.float64: 10.0}", ["tests/test_step_check.py"]),
-    Mutant("step check: a bucket's second capture failure drops every bucket's graph", STEP,
+    Mutant("step check: a bucket's second capture failure drops every bucket's graph", CHECKED,
            "            if bucket in self.failed:\n                self._no_graph(bucket, _one_line(err))",
            "            if bucket in self.failed:\n                self._no_graph(bucket, _one_line(err))\n"
            "                self.capture = False", ["tests/test_step_check.py"]),
-    Mutant("step check: streams on the current device, not the model's", STEP,
+    Mutant("step check: streams on the current device, not the model's", CHECKED,
            "        stream = torch.cuda.current_stream(self.device)", "        stream = torch.cuda.current_stream()",
            ["tests/test_step_check.py"]),
-    Mutant("step check: the inductor patch on every device", STEP,
+    Mutant("step check: the inductor patch on every device", CHECKED,
            '    return device.type == "cpu" and version.startswith(PATCHED_TORCH)', "    return True",
            ["tests/test_step_check.py"]),
+    Mutant("step check: the packet's event on the current device's stream, not the model's", STATE,
+           "        event.record(torch.cuda.current_stream(self.device))",
+           "        event.record(torch.cuda.current_stream())", ["tests/test_step_check.py"]),
+    # -- the packed step (issue 59): what a token sees, written once, and the blocks the kernel reads
+    Mutant("attention: a sliding window one column too wide", ATTN,
+           "        seen = seen & (column > position - window)", "        seen = seen & (column >= position - window)",
+           ["tests/test_engine.py::test_greedy_tokens_equal_the_reference_path_for_llama_and_gemma"]),
+    Mutant("attention: a block mask lists one block of columns too few", ATTN,
+           "        number = torch.where(valid, high - low + 1, real.long())",
+           "        number = torch.where(valid, high - low, real.long())", ["tests/test_row_attention.py"]),
+    Mutant("packed step: a compiled step's tokens bucketed below their count", STEP,
+           "    return bucket_rows(tokens, tokens + 8) if tokens <= 64 else -(-tokens // 64) * 64",
+           "    return bucket_rows(tokens, tokens + 8) if tokens <= 64 else tokens // 64 * 64",
+           ["tests/test_compiled_decode.py"]),
     # -- pages and caches: by adapter and model (issues 58, 60), under tight budgets, none held at a run's end
     Mutant("pages: a conversation's own cache read under another adapter", POOL,
            " or entry.memory() is not self or entry.adapter != adapter:", " or entry.memory() is not self:",
