@@ -234,3 +234,35 @@ def test_the_inductor_patch_applies_to_a_cpu_on_the_torch_it_was_written_for(pat
     before = len(patched)
     compiled_step.compiled(AutoModelForCausalLM.from_pretrained(path).eval())
     assert len(patched) == before
+
+
+def test_a_steps_packet_is_timed_on_the_models_device_not_the_current_one(monkeypatch):
+    """A model on cuda:1 while cuda:0 is current: the event that says the step's packet has reached the host is
+    recorded on cuda:1's stream, where the copy was queued (on the current device's, the host would read the packet
+    before its copy finished). A CPU has no CUDA: the event, the stream and pinned memory are stood in for."""
+    from types import SimpleNamespace
+
+    from debate.engine import batch_state
+
+    asked, recorded = [], []
+
+    class Event:
+        def record(self, stream=None):
+            recorded.append(stream)
+
+    def current_stream(device=None):
+        asked.append(device)
+        return ("stream of", device)
+
+    real_empty = torch.empty
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    rows = 3
+    state = SimpleNamespace(device=torch.device("cuda", 1), picked=torch.tensor([4, 5, 6]),
+                            last=torch.tensor([[1, 2], [3, 4], [5, 6]]), ended=torch.tensor([False, True, False]),
+                            waits=torch.tensor([0, 1, 0]))
+    event, host = batch_state.State.packet(state, rows)
+    assert isinstance(event, Event) and recorded == [("stream of", torch.device("cuda", 1))]
+    assert asked == [torch.device("cuda", 1)]
+    assert host.tolist() == [[4, 1, 2, 0, 0], [5, 3, 4, 1, 1], [6, 5, 6, 0, 0]]
