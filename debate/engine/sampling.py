@@ -194,10 +194,11 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, k
     """One id a row, on the logits' device: argmax where the row's temperature is 0, else the race over its nucleus
     with draw `counts[r]` of stream `keys[r]` (module doc). The host says what it knows, so nothing is read back on a
     GPU: `sampled=False` (no row samples) is argmax alone, `nucleus=False` (no row's top_p < 1) skips the nucleus.
-    `prune` (default: on a CPU) hashes only the tokens that can win and finds the nucleus without a sort; the same
-    ids either way."""
+    `prune` hashes only the tokens that can win and finds the nucleus without a sort; by default on a CPU where few
+    tokens are within reach (PRUNED_SHARE), True or False forces one race or the other. The same ids either way."""
     if not sampled:
         return logits.argmax(dim=-1)
+    chosen = prune is not None
     prune = logits.device.type == "cpu" if prune is None else prune
     top, greedy = logits.max(dim=-1)
     divisor = temperature.clamp(min=1e-6).to(torch.float32)
@@ -216,7 +217,7 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, k
         loose = bound * divisor
         near = logits >= (loose - loose.abs() * 2.0 ** -18)[:, None]
         # Where most tokens are within reach (a flat distribution), the dense race costs less than listing them.
-        prune = int(near.sum()) * PRUNED_SHARE <= near.numel()
+        prune = chosen or int(near.sum()) * PRUNED_SHARE <= near.numel()
     s = logits.float() / divisor[:, None] if nucleus or not prune else None
     if s is not None and not prune:
         score = s + gumbel(bases[:, None], token_salts(vocab, s.device)[None])
