@@ -11,7 +11,6 @@ which never enters it, is not counted), beside the steps the engine took (debate
 --compile the Python forwards left are the self-check's eager references (one a compiled path) and any fallback's.
 """
 import argparse
-import inspect
 import json
 import sys
 import tempfile
@@ -34,23 +33,6 @@ def build_parser():
     return p
 
 
-def counted(model_class, run):
-    """run() with the Python calls of `model_class`'s forward that carry a step's packed metadata counted."""
-    code = inspect.unwrap(model_class.forward).__code__
-    count = [0]
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code is code and (frame.f_locals.get("kwargs") or {}).get("packed") is not None:
-            count[0] += 1
-
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return count[0]
-
-
 def main():
     args = build_parser().parse_args()
     from transformers import LlamaForCausalLM
@@ -59,6 +41,7 @@ def main():
     from bench_gpu import checkpoint
 
     from debate.engine import models, step_stats
+    from tests.test_compiled_decode import step_forwards
 
     path = checkpoint(args.cache, True, args.data_dir, args.vocab_size)
     loaded = []
@@ -78,7 +61,7 @@ def main():
                 "--model", str(path), "--limit", str(args.claims), "--batch-size", str(args.claims),
                 "--max-new-tokens", str(args.turns), "--max-rounds", "3", "--temperature", "0", "--no-structured",
                 "--threads", "1", "--output-dir", out, "--compile" if mode == "compile" else "--no-compile"]
-        python = counted(LlamaForCausalLM, lambda: run_debate.main(argv))
+        _, python = step_forwards(LlamaForCausalLM, lambda: run_debate.main(argv))
         stats = [step_stats.stats_of(m) for m in loaded]
         steps = sum(s.steps + s.eager_steps for s in stats if s is not None)
         rows[mode] = {"python_step_forwards": python, "steps": steps,

@@ -31,10 +31,11 @@ def debate(model, tok, compile_steps, schema=None, scope=None):
     return [c.generated for c in convs], [c.structured for c in convs]
 
 
-def step_forwards(model, run):
-    """run() under a profiler counting the Python-level calls of the model's forward that run a step of the batch
-    (those given a step's packed metadata: decode rows and prompt pieces alike)."""
-    code = inspect.unwrap(type(model).forward).__code__
+def step_forwards(model_class, run):
+    """(run(), how many Python-level calls of `model_class`'s forward ran a step of the batch meanwhile: those given a
+    step's packed metadata, decode rows and prompt pieces alike; a compiled graph never enters it). Also
+    bench/bench_python_forwards.py's counter."""
+    code = inspect.unwrap(model_class.forward).__code__
     count = [0]
 
     def profile(frame, event, arg):
@@ -57,8 +58,8 @@ def llama(tmp_path_factory):
 
 def test_compiled_steps_give_the_eager_tokens_in_one_graph_and_leave_python(llama):
     _, model, tok = llama
-    eager, eager_forwards = step_forwards(model, lambda: debate(model, tok, False))
-    compiled, compiled_forwards = step_forwards(model, lambda: debate(model, tok, True))
+    eager, eager_forwards = step_forwards(type(model), lambda: debate(model, tok, False))
+    compiled, compiled_forwards = step_forwards(type(model), lambda: debate(model, tok, True))
     assert compiled == eager
     stats = step_stats.stats_of(model)
     assert stats.failed is None and stats.steps > 30
@@ -69,7 +70,7 @@ def test_compiled_steps_give_the_eager_tokens_in_one_graph_and_leave_python(llam
     # slots' whole width (their keys are contiguous, and the graph guards on that).
     assert stats.graphs <= 4
     assert eager_forwards > 30 and compiled_forwards <= eager_forwards / 10
-    again, _ = step_forwards(model, lambda: debate(model, tok, True))
+    again, _ = step_forwards(type(model), lambda: debate(model, tok, True))
     assert again == eager and step_stats.stats_of(model).graphs == stats.graphs  # nothing recompiled
 
 
