@@ -181,15 +181,24 @@ def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed
              scaling: Optional[float]) -> torch.Tensor:
     """The eager reference: each slot's tokens attend with sdpa over the columns they see (`sees`), slot by slot, as
     the host lists them (`Packed.host`). A token of no listed slot gets zeros (a row that is not live: never read)."""
-    heads, dim = query.shape[1], query.shape[3]
-    groups = heads // key.shape[1]
+    heads, dim, kv_heads = query.shape[1], query.shape[3], key.shape[1]
+    groups = heads // kv_heads
     out = query.new_zeros((query.shape[2], heads, dim))
     for slot, places, positions in packed.host or []:
-        position = torch.tensor(positions, device=query.device)[:, None]
         low = max(0, min(positions) - window + 1) if window else 0
         high = max(positions) + 1
-        mask = sees(position, torch.arange(low, high, device=query.device)[None], window)
         at = torch.tensor(places, device=query.device)
+        if len(places) == 1:
+            # One token (a decode row) sees every column from `low` to its own: no mask, and each key head's query
+            # heads as one query row each over that head's keys, not the keys repeated a query head each
+            # (measured 1.4-2x faster a call on a CPU: bench/bench_eager_attention.py).
+            piece = F.scaled_dot_product_attention(query[:, :, at].reshape(1, kv_heads, groups, dim),
+                                                   key[slot:slot + 1, :, low:high], value[slot:slot + 1, :, low:high],
+                                                   scale=scaling)
+            out[at] = piece.reshape(1, heads, dim)
+            continue
+        position = torch.tensor(positions, device=query.device)[:, None]
+        mask = sees(position, torch.arange(low, high, device=query.device)[None], window)
         piece = F.scaled_dot_product_attention(query[:, :, at], key[slot:slot + 1, :, low:high],
                                                value[slot:slot + 1, :, low:high], attn_mask=mask, scale=scaling,
                                                enable_gqa=groups > 1)
