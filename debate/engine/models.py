@@ -267,7 +267,7 @@ def _default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def run_dtype(asked: Optional[str] = None, use_4bit: Optional[bool] = None, device: Device = None) -> str:
+def run_dtype(asked: Optional[str] = None, device: Device = None) -> str:
     """The dtype a run's agents load in: `asked` (--dtype), else the device's default (bf16 on CUDA, float32 on a
     CPU). bf16 is not a CPU's default even where it computes it natively, measured faster there (the demo's decode
     steps 12%, its prompts 29%, docs/BENCHMARKS.md issue 59): a CPU's bf16 matmuls round a row differently beside

@@ -67,7 +67,7 @@ def config_json(config, roles=None, precision=None):
 
 def saved_config(config, prompt_info, labels):
     """The config.json of a run (before its models are loaded); `labels`: the dataset's LabelSet."""
-    dtype = models.run_dtype(config.models.dtype, config.models.use_4bit)
+    dtype = models.run_dtype(config.models.dtype)
     saved = config_json(config, model_roles(config), models.precision(config.models.use_4bit, dtype=dtype))
     saved["labels"] = list(labels.labels)
     if prompt_info:

@@ -110,7 +110,7 @@ def load_agents(config, roles):
     role_paths, adapters = role_models(config, roles)
     return models.load_roles(role_paths, adapters, use_4bit=config.models.use_4bit,
                              device_map=config.models.device_map,
-                             dtype=models.run_dtype(config.models.dtype, config.models.use_4bit))
+                             dtype=models.run_dtype(config.models.dtype))
 
 
 def settings_of(config, agents=None):

@@ -175,7 +175,7 @@ def _retrieve(config, settings, todo, path, done):
     r, g = config.retrieval, config.generation
     agent = models.load_roles({"retriever": config.models.moderator_model}, use_4bit=config.models.use_4bit,
                               device_map=config.models.device_map,
-                              dtype=models.run_dtype(config.models.dtype, config.models.use_4bit))["retriever"]
+                              dtype=models.run_dtype(config.models.dtype))["retriever"]
     kv_pool.start_run([agent.model], config.generation.gpu_memory_fraction, config.generation.memory_gb,
                       rows=g.batch_size)
     embedder = retrieval.load_embedder(config.courtroom.embedder)
