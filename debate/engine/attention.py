@@ -50,6 +50,10 @@ class Packed(NamedTuple):
     # positions), ...] for the slots with valid tokens; None in a compiled step (it reads the tensors alone).
     host: Optional[List[Tuple[int, List[int], List[int]]]] = None
     rows: Optional[int] = None  # how many of the sequence's first tokens are decode rows' (eager; said to hooks)
+    # The eager reference's slots as tensors, by window: the host's view is the same for every layer of a step, so
+    # its indices and masks are made on the step's first layer of each window and read by the others (a dict the
+    # step's inputs bring, filled by `per_slot`; None: made again at each layer).
+    parts: Optional[Dict[Optional[int], List["Part"]]] = None
 
 
 def sees(position: torch.Tensor, column: torch.Tensor, window: Optional[int]) -> torch.Tensor:
@@ -177,6 +181,40 @@ def host_of(packed: Packed) -> List[Tuple[int, List[int], List[int]]]:
     return [(slot, places, positions) for slot, (places, positions) in sorted(by_slot.items())] + alone
 
 
+class Part(NamedTuple):
+    """A slot's tokens in the eager reference: `at` their places in the step's sequence (a slice where they follow
+    one another, as a piece's do), `low`:`high` the columns they read, `mask` what each of them sees there (None: one
+    token, which sees every column of its range)."""
+
+    slot: int
+    at: Union[slice, torch.Tensor]
+    low: int
+    high: int
+    mask: Optional[torch.Tensor]
+
+
+def parts_of(packed: Packed, window: Optional[int], device: torch.device) -> List[Part]:
+    """The host's view of a step (`Packed.host`) as the eager reference reads it on a layer of this window."""
+    made = packed.parts.get(window) if packed.parts is not None else None
+    if made is not None:
+        return made
+    made = []
+    for slot, places, positions in packed.host or []:
+        low = max(0, min(positions) - window + 1) if window else 0
+        high = max(positions) + 1
+        first, count = places[0], len(places)
+        at: Union[slice, torch.Tensor] = (slice(first, first + count) if places == list(range(first, first + count))
+                                          else torch.tensor(places, device=device))
+        mask = None
+        if len(places) > 1:
+            position = torch.tensor(positions, device=device)[:, None]
+            mask = sees(position, torch.arange(low, high, device=device)[None], window)
+        made.append(Part(slot, at, low, high, mask))
+    if packed.parts is not None:
+        packed.parts[window] = made
+    return made
+
+
 def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed, window: Optional[int],
              scaling: Optional[float]) -> torch.Tensor:
     """The eager reference: each slot's tokens attend with sdpa over the columns they see (`sees`), slot by slot, as
@@ -184,23 +222,17 @@ def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed
     heads, dim, kv_heads = query.shape[1], query.shape[3], key.shape[1]
     groups = heads // kv_heads
     out = query.new_zeros((query.shape[2], heads, dim))
-    for slot, places, positions in packed.host or []:
-        low = max(0, min(positions) - window + 1) if window else 0
-        high = max(positions) + 1
-        at = torch.tensor(places, device=query.device)
-        if len(places) == 1:
+    for slot, at, low, high, mask in parts_of(packed, window, query.device):
+        keys, values = key[slot:slot + 1, :, low:high], value[slot:slot + 1, :, low:high]
+        if mask is None:
             # One token (a decode row) sees every column from `low` to its own: no mask, and each key head's query
             # heads as one query row each over that head's keys, not the keys repeated a query head each
             # (measured 1.4-2x faster a call on a CPU: bench/bench_eager_attention.py).
-            piece = F.scaled_dot_product_attention(query[:, :, at].reshape(1, kv_heads, groups, dim),
-                                                   key[slot:slot + 1, :, low:high], value[slot:slot + 1, :, low:high],
+            piece = F.scaled_dot_product_attention(query[:, :, at].reshape(1, kv_heads, groups, dim), keys, values,
                                                    scale=scaling)
             out[at] = piece.reshape(1, heads, dim)
             continue
-        position = torch.tensor(positions, device=query.device)[:, None]
-        mask = sees(position, torch.arange(low, high, device=query.device)[None], window)
-        piece = F.scaled_dot_product_attention(query[:, :, at], key[slot:slot + 1, :, low:high],
-                                               value[slot:slot + 1, :, low:high], attn_mask=mask, scale=scaling,
+        piece = F.scaled_dot_product_attention(query[:, :, at], keys, values, attn_mask=mask, scale=scaling,
                                                enable_gqa=groups > 1)
         out[at] = piece[0].transpose(0, 1)
     return out[None]

@@ -195,7 +195,7 @@ class Step:
 
     def _args(self, inputs: Inputs, kernel: str, host: bool = False) -> tuple:
         # what the host says is for the eager step: a compiled one would guard on its values and recompile
-        packed = inputs.packed if host else inputs.packed._replace(host=None, rows=None)
+        packed = inputs.packed if host else inputs.packed._replace(host=None, rows=None, parts=None)
         return (self.model, inputs.cache, inputs.tokens, inputs.positions, inputs.keep, packed, inputs.columns,
                 self.windows, self.groups, self.dtype, kernel)
 
@@ -219,7 +219,7 @@ class Step:
     def _reference(self, inputs: Inputs) -> torch.Tensor:
         """The eager step on the device's own view of the metadata (one read: a row the host does not know has
         stopped sees what the compiled step gives it)."""
-        packed = inputs.packed._replace(host=attention.host_of(inputs.packed))
+        packed = inputs.packed._replace(host=attention.host_of(inputs.packed), parts={})
         return decode_step.forward(*self._args(dataclasses.replace(inputs, packed=packed), "eager", host=True)).clone()
 
     def _compiled(self, inputs: Inputs, reference: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -83,7 +83,7 @@ def build(model: torch.nn.Module, store: kv_store.Store, state: State, active: D
             places += padding
             where += [where[-1]] * len(padding)
     return dataclasses.replace(made, packed=packed._replace(host=[(slot, *host[slot]) for slot in sorted(host)],
-                                                            rows=in_use))
+                                                            rows=in_use, parts={}))
 
 
 def _buffer(model: torch.nn.Module, store: kv_store.Store, state: State, tokens: int, rows: int, width: int,
