@@ -93,7 +93,7 @@ def measure(model, args, flex):
     out = {}
     for name, lengths in cases(args, "sliding_attention" in decode_step.layer_windows(model)).items():
         lengths_t = torch.tensor(lengths)
-        bucket = decode_step.bucket_columns(max(lengths) + 1, columns)
+        bucket = min(-(-(max(lengths) + 1) // decode_step.COLUMN_BUCKET) * decode_step.COLUMN_BUCKET, columns)
         inputs = decode_inputs(model, store, tokens, lengths_t, bucket)
         times = []
         with torch.inference_mode():

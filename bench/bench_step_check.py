@@ -40,7 +40,7 @@ def main():
             path = build(f"{folder}/{name}-{dtype_name}", seed=0)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
             place = Place(model)
-            columns = decode_step.bucket_columns(max(LENGTHS) + 1, COLUMNS)
+            columns = min(-(-(max(LENGTHS) + 1) // decode_step.COLUMN_BUCKET) * decode_step.COLUMN_BUCKET, COLUMNS)
             eager = place.run(SLOTS, columns, compiled=False)[:len(LENGTHS)].float()
             compiled = place.run(SLOTS, columns, compiled=True)[:len(LENGTHS)].float()
             span = eager.amax(dim=-1) - eager.amin(dim=-1)

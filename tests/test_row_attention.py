@@ -84,7 +84,7 @@ class Place:
 def check(model):
     """The compiled step against the eager one, garbage past the rows' lengths, other buckets; what it ran."""
     place = Place(model)
-    rows, columns = SLOTS, decode_step.bucket_columns(max(LENGTHS) + 1, COLUMNS)  # 8 rows: 3 not live
+    rows, columns = SLOTS, 3 * decode_step.COLUMN_BUCKET  # 8 rows (3 not live) over 768 columns, past 700
     eager = place.run(rows, columns, compiled=False)
     compiled = place.run(rows, columns, compiled=True)
     assert place.step.flex == (compiled_step.ROW_ATTENTION == "flex") and step_stats.stats_of(model).flex_failed is None
@@ -142,7 +142,7 @@ def test_prompt_pieces_beside_decode_rows_give_the_eager_logits(llama):
     pieces = ((2, 0, torch.randint(10, 400, (150,), generator=gen).tolist()),
               (4, 0, torch.randint(10, 400, (9,), generator=gen).tolist()))
     place.live[2] = place.live[4] = False  # joining rows
-    columns = decode_step.bucket_columns(701, COLUMNS)
+    columns = 3 * decode_step.COLUMN_BUCKET  # past the longest row's 700
     eager = place.run(5, columns, compiled=False, pieces=pieces)
     compiled = place.run(5, columns, compiled=True, pieces=pieces)
     assert torch.allclose(compiled, eager, atol=1e-4), (compiled - eager).abs().max()

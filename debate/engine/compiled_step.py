@@ -98,9 +98,6 @@ def compiled(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
         # default limit (8) is reached at four models of two graphs each (a courtroom's judges on models of their
         # own, a test session): past it a model's step would run eagerly. Room for 32 models.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        # Sizes that happen to be equal at the first step (a step's tokens and its grid's width, say) are not taken
-        # for one size: each time they part, a recompile (measured: 8 graphs for a 4-claim run, 2 without).
-        torch.fx.experimental._config.use_duck_shape = False
         stats = stats_for(model)
         inductor = torch._dynamo.lookup_backend("inductor")
         seen: set = set()
@@ -114,7 +111,15 @@ def compiled(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
                 stats.graphs += 1
             return inductor(graph, example_inputs)
 
-        fn = torch.compile(decode_step.forward, backend=counting, fullgraph=True, dynamic=True)
+        step = torch.compile(decode_step.forward, backend=counting, fullgraph=True, dynamic=True)
+
+        def fn(*args: Any) -> torch.Tensor:
+            # Sizes that happen to be equal at the first step (a step's tokens and its grid's width, say) are not
+            # taken for one size: each time they part, a recompile (measured: 8 graphs for a 4-claim run, 2 without).
+            # Set while the step runs (and compiles) alone: other models compiled in the process keep the default.
+            with torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+                return step(*args)
+
         _compiled[model] = fn
     return fn
 

@@ -7,9 +7,10 @@ slot as debate.engine.attention says (one call over every token). The logits com
 from (`keep`: the decode rows', and each prompt's last token's once it is whole).
 
 The same function serves every step, eager or compiled (debate.engine.compiled_step): compiled, a step's sizes are
-rounded up to buckets (`bucket_rows`, `bucket_columns`, `bucket_tokens`, `bucket_width`), so a handful of shapes
-serve a run, and its inputs live in one set of buffers a bucket (a CUDA graph replays them); a bucket's padding
-tokens repeat its last real token (the same keys and values written at the same place, a logit never read).
+rounded up to buckets (`bucket_rows`, `bucket_tokens`, `bucket_width`; its columns are the slots' whole width), so a
+handful of shapes serve a run, and its inputs live in one set of buffers a bucket (a CUDA graph replays them); a
+bucket's padding tokens repeat its last real token (the same keys and values written at the same place, a logit never
+read).
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -30,10 +31,6 @@ def bucket_rows(rows: int, most: int) -> int:
     if rows > n:
         n = -(-rows // 8) * 8
     return max(min(n, most), rows)
-
-
-def bucket_columns(columns: int, most: int) -> int:
-    return max(min(-(-columns // COLUMN_BUCKET) * COLUMN_BUCKET, most), columns)
 
 
 def bucket_tokens(tokens: int) -> int:
