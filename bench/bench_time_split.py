@@ -7,12 +7,15 @@ rest of the run.
 
 The run is bench/bench_peer.py's our side (`--method debatecv --model tiny`, the same flags: 16 AVeriTeC dev claims
 with HerO's retrieved evidence, batch 16, 160-token turns of drawn lengths, greedy, one thread) in this process. The
-hooks wrap three names the engine calls through its modules, changing nothing they do: `F.scaled_dot_product_attention`
-as debate.engine.attention sees it (a call without a mask is a decode row's, one with a mask a piece's: the eager
-attention calls it so), `attention.per_slot` (the eager attention of one layer) and `decode_step.forward` (a step's
-forward). The wall is the span of the run's rows (bench_peer.Recorder: the first row's submission to the last one's
-end), as the peer bench counts it. Each clock read costs about a microsecond a call (tens of thousands of calls: a
-fraction of a second of the run).
+hooks wrap names the engine calls through its modules, changing nothing they do:
+- `F.scaled_dot_product_attention` as debate.engine.attention sees it (a call without a mask is a decode row's, one
+  with a mask a piece's: the eager attention calls it so);
+- `attention.in_two` where the tree has it (a long piece's two calls: a piece's time, its arithmetic counted as one
+  masked call's, so that the GFLOPS compare across trees);
+- `attention.per_slot` (the eager attention of one layer) and `decode_step.forward` (a step's forward).
+The wall is the span of the run's rows (bench_peer.Recorder: the first row's submission to the last one's end), as
+the peer bench counts it. Each clock read costs about a microsecond a call (tens of thousands of calls: a fraction of
+a second of the run).
 
 Run it on an idle machine, pinned to one core (`taskset -c 0`): the attention's calls are bound by the core's memory
 bandwidth (decode rows) and its float32 arithmetic (pieces), both shared with whatever else runs.
@@ -83,6 +86,18 @@ def hook(clock):
                   key.shape[-2], read, flops)
         return out
 
+    if hasattr(attention, "in_two"):  # a long piece's two calls (since 59's split): a piece's, timed whole
+        two = attention.in_two
+
+        def timed_two(query, keys, values, split, scaling):
+            start = time.perf_counter()
+            out = two(query, keys, values, split, scaling)
+            clock.add("pieces' sdpa", time.perf_counter() - start, keys.shape[-2],
+                      2 * keys.numel() * keys.element_size(),
+                      4 * query.shape[0] * query.shape[1] * query.shape[2] * keys.shape[2] * query.shape[3])
+            return out
+
+        attention.in_two = timed_two
     # The attention module's own view of torch.nn.functional: every other caller keeps the real one.
     attention.F = types.SimpleNamespace(**{**{n: getattr(F, n) for n in dir(F) if not n.startswith("__")},
                                            "scaled_dot_product_attention": timed_sdpa})
@@ -97,7 +112,7 @@ def split(clock, wall):
     decode, pieces = get("decode rows' sdpa"), get("pieces' sdpa")
     eager, forwards = get("eager attention"), get("step forwards")
     rows = [("decode rows' sdpa", decode[1], decode[0], decode[2] / max(decode[0], 1)),
-            ("prompt pieces' sdpa", pieces[1], pieces[0], pieces[2] / max(pieces[0], 1)),
+            ("prompt pieces' sdpa (or attention.in_two)", pieces[1], pieces[0], pieces[2] / max(pieces[0], 1)),
             ("the eager attention's own work", eager[1] - decode[1] - pieces[1], eager[0], None),
             ("the rest of the step forwards", forwards[1] - eager[1], forwards[0], None),
             ("outside the step forwards", wall - forwards[1], None, None)]
