@@ -4,6 +4,7 @@ rest of the run.
 
     python bench/bench_time_split.py                        # bench_peer.py's DebateCV run: 16 claims, tiny Llama
     python bench/bench_time_split.py --tree /tmp/base       # the same run on another checkout (the commit before)
+    python bench/bench_time_split.py -- --dtype bfloat16    # flags after `--` go to the run (run_debate.py's)
 
 The run is bench/bench_peer.py's our side (`--method debatecv --model tiny`, the same flags: 16 AVeriTeC dev claims
 with HerO's retrieved evidence, batch 16, 160-token turns of drawn lengths, greedy, one thread) in this process. The
@@ -149,7 +150,7 @@ def child(args):
     peer = bench_peer.build_parser().parse_args(["--claims", str(args.claims), "--batch-size", str(args.batch_size),
                                                  "--turns", str(args.turns), "--turn-lengths", str(args.turn_lengths),
                                                  "--data-dir", args.data_dir])
-    peer.ours = []
+    peer.ours = args.ours
     peer.turn_lengths = args.turn_lengths
     bench_gpu.set_turn_lengths(peer)
     import run_debate
@@ -165,8 +166,16 @@ def child(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def parse(argv):
+    """The bench's flags, and after `--` more run_debate.py flags for the run (`args.ours`)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:cut])
+    args.ours = argv[cut + 1:]
+    return args
+
+
 def main():
-    args = build_parser().parse_args()
+    args = parse(sys.argv[1:])
     if os.environ.get("BENCH_TIME_SPLIT_CHILD"):
         return child(args)
     if args.tree and not (Path(args.tree) / "debate/engine/attention.py").exists():
