@@ -1,7 +1,8 @@
 """The compiled decode step (debate/engine/decode_step.py, --compile): on a CPU through inductor, the same greedy
 tokens and label probabilities as the eager step on the tiny Llama, the tiny Gemma (sliding-window layers) and NF4
-weights, with a LoRA adapter too; no graph break; a few graphs for the buckets a run touches, never one a step; the
-decode steps' model forwards leave Python. Each model compiles once for the module (CI time)."""
+weights, with a LoRA adapter too (NF4 up to one near-tie, tests/token_match.py); no graph break; a few graphs for the
+buckets a run touches, never one a step; the decode steps' model forwards leave Python. Each model compiles once for
+the module (CI time)."""
 import contextlib
 import inspect
 import json
@@ -13,14 +14,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_debate
 from debate.engine import attention, compiled_step, engine, models, schema_program, step_stats
+from tests import token_match
 from tests.tiny_models import build_random_lora, build_tiny_gemma, build_tiny_llama
 
 SYSTEMS = [f"Debate claim {i}. Evidence: " + "the report says so. " * (i * 5 % 11) for i in range(5)]
 ROWS = (5, 4, 3, 1)  # a turn's rows shrink as claims end, and rows leave the batch as they stop: buckets 2 to 5
 
 
-def debate(model, tok, compile_steps, schema=None, scope=None):
-    """Four turns over shrinking batches; every conversation's ids and structured results."""
+def conversations(model, tok, compile_steps, schema=None, scope=None):
+    """Four turns over shrinking batches: the conversations."""
     convs = [engine.Conversation(system=s) for s in SYSTEMS]
     tokens = (schema.fixed_cost + 16) if schema else 10
     settings = engine.Settings(max_new_tokens=tokens, compile=compile_steps)
@@ -28,6 +30,12 @@ def debate(model, tok, compile_steps, schema=None, scope=None):
         with scope() if scope else contextlib.nullcontext():
             engine.generate(model, tok, convs[:rows], [f"Round {turn}: answer claim {i}." for i in range(rows)],
                             settings, schemas=[schema] * rows if schema else None)
+    return convs
+
+
+def debate(model, tok, compile_steps, schema=None, scope=None):
+    """Every conversation's ids and structured results."""
+    convs = conversations(model, tok, compile_steps, schema, scope)
     return [c.generated for c in convs], [c.structured for c in convs]
 
 
@@ -99,13 +107,21 @@ def test_sliding_window_layers_compile_and_slide_as_eagerly(tmp_path):
 
 
 def test_nf4_weights_with_a_lora_adapter_compile_and_give_the_eager_tokens(llama, tmp_path):
+    """The eager tokens up to one of NF4's near-ties (tests/token_match.py): bitsandbytes' CPU kernel rounds a
+    product's inputs to bf16 on a CPU with AVX512-BF16, so the compiled step's other order of sums can move a logit
+    by hundredths. Seen: on an Intel Xeon with AVX512-BF16 (2026-12-07), after other test files had run in the same
+    process, one reply of five parted at its seventh token, here and at the commit before alike."""
     path = llama[0]
     adapter = build_random_lora(path, tmp_path / "adapter")
     agent = models.load_roles({"moderator": path}, {"moderator": str(adapter)}, use_4bit=True)["moderator"]
     assert agent.loaded.quantized
     scope = lambda: models.adapter_scope(agent)  # noqa: E731
-    eager = debate(agent.model, agent.tokenizer, False, scope=scope)
-    assert debate(agent.model, agent.tokenizer, True, scope=scope) == eager
+    eager = conversations(agent.model, agent.tokenizer, False, scope=scope)
+    compiled = conversations(agent.model, agent.tokenizer, True, scope=scope)
+    with scope(), torch.inference_mode():  # the reference logits under the adapter, as the runs had it
+        tolerance = token_match.measured_tolerance(agent.model, agent.tokenizer, eager)
+        ties = token_match.match_conversations(agent.model, agent.tokenizer, compiled, eager, tolerance=tolerance)
+    assert len(ties) <= 1  # the other conversations compared whole
     stats = step_stats.stats_of(agent.model)
     assert stats.failed is None and stats.graphs >= 1
 
