@@ -11,6 +11,8 @@ with HerO's retrieved evidence, batch 16, 160-token turns of drawn lengths, gree
 hooks wrap names the engine calls through its modules, changing nothing they do:
 - `F.scaled_dot_product_attention` as debate.engine.attention sees it (a call without a mask is a decode row's, one
   with a mask a piece's: the eager attention calls it so);
+- `cpu_kernel.decode_rows` where the tree has it (a layer's decode rows in one call: counted as its rows' calls,
+  so that the read compares across trees);
 - `attention.in_two` where the tree has it (a long piece's two calls: a piece's time, its arithmetic counted as one
   masked call's, so that the GFLOPS compare across trees);
 - `attention.per_slot` (the eager attention of one layer) and `decode_step.forward` (a step's forward).
@@ -51,9 +53,9 @@ class Clock:
     def __init__(self):
         self.parts = {}
 
-    def add(self, part, seconds, columns=0, read=0, flops=0):
+    def add(self, part, seconds, columns=0, read=0, flops=0, calls=1):
         entry = self.parts.setdefault(part, [0, 0.0, 0, 0, 0])
-        entry[0] += 1
+        entry[0] += calls
         entry[1] += seconds
         entry[2] += columns
         entry[3] += read
@@ -99,6 +101,19 @@ def hook(clock):
             return out
 
         attention.in_two = timed_two
+    if hasattr(attention, "cpu_kernel"):  # the decode rows' CPU kernel (since 59's third session): a layer's rows
+        from debate.engine import cpu_kernel
+        kernel = cpu_kernel.decode_rows
+
+        def timed_kernel(query, key, value, out, rows, scaling, widest):
+            start = time.perf_counter()
+            kernel(query, key, value, out, rows, scaling, widest)
+            columns = int((rows[:, 3] - rows[:, 2]).sum())
+            per_column = key.shape[1] * key.shape[3] * key.element_size()
+            clock.add("decode rows' sdpa", time.perf_counter() - start, columns, 2 * columns * per_column,
+                      4 * query.shape[1] * columns * query.shape[3], calls=rows.shape[0])
+
+        cpu_kernel.decode_rows = timed_kernel
     # The attention module's own view of torch.nn.functional: every other caller keeps the real one.
     attention.F = types.SimpleNamespace(**{**{n: getattr(F, n) for n in dir(F) if not n.startswith("__")},
                                            "scaled_dot_product_attention": timed_sdpa})

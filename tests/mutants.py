@@ -40,6 +40,7 @@ class Mutant:
 S = "debate/engine/sampling.py"
 STEP = "debate/engine/decode_step.py"
 ATTN = "debate/engine/attention.py"
+KERNEL = "debate/engine/decode_rows.c"
 CHECKED = "debate/engine/compiled_step.py"
 STATE = "debate/engine/batch_state.py"
 BATCH = "debate/engine/decode_batch.py"
@@ -125,6 +126,18 @@ MUTANTS: List[Mutant] = [
            ["tests/test_eager_attention.py"]),
     Mutant("eager attention: a long piece in two calls under a window that cuts it", ATTN,
            "and (not window or high <= window)", "and (not window or low == 0)",
+           ["tests/test_eager_attention.py"]),
+    Mutant("CPU kernel: a decode row's last column left out", KERNEL,
+           "    const int64_t count = high - low;", "    const int64_t count = high - low - 1;",
+           ["tests/test_cpu_kernel.py"]),
+    Mutant("CPU kernel: a key head's query heads read another key head's columns", KERNEL,
+           "keys + slot * k_slot + head * k_head", "keys + slot * k_slot + (kv_heads - 1 - head) * k_head",
+           ["tests/test_cpu_kernel.py"]),
+    Mutant("CPU kernel: bfloat16 outputs truncated, not rounded to nearest", KERNEL,
+           ": (bf16)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);", ": (bf16)(v.u >> 16);",
+           ["tests/test_cpu_kernel.py"]),
+    Mutant("eager attention: a piece's first token sent to the CPU kernel as a decode row", ATTN,
+           "        if count == 1:\n            rows.append", "        if count >= 1:\n            rows.append",
            ["tests/test_eager_attention.py"]),
     Mutant("packed step: a compiled step's tokens bucketed below their count", STEP,
            "    return bucket_rows(tokens, tokens + 8) if tokens <= 64 else -(-tokens // 64) * 64",

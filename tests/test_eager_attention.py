@@ -2,14 +2,19 @@
 out token by token: every token of a step, decode rows and prompt pieces alike, attends over exactly the columns of
 its own slot that `attention.sees` gives it, whichever way its slot's call is made (a decode row's grouped query
 heads, a piece's masked call, a long piece's two calls merged by their log-sum-exps, a sliding window's mask), and
-what a step's first layer makes of the host's view serves its other layers. No model, no compile."""
+what a step's first layer makes of the host's view serves its other layers; and the CPU kernel that takes a step's
+decode rows in one call (debate.engine.cpu_kernel) against the same rule. No model, no compile."""
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from debate.engine import attention
+from debate.engine import attention, cpu_kernel
 
 HEADS, KV_HEADS, DIM, COLUMNS = 8, 4, 32, 1200  # the tiny Llama's heads
+
+
+real = cpu_kernel.decode_rows
 
 
 def by_token(query, key, value, host, window, scaling):
@@ -52,17 +57,24 @@ def step(seed=0):
     return query, key, value, packed
 
 
-def test_every_token_attends_over_its_own_columns_whichever_call_its_slot_takes():
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_every_token_attends_over_its_own_columns_whichever_call_its_slot_takes(kernel, monkeypatch):
+    monkeypatch.setenv(cpu_kernel.SWITCH, kernel)
+    calls = []
+    monkeypatch.setattr(cpu_kernel, "decode_rows", lambda *a: calls.append(a[4].clone()) or real(*a))
     query, key, value, packed = step()
     got = attention.per_slot(query, key, value, packed, None, DIM ** -0.5)
     want = by_token(query, key, value, packed.host, None, DIM ** -0.5)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
-    parts = {part.slot: part for part in packed.parts[None]}
+    parts = {part.slot: part for part in packed.parts[None].slots}
     # each kind of call was taken: the long consecutive pieces in two calls, the rest masked or grouped
     assert [s for s, p in parts.items() if p.split is not None] == [3, 4, 5]
     assert parts[3].split == 500 and parts[5].split == 0
     assert parts[6].mask is not None and parts[7].mask is not None
     assert all(parts[s].mask is None and parts[s].split is None for s in (0, 1, 2))
+    # the decode rows went to the kernel, in one call, where it was built and switched on; to sdpa where it was not
+    assert packed.parts[None].rows.tolist() == [[0, 0, 0, 901], [1, 1, 0, 41], [2, 2, 0, 1101]]
+    assert len(calls) == (1 if kernel == "1" else 0)
 
 
 def test_a_sliding_window_that_cuts_a_piece_keeps_the_mask():
@@ -72,7 +84,7 @@ def test_a_sliding_window_that_cuts_a_piece_keeps_the_mask():
     got = attention.per_slot(query, key, value, packed, 600, DIM ** -0.5)
     want = by_token(query, key, value, packed.host, 600, DIM ** -0.5)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
-    parts = {part.slot: part for part in packed.parts[600]}
+    parts = {part.slot: part for part in packed.parts[600].slots}
     assert parts[3].mask is not None and parts[3].split is None and parts[3].low == 0
     assert parts[5].split == 0
 

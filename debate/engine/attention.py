@@ -27,6 +27,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from debate.engine import cpu_kernel
+
 BLOCK = 128  # columns a block of the block masks covers
 # Grid queries a block covers (a multiple of every model's groups: 32 is 8 tokens of 4 query heads a key head). The
 # kernel computes a block's every query against each block of columns it lists: a slot of one token in a grid wider
@@ -53,7 +55,7 @@ class Packed(NamedTuple):
     # The eager reference's slots as tensors, by window: the host's view is the same for every layer of a step, so
     # its indices and masks are made on the step's first layer of each window and read by the others (a dict the
     # step's inputs bring, filled by `per_slot`; None: made again at each layer).
-    parts: Optional[Dict[Optional[int], List["Part"]]] = None
+    parts: Optional[Dict[Optional[int], "Parts"]] = None
 
 
 def sees(position: torch.Tensor, column: torch.Tensor, window: Optional[int]) -> torch.Tensor:
@@ -200,12 +202,22 @@ class Part(NamedTuple):
     split: Optional[int] = None
 
 
-def parts_of(packed: Packed, window: Optional[int], device: torch.device) -> List[Part]:
+class Parts(NamedTuple):
+    """A step's slots as the eager reference reads them on a layer of one window: every slot (`slots`), and its
+    one-token slots (decode rows) again as the CPU kernel's table (`rows`: (n, 4) int64, a row's slot, its token's
+    place, its first column and the one past its last; `widest`: the most columns a row reads)."""
+
+    slots: List[Part]
+    rows: torch.Tensor
+    widest: int
+
+
+def parts_of(packed: Packed, window: Optional[int], device: torch.device) -> Parts:
     """The host's view of a step (`Packed.host`) as the eager reference reads it on a layer of this window."""
-    made = packed.parts.get(window) if packed.parts is not None else None
-    if made is not None:
-        return made
-    made = []
+    done = packed.parts.get(window) if packed.parts is not None else None
+    if done is not None:
+        return done
+    made, rows = [], []
     for slot, places, positions in packed.host or []:
         low = max(0, min(positions) - window + 1) if window else 0
         high = max(positions) + 1
@@ -220,9 +232,13 @@ def parts_of(packed: Packed, window: Optional[int], device: torch.device) -> Lis
             position = torch.tensor(positions, device=device)[:, None]
             mask = sees(position, torch.arange(low, high, device=device)[None], window)
         made.append(Part(slot, at, low, high, mask, split))
+        if count == 1:
+            rows.append((slot, first, low, high))
+    table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 4)  # on the host: the kernel reads it there
+    done = Parts(made, table, max((high - low for _, _, low, high in rows), default=0))
     if packed.parts is not None:
-        packed.parts[window] = made
-    return made
+        packed.parts[window] = done
+    return done
 
 
 def in_two(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, split: int, scaling: Optional[float]
@@ -247,11 +263,20 @@ def in_two(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, split:
 def per_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed, window: Optional[int],
              scaling: Optional[float]) -> torch.Tensor:
     """The eager reference: each slot's tokens attend with sdpa over the columns they see (`sees`), slot by slot, as
-    the host lists them (`Packed.host`). A token of no listed slot gets zeros (a row that is not live: never read)."""
+    the host lists them (`Packed.host`). A token of no listed slot gets zeros (a row that is not live: never read).
+    On a CPU, in float32 or bfloat16, the decode rows attend in one call a layer of the CPU kernel
+    (debate.engine.cpu_kernel) where it could be built, faster than sdpa a row (bench/bench_decode_rows.py)."""
     heads, dim, kv_heads = query.shape[1], query.shape[3], key.shape[1]
     groups = heads // kv_heads
     out = query.new_zeros((query.shape[2], heads, dim))
-    for slot, at, low, high, mask, split in parts_of(packed, window, query.device):
+    parts = parts_of(packed, window, query.device)
+    kernel = parts.rows.shape[0] > 0 and cpu_kernel.usable(query, key, value)
+    if kernel:
+        cpu_kernel.decode_rows(query, key, value, out, parts.rows, dim ** -0.5 if scaling is None else scaling,
+                               parts.widest)
+    for slot, at, low, high, mask, split in parts.slots:
+        if kernel and mask is None and split is None:
+            continue  # a decode row: done above
         keys, values = key[slot:slot + 1, :, low:high], value[slot:slot + 1, :, low:high]
         if split is not None:
             out[at] = in_two(query[:, :, at], keys, values, split, scaling)[0].transpose(0, 1)
