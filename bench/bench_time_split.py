@@ -127,7 +127,7 @@ def split(clock, wall):
     get = lambda name: parts.get(name, [0, 0.0, 0, 0, 0])  # noqa: E731
     decode, pieces = get("decode rows' sdpa"), get("pieces' sdpa")
     eager, forwards = get("eager attention"), get("step forwards")
-    rows = [("decode rows' sdpa", decode[1], decode[0], decode[2] / max(decode[0], 1)),
+    rows = [("decode rows' sdpa (or the CPU kernel)", decode[1], decode[0], decode[2] / max(decode[0], 1)),
             ("prompt pieces' sdpa (or attention.in_two)", pieces[1], pieces[0], pieces[2] / max(pieces[0], 1)),
             ("the eager attention's own work", eager[1] - decode[1] - pieces[1], eager[0], None),
             ("the rest of the step forwards", forwards[1] - eager[1], forwards[0], None),
@@ -212,7 +212,7 @@ def main():
         print(f"| {r['part']} | {r['s']} | {100 * r['share']:.1f}% | {r['calls'] if r['calls'] is not None else ''} | "
               f"{r['columns'] if r['columns'] is not None else ''} |")
     pace, top = result["pace"], result["ceilings"]
-    print(f"decode rows' sdpa read {pace['decode_rows_gb_s']} GB/s (this core streams {top['stream_gb_s']} GB/s); "
+    print(f"decode rows' attention read {pace['decode_rows_gb_s']} GB/s (this core streams {top['stream_gb_s']} GB/s); "
           f"pieces' sdpa computed {pace['pieces_gflops']} GFLOPS (a float32 matmul: {top['matmul_gflops']})")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ One attention call covers every token of the step (`packed_flex`): the tokens ar
 the slot's tokens this step) into a (slots, most tokens a slot) grid, the queries of a key head side by side (each key
 and value block read once for all the heads that share it), and flex attention reads, for each slot and block of its
 queries, only the blocks of columns those queries see (`block_masks`); the outputs are gathered back into the
-sequence. A decode-only step is the grid of width 1. The eager reference (`per_slot`) attends slot by slot with sdpa.
+sequence. A decode-only step is the grid of width 1. The eager reference (`per_slot`) attends slot by slot with sdpa,
+its decode rows on a CPU in one call of debate.engine.cpu_kernel where that could be built.
 """
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
